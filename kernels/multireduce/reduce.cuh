@@ -1,0 +1,244 @@
+/******************************************************************************
+ * multireduce: single-launch, deterministic full reduction of a dense array.
+ *
+ * ALGORITHM
+ *   reduce_kernel<T, Acc, Out, Op, BLOCK, UNROLL> reduces n elements of type T to one
+ *   value of type Out, forming partials in the accumulator type Acc with Op::combine.
+ *
+ *   1. Grid-stride loop. The input is split into a scalar head (elements before the first
+ *      16-byte boundary), an aligned body read as 16-byte vectors (uint4), and a scalar tail
+ *      (fewer than one vector). Each thread keeps ACC independent accumulators and issues
+ *      UNROLL vector loads before it uses the first, so that enough bytes are in flight to
+ *      saturate HBM.
+ *   2. Block tree. Each warp reduces its 32 values with shuffles (16, 8, 4, 2, 1 lanes:
+ *      the number of active lanes halves each round); lane 0 of each warp writes its value
+ *      to shared memory; warp 0 reads those BLOCK/32 values, padding lanes beyond them with
+ *      the identity, and reduces them with shuffles again.
+ *   3. Last block done. Thread 0 of each block stores the block's partial, fences, and
+ *      increments a global counter. The block that brings the counter to gridDim.x reads
+ *      all partials in block order, reduces them with the same block tree, converts the
+ *      result to Out and resets the counter to zero for the next launch.
+ *
+ *   There are no floating-point atomics: the order of every combine depends only on n, the
+ *   input's address modulo 16 and gridDim.x, so the same input and launch configuration
+ *   give the same bits on every run.
+ *
+ * LAUNCH CONSTRAINTS
+ *   - blockDim.x == BLOCK, a multiple of 32 and at most 1024; BLOCK >= 16.
+ *   - gridDim.x >= 1 and at most the length of `partials`.
+ *   - n >= 1 (empty inputs are handled by the caller).
+ *   - `in` is aligned to sizeof(T).
+ *   - *counter == 0 on entry. The kernel leaves it 0 on exit, so one (partials, counter)
+ *     workspace may be reused by launches that are ordered with respect to each other
+ *     (the same stream), but not by concurrent launches.
+ *   - The identity must be the neutral element of Op for Acc: it pads idle lanes.
+ *
+ * RESULT
+ *   Written to *out by thread 0 of the last block. block_reduce's return value is
+ *   undefined in threads other than thread 0.
+ *
+ * BARRIERS
+ *   block_reduce contains one __syncthreads() and must be reached by every thread of the
+ *   block. Shared memory it writes is not read again until after the next barrier, so it
+ *   may be called twice in a row without an extra __syncthreads().
+ ******************************************************************************/
+#pragma once
+
+#include <cuda_fp16.h>
+
+namespace multireduce {
+
+constexpr unsigned FULL_MASK = 0xffffffffu;
+
+// ---------------------------------------------------------------------------------------
+// Type helpers (NVRTC has no <type_traits>).
+
+template <class T> struct IsFloating { static constexpr bool value = false; };
+template <> struct IsFloating<float> { static constexpr bool value = true; };
+template <> struct IsFloating<double> { static constexpr bool value = true; };
+
+template <class To, class From>
+__device__ __forceinline__ To bit_cast(const From& from) {
+    static_assert(sizeof(To) == sizeof(From), "bit_cast needs equal sizes");
+    To to;
+    __builtin_memcpy(&to, &from, sizeof(To));
+    return to;
+}
+
+__device__ __forceinline__ bool sign_bit(float x) { return __float_as_int(x) < 0; }
+__device__ __forceinline__ bool sign_bit(double x) { return __double_as_longlong(x) < 0; }
+
+// Conversion between element, result and accumulator types. __half converts through float
+// (exact); conversions to __half go through double so that each is one correct rounding.
+template <class To, class From> struct Convert {
+    static __device__ __forceinline__ To apply(From x) { return static_cast<To>(x); }
+};
+template <class To> struct Convert<To, __half> {
+    static __device__ __forceinline__ To apply(__half x) { return static_cast<To>(__half2float(x)); }
+};
+template <class From> struct Convert<__half, From> {
+    static __device__ __forceinline__ __half apply(From x) { return __double2half(static_cast<double>(x)); }
+};
+template <> struct Convert<__half, float> {
+    static __device__ __forceinline__ __half apply(float x) { return __float2half_rn(x); }
+};
+template <> struct Convert<__half, __half> {
+    static __device__ __forceinline__ __half apply(__half x) { return x; }
+};
+
+template <class To, class From>
+__device__ __forceinline__ To convert(From x) { return Convert<To, From>::apply(x); }
+
+// ---------------------------------------------------------------------------------------
+// Operators. Each is the device half of one multireduce.ops.Op (the functor field names
+// it); the identity comes from that Op as a kernel argument, so it is defined only there.
+
+struct Sum {
+    template <class A> static __device__ __forceinline__ A combine(A a, A b) { return a + b; }
+};
+
+// IEEE 754-2019 maximum/minimum: NaN propagates, and -0.0 orders below +0.0, so that the
+// result does not depend on the order of the operands.
+struct Max {
+    template <class A> static __device__ __forceinline__ A combine(A a, A b) {
+        if constexpr (IsFloating<A>::value) {
+            return (a > b || a != a || (a == b && !sign_bit(a))) ? a : b;
+        } else {
+            return a > b ? a : b;
+        }
+    }
+};
+
+struct Min {
+    template <class A> static __device__ __forceinline__ A combine(A a, A b) {
+        if constexpr (IsFloating<A>::value) {
+            return (a < b || a != a || (a == b && sign_bit(a))) ? a : b;
+        } else {
+            return a < b ? a : b;
+        }
+    }
+};
+
+// ---------------------------------------------------------------------------------------
+// Warp and block trees.
+
+template <class A>
+__device__ __forceinline__ A shfl_down(A v, int offset) {
+    if constexpr (sizeof(A) == 8) {
+        return bit_cast<A>(__shfl_down_sync(FULL_MASK, bit_cast<long long>(v), offset));
+    } else if constexpr (sizeof(A) == 4) {
+        return bit_cast<A>(__shfl_down_sync(FULL_MASK, bit_cast<int>(v), offset));
+    } else {  // bool, 8- and 16-bit integers: widen exactly, shuffle, narrow back
+        return static_cast<A>(__shfl_down_sync(FULL_MASK, static_cast<int>(v), offset));
+    }
+}
+
+// Lane 0 receives the combination of all 32 lanes, in a fixed order.
+template <class Op, class A>
+__device__ __forceinline__ A warp_reduce(A v) {
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) v = Op::combine(v, shfl_down(v, offset));
+    return v;
+}
+
+// Thread 0 receives the combination of all BLOCK threads' values; see BARRIERS above.
+template <class Op, int BLOCK, class A>
+__device__ __forceinline__ A block_reduce(A v, A identity, A* warp_values) {
+    static_assert(BLOCK % 32 == 0 && BLOCK <= 1024, "BLOCK must be a multiple of 32, at most 1024");
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    v = warp_reduce<Op>(v);
+    if (lane == 0) warp_values[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        v = (lane < BLOCK / 32) ? warp_values[lane] : identity;
+        v = warp_reduce<Op>(v);
+    }
+    return v;
+}
+
+// ---------------------------------------------------------------------------------------
+// The kernel.
+
+template <class T, class Acc, class Out, class Op, int BLOCK, int UNROLL>
+__global__ void __launch_bounds__(BLOCK)
+reduce_kernel(const T* __restrict__ in, long long n, Acc identity, Acc* __restrict__ partials,
+              unsigned int* __restrict__ counter, Out* __restrict__ out) {
+    constexpr int VEC = 16 / sizeof(T);          // elements per 16-byte load
+    constexpr int ACC = VEC < 4 ? VEC : 4;       // independent accumulators per thread
+    static_assert(16 % sizeof(T) == 0, "element size must divide 16");
+    static_assert(BLOCK >= VEC, "head and tail are handled by the first VEC threads");
+
+    // Each input element is converted to the result type first (NumPy's sum(dtype=...)
+    // converts before it adds), then widened to the accumulator.
+    auto load = [](T x) { return convert<Acc>(convert<Out>(x)); };
+
+    Acc acc[ACC];
+#pragma unroll
+    for (int k = 0; k < ACC; ++k) acc[k] = identity;
+
+    const unsigned long long address = reinterpret_cast<unsigned long long>(in);
+    long long head = static_cast<long long>(((16u - (address & 15u)) & 15u) / sizeof(T));
+    if (head > n) head = n;
+    const long long nvec = (n - head) / VEC;
+    const long long tail_start = head + nvec * VEC;
+    const uint4* __restrict__ body = reinterpret_cast<const uint4*>(in + head);
+
+    const long long tid = static_cast<long long>(blockIdx.x) * BLOCK + threadIdx.x;
+    const long long nthreads = static_cast<long long>(gridDim.x) * BLOCK;
+
+    if (tid < head) acc[0] = Op::combine(acc[0], load(in[tid]));
+    if (tid < n - tail_start) acc[ACC - 1] = Op::combine(acc[ACC - 1], load(in[tail_start + tid]));
+
+    long long i = tid;
+    for (; i + (UNROLL - 1) * nthreads < nvec; i += UNROLL * nthreads) {
+        uint4 raw[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) raw[u] = __ldg(body + i + u * nthreads);
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const T* e = reinterpret_cast<const T*>(&raw[u]);
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) acc[j % ACC] = Op::combine(acc[j % ACC], load(e[j]));
+        }
+    }
+    for (; i < nvec; i += nthreads) {
+        const uint4 raw = __ldg(body + i);
+        const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) acc[j % ACC] = Op::combine(acc[j % ACC], load(e[j]));
+    }
+
+    Acc v = acc[0];
+#pragma unroll
+    for (int k = 1; k < ACC; ++k) v = Op::combine(v, acc[k]);
+
+    __shared__ Acc warp_values[BLOCK / 32];
+    __shared__ bool is_last_block;
+    v = block_reduce<Op, BLOCK>(v, identity, warp_values);
+
+    if (gridDim.x == 1) {
+        if (threadIdx.x == 0) *out = convert<Out>(v);
+        return;
+    }
+    if (threadIdx.x == 0) {
+        partials[blockIdx.x] = v;
+        __threadfence();  // publish the partial before the counter says it is there
+        const unsigned int done = atomicAdd(counter, 1u);
+        is_last_block = (done == gridDim.x - 1);
+    }
+    __syncthreads();
+    if (!is_last_block) return;
+
+    __threadfence();  // see every other block's partial
+    const volatile Acc* vpartials = partials;
+    Acc w = identity;
+    for (unsigned int b = threadIdx.x; b < gridDim.x; b += BLOCK) w = Op::combine(w, static_cast<Acc>(vpartials[b]));
+    w = block_reduce<Op, BLOCK>(w, identity, warp_values);
+    if (threadIdx.x == 0) {
+        *out = convert<Out>(w);
+        *counter = 0u;
+    }
+}
+
+}  // namespace multireduce

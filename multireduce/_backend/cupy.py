@@ -1,0 +1,112 @@
+"""The GPU backend: multireduce's own reduction kernel, compiled with NVRTC through CuPy.
+
+Kernels are compiled on first use of each (op, dtype, accumulator, result) combination, once
+per device, and CuPy keeps the binaries in its on-disk cache. Each (device, stream) pair owns a
+small workspace (one partial per block and the last-block counter); launches on one stream are
+ordered, so they can share it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import cupy
+import numpy as np
+
+from .. import _kernels
+from ..ops import Op
+
+_log = logging.getLogger("multireduce")
+
+_lock = threading.Lock()
+_kernels_by_device: dict[tuple, tuple] = {}
+_workspaces: dict[tuple[int, int], tuple] = {}
+_max_grid_by_device: dict[int, int] = {}
+
+
+def _kernel(device: int, name: str, block: int):
+    """The compiled kernel ``name`` on ``device`` and the largest useful grid for it."""
+    key = (device, name)
+    found = _kernels_by_device.get(key)
+    if found is not None:
+        return found
+    with _lock:
+        found = _kernels_by_device.get(key)
+        if found is None:
+            module = cupy.RawModule(
+                code=_kernels.read_source(),
+                options=("--std=c++17",),
+                name_expressions=(name,),
+            )
+            # The bare driver function: calling it skips RawKernel's per-call lookups.
+            kernel = module.get_function(name).kernel
+            per_sm = cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.ptr, block, 0)
+            if per_sm < 1:
+                raise RuntimeError(f"{name} cannot run with {block} threads per block on device {device}")
+            sms = cupy.cuda.runtime.getDeviceProperties(device)["multiProcessorCount"]
+            found = (kernel, sms * per_sm)
+            _kernels_by_device[key] = found
+    return found
+
+
+def _workspace(device: int, stream: int, max_grid: int):
+    """Per-(device, stream) partials and counter. The counter starts at zero and every launch
+    leaves it at zero. Partials are 8 bytes wide, enough for every accumulator type."""
+    key = (device, stream)
+    ws = _workspaces.get(key)
+    if ws is None or ws[0].size < max_grid:
+        ws = (cupy.empty(max_grid, dtype=np.uint64), cupy.zeros(1, dtype=np.uint32))
+        _workspaces[key] = ws
+    return ws
+
+
+def _dense_base(x: cupy.ndarray):
+    """A 1-d array over ``x``'s memory if ``x`` covers one dense block of memory (any
+    permutation or reversal of the axes of a contiguous array), else ``None``.
+
+    A full reduction does not depend on element order, so such views need no copy."""
+    if x.flags.c_contiguous:
+        return x.ravel() if x.ndim != 1 else x
+    itemsize = x.itemsize
+    extent = itemsize
+    offset = 0
+    for length, stride in sorted(zip(x.shape, x.strides), key=lambda p: abs(p[1])):
+        if length == 1:
+            continue
+        if abs(stride) != extent:
+            return None
+        if stride < 0:
+            offset += stride * (length - 1)
+        extent *= length
+    return cupy.ndarray((x.size,), dtype=x.dtype, memptr=x.data + offset)
+
+
+def reduce_full(x: cupy.ndarray, op: Op, acc: np.dtype, result: np.dtype, *, block: int | None = None, unroll: int | None = None) -> cupy.ndarray:
+    """Reduce all of the non-empty CuPy array ``x`` on its device with one kernel launch.
+
+    ``block`` and ``unroll`` override the tuned launch configuration (for the tuning script).
+    Returns a 0-d CuPy array of dtype ``result`` on ``x``'s device, on the current stream.
+    """
+    block = block or _kernels.DEFAULT_BLOCK
+    unroll = unroll or _kernels.DEFAULT_UNROLL
+    with x.device:
+        flat = _dense_base(x)
+        if flat is None:
+            _log.debug("copying a non-dense %s view of shape %s before reducing it", x.dtype, x.shape)
+            flat = cupy.ascontiguousarray(x).ravel()
+        device = x.device.id
+        name = _kernels.kernel_name(op, x.dtype, acc, result, block, unroll)
+        kernel, max_grid = _kernel(device, name, block)
+        n = flat.size
+        vec = 16 // flat.itemsize
+        grid = min(max_grid, max(1, -(-n // (vec * block * unroll))))
+        partials, counter = _workspace(device, cupy.cuda.get_current_stream().ptr, max_grid)
+        out = cupy.empty((), dtype=result)
+        kernel((grid,), (block,), (flat, np.int64(n), op.identity(acc), partials, counter, out))
+        return out
+
+
+def constant(value: np.generic, dtype: np.dtype) -> cupy.ndarray:
+    """A 0-d CuPy array holding ``value`` on the current device."""
+    return cupy.full((), value, dtype=dtype)

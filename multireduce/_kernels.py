@@ -1,0 +1,82 @@
+"""Where the CUDA sources live, and how their templates are named.
+
+This module imports neither CuPy nor MPI: the packaging tests and the nvcc build test use it
+on machines without a GPU.
+
+The wheel carries the top-level ``kernels/`` directory as ``multireduce/kernels`` (see
+``pyproject.toml``); a source checkout or an editable install finds it next to the package.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+from pathlib import Path
+
+import numpy as np
+
+from .ops import Op
+
+__all__ = ["CTYPES", "DEFAULT_BLOCK", "DEFAULT_UNROLL", "kernel_dir", "kernel_name", "read_source"]
+
+#: The one table from NumPy dtype to the C++ type the kernels use for it.
+CTYPES: dict[np.dtype, str] = {
+    np.dtype(np.bool_): "bool",
+    np.dtype(np.int8): "signed char",
+    np.dtype(np.int16): "short",
+    np.dtype(np.int32): "int",
+    np.dtype(np.int64): "long long",
+    np.dtype(np.uint8): "unsigned char",
+    np.dtype(np.uint16): "unsigned short",
+    np.dtype(np.uint32): "unsigned int",
+    np.dtype(np.uint64): "unsigned long long",
+    np.dtype(np.float16): "__half",
+    np.dtype(np.float32): "float",
+    np.dtype(np.float64): "double",
+}
+
+#: Threads per block and 16-byte loads in flight per thread, chosen by scripts/tune_kernel.py.
+DEFAULT_BLOCK = 512
+DEFAULT_UNROLL = 4
+
+HEADER = "multireduce/reduce.cuh"
+
+
+def kernel_dir() -> Path:
+    """The directory holding ``multireduce/reduce.cuh``.
+
+    Raises
+    ------
+    FileNotFoundError
+        If neither the installed copy nor the source checkout's ``kernels/`` exists.
+    """
+    installed = importlib.resources.files("multireduce") / "kernels"
+    if installed.is_dir():
+        return Path(str(installed))
+    checkout = Path(__file__).resolve().parent.parent / "kernels"
+    if (checkout / HEADER).is_file():
+        return checkout
+    raise FileNotFoundError(
+        f"multireduce's CUDA sources were not found: neither {installed} (wheel) nor {checkout} (source checkout) exists"
+    )
+
+
+def read_source() -> str:
+    """The kernel header's text.
+
+    The text itself (not an ``#include``) goes to NVRTC, so that CuPy's on-disk kernel cache,
+    which hashes the source string, notices every edit of the header.
+    """
+    return (kernel_dir() / HEADER).read_text()
+
+
+def kernel_name(
+    op: Op,
+    dtype: np.dtype,
+    acc: np.dtype,
+    result: np.dtype,
+    block: int = DEFAULT_BLOCK,
+    unroll: int = DEFAULT_UNROLL,
+) -> str:
+    """The C++ name of one instantiation of ``reduce_kernel``."""
+    t, a, o = (CTYPES[np.dtype(d)] for d in (dtype, acc, result))
+    return f"multireduce::reduce_kernel<{t}, {a}, {o}, multireduce::{op.functor}, {block}, {unroll}>"
