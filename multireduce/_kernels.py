@@ -14,9 +14,17 @@ from pathlib import Path
 
 import numpy as np
 
-from .ops import Op
+from .ops import OPS, SUPPORTED_DTYPES, Op
 
-__all__ = ["CTYPES", "DEFAULT_BLOCK", "DEFAULT_UNROLL", "kernel_dir", "kernel_name", "read_source"]
+__all__ = [
+    "CTYPES",
+    "DEFAULT_BLOCK",
+    "DEFAULT_UNROLL",
+    "default_kernel_names",
+    "kernel_dir",
+    "kernel_name",
+    "read_source",
+]
 
 #: The one table from NumPy dtype to the C++ type the kernels use for it.
 CTYPES: dict[np.dtype, str] = {
@@ -80,3 +88,17 @@ def kernel_name(
     """The C++ name of one instantiation of ``reduce_kernel``."""
     t, a, o = (CTYPES[np.dtype(d)] for d in (dtype, acc, result))
     return f"multireduce::reduce_kernel<{t}, {a}, {o}, multireduce::{op.functor}, {block}, {unroll}>"
+
+
+def default_kernel_names(block: int = DEFAULT_BLOCK, unroll: int = DEFAULT_UNROLL) -> list[str]:
+    """Every instantiation that :func:`multireduce.reduce` and :func:`multireduce.partial`
+    use without ``dtype=``: each op on each supported dtype, to its result and to its
+    accumulator. The nvcc build test compiles exactly these."""
+    names = set()
+    for op in OPS.values():
+        for dt in SUPPORTED_DTYPES:
+            result = op.result_dtype(dt)
+            acc = op.accumulator_dtype(result)
+            names.add(kernel_name(op, dt, acc, result, block, unroll))
+            names.add(kernel_name(op, dt, acc, acc, block, unroll))
+    return sorted(names)

@@ -1,0 +1,55 @@
+"""Shared fixtures: GPU detection (tests marked ``gpu`` skip without one) and mpiexec."""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@functools.cache
+def gpu_unavailable_reason() -> str | None:
+    """Why GPU tests cannot run here, or None if they can."""
+    if importlib.util.find_spec("cupy") is None:
+        return "CuPy is not installed"
+    import cupy
+
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except cupy.cuda.runtime.CUDARuntimeError as exc:
+        return f"no usable CUDA device ({exc})"
+    return None if count > 0 else "no CUDA device"
+
+
+def pytest_collection_modifyitems(config, items):
+    reason = None
+    for item in items:
+        if "gpu" in item.keywords:
+            reason = reason or gpu_unavailable_reason()
+            if reason:
+                item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@functools.cache
+def find_mpiexec() -> str | None:
+    """The mpiexec next to this interpreter (the PyPI mpich wheel installs it there), else
+    the one on PATH."""
+    beside = Path(sys.executable).parent / "mpiexec"
+    if beside.exists() and os.access(beside, os.X_OK):
+        return str(beside)
+    return shutil.which("mpiexec")
+
+
+@pytest.fixture(scope="session")
+def mpiexec() -> str:
+    found = find_mpiexec()
+    if found is None:
+        pytest.skip("mpiexec not found next to the interpreter or on PATH")
+    return found

@@ -1,0 +1,288 @@
+"""The core reduction against independent references, on the CPU and (marked gpu) the GPU.
+
+Every test here runs for both backends: the ``xp`` fixture is NumPy, or CuPy where a GPU
+exists. Results are compared with exact integers, math.fsum and element-by-element maxima
+(tests/reference.py), never with the backend's own reductions.
+"""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+import zlib
+
+import numpy as np
+import pytest
+
+import multireduce
+from multireduce.ops import SUPPORTED_DTYPES
+from reference import check, make_data, same_float
+
+SIZES = [0, 1, 3, 4, 5, 31, 32, 33, 255, 256, 257, 2**20 - 1, 2**20 + 1]
+OPS = ["sum", "max", "min"]
+DTYPES = [dt.name for dt in SUPPORTED_DTYPES]
+
+
+@pytest.fixture(params=["numpy", pytest.param("cupy", marks=pytest.mark.gpu)])
+def xp(request):
+    if request.param == "numpy":
+        return np
+    import cupy
+
+    return cupy
+
+
+def to_device(xp, x: np.ndarray):
+    return x if xp is np else xp.asarray(x)
+
+
+def to_host(xp, value):
+    """A NumPy scalar from a backend's result, checking where the result lives."""
+    if xp is np:
+        assert isinstance(value, np.generic), type(value)
+        return value
+    assert isinstance(value, xp.ndarray) and value.shape == (), (type(value), getattr(value, "shape", None))
+    return value.get()[()]
+
+
+def rng_for(*key) -> np.random.Generator:
+    return np.random.default_rng(zlib.crc32(repr(key).encode()))
+
+
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op", OPS)
+def test_matches_reference(xp, op, dtype, n):
+    x = make_data(dtype, n, rng_for(op, dtype, n))
+    if n == 0 and op != "sum":
+        with pytest.raises(ValueError, match="zero-size array to reduction operation"):
+            multireduce.reduce(to_device(xp, x), op)
+        return
+    check(x, op, to_host(xp, multireduce.reduce(to_device(xp, x), op)))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op", OPS)
+def test_offset_strided_and_permuted_views(xp, op, dtype):
+    base = make_data(dtype, 3 * 4099, rng_for("views", op, dtype))
+    dev = to_device(xp, base)
+    views = {f"offset {k}": (base[k:], dev[k:]) for k in range(0, 17)}
+    views.update({f"offset {k} short": (base[k : k + 37], dev[k : k + 37]) for k in range(0, 17)})
+    views["stride 3"] = (base[::3], dev[::3])
+    views["reversed"] = (base[::-1], dev[::-1])
+    views["reversed offset"] = (base[-2:0:-1], dev[-2:0:-1])
+    b2, d2 = base.reshape(3, 4099), dev.reshape(3, 4099)
+    views["transposed"] = (b2.T, d2.T)
+    views["column slice"] = (b2[:, 5:4000], d2[:, 5:4000])
+    views["reversed rows, transposed"] = (b2[::-1].T, d2[::-1].T)
+    for name, (host_view, dev_view) in views.items():
+        got = to_host(xp, multireduce.reduce(dev_view, op))
+        try:
+            check(np.ascontiguousarray(host_view), op, got)
+        except AssertionError as exc:
+            raise AssertionError(f"view {name!r}: {exc}") from exc
+
+
+FLOATS = ["float16", "float32", "float64"]
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("n", [1, 5, 33, 257, 70_001])
+def test_nan_propagates_from_any_position(xp, dtype, n):
+    for pos in sorted({0, 1, n // 2, n - 2, n - 1} & set(range(n))):
+        x = make_data(dtype, n, rng_for("nan", dtype, n))
+        x[pos] = np.nan
+        for op in OPS:
+            got = to_host(xp, multireduce.reduce(to_device(xp, x), op))
+            assert math.isnan(float(got)), (op, pos, got)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_infinities(xp, dtype):
+    def run(values, op):
+        return float(to_host(xp, multireduce.reduce(to_device(xp, np.array(values, dtype=dtype)), op)))
+
+    assert run([1.0, np.inf, 2.0], "sum") == math.inf
+    assert run([-np.inf, 1.0], "sum") == -math.inf
+    assert math.isnan(run([np.inf, -np.inf], "sum"))
+    assert run([1.0, np.inf, -np.inf], "max") == math.inf
+    assert run([1.0, np.inf, -np.inf], "min") == -math.inf
+    assert run([-np.inf] * 40, "max") == -math.inf
+    assert run([np.inf] * 40, "min") == math.inf
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("n", [2, 33, 1000, 70_001])
+def test_signed_zeros(xp, dtype, n):
+    # max/min follow IEEE 754-2019 (-0.0 < +0.0) whatever the order; sums of zeros are +0.0.
+    for first in (-0.0, 0.0):
+        x = np.full(n, -first, dtype=dtype)
+        x[n // 3] = first
+        mx = to_host(xp, multireduce.max(to_device(xp, x)))
+        mn = to_host(xp, multireduce.min(to_device(xp, x)))
+        assert same_float(mx, 0.0) and same_float(mn, -0.0), (first, mx, mn)
+    negative = np.full(n, -0.0, dtype=dtype)
+    assert same_float(to_host(xp, multireduce.sum(to_device(xp, negative))), 0.0)
+    assert same_float(to_host(xp, multireduce.max(to_device(xp, negative))), -0.0)
+
+
+def test_float32_sum_is_rounded_once(xp):
+    # Accumulating in float32 loses the small terms; multireduce accumulates in float64 and
+    # rounds once, which gives the correctly rounded sum here.
+    x = np.full(1 + 2**20, 2.0**-24, dtype=np.float32)
+    x[0] = 1.0
+    got = to_host(xp, multireduce.sum(to_device(xp, x)))
+    assert got.dtype == np.float32
+    assert float(got) == float(np.float32(math.fsum(x.astype(np.float64).tolist())))
+    assert float(got) == 1.0625
+
+
+@pytest.mark.parametrize(
+    ("dtype", "values", "expected", "result_dtype"),
+    [
+        ("int64", [2**62, 2**62, 2**62], -(2**62), "int64"),  # wraps as NumPy does
+        ("uint64", [2**64 - 1, 2], 1, "uint64"),
+        ("int8", [127] * 300, 127 * 300, "int64"),
+        ("uint8", [255] * 300, 255 * 300, "uint64"),
+        ("bool", [True] * 300 + [False] * 5, 300, "int64"),
+        ("int32", [2**31 - 1] * 4, 4 * (2**31 - 1), "int64"),
+    ],
+)
+def test_integer_sums_follow_numpy(xp, dtype, values, expected, result_dtype):
+    got = to_host(xp, multireduce.sum(to_device(xp, np.array(values, dtype=dtype))))
+    assert got.dtype == np.dtype(result_dtype)
+    assert int(got) == expected
+
+
+@pytest.mark.parametrize(
+    ("dtype", "requested", "values", "expected"),
+    [
+        ("float32", "float64", [0.1] * 10, math.fsum([float(np.float32(0.1))] * 10)),
+        ("int8", "int8", [100, 100, 100], (300 + 128) % 256 - 128),
+        ("int16", "float32", [1000] * 7, 7000.0),
+        ("float64", "int32", [1.7, 2.7, -0.5], 3),  # each element converts first, as in NumPy
+        ("uint8", "int64", [200, 200], 400),
+        ("float16", "float64", [0.5] * 3, 1.5),
+    ],
+)
+def test_dtype_argument(xp, dtype, requested, values, expected):
+    got = to_host(xp, multireduce.sum(to_device(xp, np.array(values, dtype=dtype)), dtype=requested))
+    assert got.dtype == np.dtype(requested)
+    assert got == expected
+    # NumPy agrees on the value wherever its own accumulation is exact.
+    assert got == np.sum(np.array(values, dtype=dtype), dtype=requested)
+
+
+def test_result_conventions(xp):
+    x = to_device(xp, np.arange(24, dtype=np.int32).reshape(2, 3, 4))
+    kept = multireduce.sum(x, keepdims=True)
+    assert kept.shape == (1, 1, 1) and int(kept.ravel()[0]) == 276
+    assert int(to_host(xp, multireduce.sum(x, axis=(0, 1, 2)))) == 276
+    assert int(to_host(xp, multireduce.sum(x, axis=(-1, 0, 1)))) == 276
+    zero_d = to_device(xp, np.array(7.5, dtype=np.float32))
+    assert float(to_host(xp, multireduce.max(zero_d))) == 7.5
+    assert multireduce.sum(zero_d, keepdims=True).shape == ()
+    empty = multireduce.sum(to_device(xp, np.zeros((0, 3), dtype=np.float32)))
+    assert same_float(to_host(xp, empty), 0.0) and empty.dtype == np.float32
+
+
+def test_partial_is_in_accumulator_dtype(xp):
+    x = to_device(xp, np.array([1.0, 2.0**-30], dtype=np.float32))
+    p = to_host(xp, multireduce.partial(x, "sum"))
+    assert p.dtype == np.float64 and float(p) == 1.0 + 2.0**-30  # not rounded to float32
+    assert to_host(xp, multireduce.partial(to_device(xp, np.array([], np.float16)), "max")) == -np.inf
+    assert to_host(xp, multireduce.partial(to_device(xp, np.array([], np.int16)), "min")) == 2**15 - 1
+    assert to_host(xp, multireduce.partial(to_device(xp, np.array([3], np.uint8)), "sum")).dtype == np.uint64
+
+
+@pytest.mark.parametrize("bad", [np.array([1 + 2j]), np.array(["a"]), np.array([object()]), np.array(["2020-01-01"], "M8[D]")])
+def test_unsupported_dtype_is_type_error(bad):
+    with pytest.raises(TypeError, match=r"supported dtypes: bool, int8, .*float64"):
+        multireduce.sum(bad)
+
+
+def test_unknown_op_lists_ops():
+    with pytest.raises(ValueError, match=r"unknown op 'mean'; expected one of: 'sum', 'max', 'min'"):
+        multireduce.reduce(np.ones(3), "mean")
+
+
+def test_empty_max_min_raise_like_numpy():
+    for op, name in (("max", "maximum"), ("min", "minimum")):
+        with pytest.raises(ValueError, match=f"zero-size array to reduction operation {name} which has no identity"):
+            multireduce.reduce(np.zeros((3, 0)), op)
+        with pytest.raises(ValueError):
+            getattr(np, op)(np.zeros((3, 0)))
+
+
+def test_bad_arguments():
+    with pytest.raises(TypeError, match="does not take dtype="):
+        multireduce.reduce(np.ones(3), "max", dtype=np.float64)
+    with pytest.raises(TypeError, match="dtype=bool is not accepted"):
+        multireduce.sum(np.ones(3), dtype=bool)
+    with pytest.raises(NotImplementedError, match="full reductions only"):
+        multireduce.sum(np.ones((2, 2)), axis=0)
+    with pytest.raises(np.exceptions.AxisError):
+        multireduce.sum(np.ones((2, 2)), axis=2)
+    with pytest.raises(ValueError, match="repeated axis"):
+        multireduce.sum(np.ones((2, 2)), axis=(0, 0))
+    with pytest.raises(TypeError, match="cannot reduce an object of type builtins.dict"):
+        multireduce.sum({})
+    with pytest.raises(TypeError, match="does not support input dtype >f8"):
+        multireduce.sum(np.ones(3, dtype=">f8"))
+
+
+def test_python_inputs_are_converted():
+    assert multireduce.sum([1, 2, 3]) == 6
+    assert multireduce.max((1.5, -2.0)) == 1.5
+    assert multireduce.sum(3.0) == 3.0
+
+
+def test_import_needs_neither_cupy_nor_mpi():
+    code = "import sys, multireduce; bad = [m for m in ('cupy', 'mpi4py.MPI', 'dask') if m in sys.modules]; print(bad)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert out.stdout.strip() == "[]"
+
+
+# ----------------------------------------------------------------------------------------
+# Property-based: arbitrary shapes and layouts, with NaN, inf and signed zeros mixed in.
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from hypothesis.extra import numpy as hnp  # noqa: E402
+
+SPECIALS = [np.nan, np.inf, -np.inf, -0.0, 0.0]
+
+
+@st.composite
+def arrays_and_views(draw):
+    """A base array and a function that takes the same view of it on either library."""
+    dtype = np.dtype(draw(st.sampled_from(DTYPES)))
+    # Moderate magnitudes keep float16 sums finite; specials are planted below.
+    elements = st.floats(-1000, 1000, width=dtype.itemsize * 8) if dtype.kind == "f" else None
+    base = draw(hnp.arrays(dtype, hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=40), elements=elements))
+    if dtype.kind == "f" and base.size and draw(st.booleans()):
+        flat = base.reshape(-1)
+        for _ in range(draw(st.integers(1, 3))):
+            flat[draw(st.integers(0, flat.size - 1))] = draw(st.sampled_from(SPECIALS))
+    index = tuple(slice(draw(st.integers(0, 2)), None, draw(st.sampled_from([1, 2, -1]))) for _ in range(base.ndim))
+    transpose = base.ndim > 1 and draw(st.booleans())
+
+    def view(a):
+        a = a[index]
+        return a.T if transpose else a
+
+    return base, view
+
+
+@pytest.mark.filterwarnings("ignore:(overflow|invalid value):RuntimeWarning")
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=arrays_and_views(), op=st.sampled_from(OPS))
+def test_property_against_reference(xp, case, op):
+    base, view = case
+    x, dev = view(base), view(to_device(xp, base))
+    if x.size == 0 and op != "sum":
+        with pytest.raises(ValueError):
+            multireduce.reduce(dev, op)
+        return
+    check(np.ascontiguousarray(x), op, to_host(xp, multireduce.reduce(dev, op)))

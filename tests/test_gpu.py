@@ -1,0 +1,102 @@
+"""GPU-only checks: large sizes, determinism, streams, and that our kernel is what ran.
+
+The size and value checks shared with the CPU live in test_core.py (its ``xp`` fixture runs
+them on CuPy too).
+"""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+import multireduce
+from reference import check, make_data, same_float
+
+pytestmark = pytest.mark.gpu
+
+cupy = pytest.importorskip("cupy")
+
+
+def uniform_float32(n: int, seed: int):
+    """n uniform [0, 1) float32 values k * 2**-24 and their exact sum as a Fraction."""
+    k = cupy.random.default_rng(seed).integers(0, 2**24, n, dtype=cupy.int32)
+    x = k.astype(cupy.float32) * cupy.float32(2.0**-24)  # exact
+    exact = Fraction(int(k.sum(dtype=cupy.int64)), 2**24)
+    del k
+    return x, exact
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64", "int8", "int32", "uint64", "bool"])
+@pytest.mark.parametrize("op", ["sum", "max", "min"])
+def test_2_24_plus_3(op, dtype):
+    x = make_data(dtype, 2**24 + 3, np.random.default_rng(24))
+    check(x, op, multireduce.reduce(cupy.asarray(x), op).get()[()])
+
+
+def test_2_30_float32():
+    n = 2**30
+    x, exact = uniform_float32(n, seed=30)
+    got = multireduce.sum(x)
+    assert got.dtype == np.float32
+    rel = abs(Fraction(float(got)) - exact) / exact
+    assert rel <= Fraction(1, 10**7), float(rel)
+    x[12345] = 2.0
+    x[n - 7] = -1.0
+    assert float(multireduce.max(x)) == 2.0
+    assert float(multireduce.min(x)) == -1.0
+    x[n // 2] = np.nan
+    assert math.isnan(float(multireduce.max(x))) and math.isnan(float(multireduce.sum(x)))
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+def test_100_runs_identical_bits(dtype):
+    base = cupy.asarray(make_data(dtype, 2**24 + 3 + 5, np.random.default_rng(100)))
+    x = base[5:]  # an offset view, so the head and tail paths run too
+    uint = {2: cupy.uint16, 4: cupy.uint32, 8: cupy.uint64}[x.itemsize]
+    first = multireduce.sum(x).view(uint).get()
+    runs = cupy.stack([multireduce.sum(x).view(uint) for _ in range(100)]).get()
+    assert (runs == first).all()
+    x[777] = np.nan
+    maxima = cupy.stack([multireduce.max(x) for _ in range(100)]).get()
+    assert np.isnan(maxima).all()
+
+
+def test_non_default_streams():
+    host = make_data("float32", 3_000_001, np.random.default_rng(7))
+    ref = float(multireduce.sum(host))
+    x = cupy.asarray(host)
+    cupy.cuda.Device().synchronize()
+    streams = [cupy.cuda.Stream(non_blocking=True) for _ in range(3)]
+    results = []
+    for _ in range(5):
+        for s in streams:
+            with s:
+                results.append(multireduce.sum(x))
+    for s in streams:
+        s.synchronize()
+    assert all(float(r) == ref for r in results)
+
+
+def test_result_on_device_and_launch_is_ours():
+    from multireduce._backend import cupy as backend
+
+    x = cupy.arange(1000, dtype=cupy.int32)
+    r = multireduce.sum(x)
+    assert isinstance(r, cupy.ndarray) and r.shape == () and r.device == x.device
+    assert int(r) == 999 * 1000 // 2
+    names = [name for (_, name) in backend._kernels_by_device]
+    assert any("multireduce::reduce_kernel<int, long long, long long, multireduce::Sum" in n for n in names), names
+
+
+def test_gpu_matches_cpu_bitwise_where_exact():
+    rng = np.random.default_rng(5)
+    for dtype in ["int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "bool", "float16", "float32", "float64"]:
+        x = make_data(dtype, 1_000_003, rng)
+        ops = ["max", "min"] + (["sum"] if np.dtype(dtype).kind != "f" else [])
+        for op in ops:
+            gpu = multireduce.reduce(cupy.asarray(x), op).get()[()]
+            cpu = multireduce.reduce(x, op)
+            assert gpu.dtype == cpu.dtype and same_float(gpu, cpu) if np.dtype(dtype).kind == "f" else gpu == cpu, (dtype, op)
