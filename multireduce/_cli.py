@@ -1,0 +1,836 @@
+"""The command line: ``python -m multireduce [run | info | bench] [options]``.
+
+It runs alone or under ``mpirun -n N``. Arguments are parsed before MPI starts, so ``--help``
+and usage errors need no MPI. Output comes once, from rank 0. Every step that can fail on one
+rank alone (reading a file, allocating device memory) is followed by a collective agreement
+(:func:`multireduce.mpi.agree`), so that all ranks stop together and rank 0 prints the failing
+rank's message. Anything that escapes without agreement (a bug) aborts the whole job with
+``MPI_Abort``: the other ranks may be waiting in a collective that this rank will never reach.
+
+Exit status: 0 success, 1 error, 2 usage error, 3 a result failed its check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from . import __version__
+from .ops import OPS, check_dtype, get_op
+
+__all__ = ["guarded", "main"]
+
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_CHECK = 3
+
+# Per-rank sizes of the embedded default: "a few hundred MB" on a GPU, enough on a CPU to
+# time the reduction without making a 2-core CI machine wait.
+DEFAULT_GPU_BYTES_PER_RANK = 256 * 2**20
+DEFAULT_CPU_BYTES_PER_RANK = 16 * 2**20
+DEFAULT_DTYPE = "float32"
+
+# Synthetic data: x[i] = (i * _MULT) % period + low. _MULT is a prime that does not divide
+# any period used, so every window of `period` consecutive indices holds each value once:
+# sums, maxima and minima have closed forms in exact integers, independent of multireduce.
+_MULT = 7919
+
+
+class UsageError(Exception):
+    """A bad command line; reported once, with exit status 2."""
+
+
+def _env_rank() -> int:
+    # The launcher's rank, known before MPI starts: lets usage errors print once.
+    for name in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID"):
+        value = os.environ.get(name, "").strip()
+        if value.isdigit():
+            return int(value)
+    return 0
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise UsageError(f"{self.prog}: error: {message}")
+
+    def _print_message(self, message, file=None):
+        if _env_rank() == 0:
+            super()._print_message(message, file)
+
+
+def _length(text: str) -> int:
+    """Parse an element count: a non-negative integer (``1_000_000``, ``1e6``)."""
+    try:
+        value = Decimal(text.replace("_", ""))
+    except InvalidOperation:
+        raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {text!r}") from None
+    if not value.is_finite() or value != value.to_integral_value():
+        raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {text!r}")
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {text!r} (negative)")
+    return int(value)
+
+
+def _positive(text: str) -> int:
+    value = _length(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+def _op_name(text: str) -> str:
+    try:
+        return get_op(text).name
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _dtype(text: str) -> np.dtype:
+    try:
+        return check_dtype(text)
+    except TypeError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _sizes(text: str) -> list[int]:
+    return [_length(part) for part in text.split(",") if part.strip()]
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="python -m multireduce",
+        description="Distributed reductions on GPUs or CPUs. Run alone or under mpirun -n N; "
+        "the default subcommand is 'run'.",
+    )
+    parser.add_argument("--version", action="version", version=f"multireduce {__version__}")
+    sub = parser.add_subparsers(dest="command", parser_class=_Parser)
+
+    common = _Parser(add_help=False)
+    common.add_argument("--cpu", action="store_true", help="use the CPU backend even where a GPU exists")
+    common.add_argument(
+        "--device",
+        type=int,
+        default=None,
+        help="GPU ordinal for every rank (default: node-local rank %% device count)",
+    )
+    common.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+
+    run = sub.add_parser(
+        "run",
+        parents=[common],
+        help="reduce data across all ranks (the default)",
+        description="Reduce synthetic data (default) or a file across all ranks.",
+    )
+    run.add_argument(
+        "--op",
+        dest="ops",
+        action="append",
+        type=_op_name,
+        metavar="OP",
+        help=f"reduction, repeatable (default: all of {', '.join(OPS)})",
+    )
+    run.add_argument(
+        "--dtype",
+        type=_dtype,
+        default=None,
+        help=f"element dtype of synthetic data (default {DEFAULT_DTYPE}) or of a raw --input file",
+    )
+    size = run.add_mutually_exclusive_group()
+    size.add_argument("--n", type=_length, default=None, help="global number of elements, split unevenly if need be")
+    size.add_argument("--per-rank", type=_length, default=None, help="number of elements on each rank")
+    run.add_argument(
+        "--input",
+        metavar="FILE",
+        default=None,
+        help="read a .npy file or a raw binary file of --dtype; each rank reads its own slice. "
+        "With {rank} in the name, each rank reads all of its own file instead",
+    )
+    run.add_argument(
+        "--check",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="compare with an independent reference (default: on for synthetic data, off for --input)",
+    )
+    run.add_argument("--repeat", type=_positive, default=3, help="timed repetitions per op; the best is reported")
+    run.add_argument("--all-ranks", action="store_true", help="also print each rank's shard and times")
+    run.set_defaults(func=_cmd_run)
+
+    info = sub.add_parser("info", parents=[common], help="devices, backend, MPI library, ranks, CUDA-aware status")
+    info.set_defaults(func=_cmd_info)
+
+    bench = sub.add_parser("bench", parents=[common], help="sweep sizes and ops, write JSON")
+    bench.add_argument("--sizes", type=_sizes, default=None, help="comma-separated global lengths")
+    bench.add_argument("--op", dest="ops", action="append", type=_op_name, metavar="OP")
+    bench.add_argument("--dtype", type=_dtype, default=np.dtype(DEFAULT_DTYPE))
+    bench.add_argument("--warmup", type=_length, default=2)
+    bench.add_argument("--repeat", type=_positive, default=5)
+    bench.add_argument("--output", type=Path, default=Path("multireduce-bench.json"), help="JSON file to write")
+    bench.set_defaults(func=_cmd_bench)
+    return parser
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    parser = _build_parser()
+    commands = {"run", "info", "bench"}
+    if not argv or (argv[0] not in commands and argv[0] not in ("-h", "--help", "--version")):
+        argv = ["run", *argv]
+    args = parser.parse_args(argv)
+    if args.command is None:
+        args = parser.parse_args(["run"])
+    if args.command == "run" and args.input is not None and args.per_rank is not None:
+        raise UsageError(f"{parser.prog}: error: --per-rank applies to synthetic data, not to --input")
+    args.auto_size = args.command == "run" and args.input is None and args.per_rank is None and args.n is None
+    return args
+
+
+# --------------------------------------------------------------------------------------------
+# Backend and environment
+
+
+@dataclass
+class _Context:
+    comm: Any
+    mpi: Any
+    rank: int
+    size: int
+    backend: str  # "gpu" or "cpu"
+    backend_reason: str
+    device: int | None = None
+    device_name: str = "cpu"
+    extra: dict = field(default_factory=dict)
+
+    def sync(self) -> None:
+        if self.backend == "gpu":
+            import cupy
+
+            cupy.cuda.get_current_stream().synchronize()
+
+    @property
+    def xp(self):
+        if self.backend == "gpu":
+            import cupy
+
+            return cupy
+        return np
+
+
+def _detect_backend(force_cpu: bool) -> tuple[str, str]:
+    """("gpu" | "cpu", why). Never a silent fallback: the reason is printed with the results."""
+    if force_cpu:
+        return "cpu", "forced by --cpu"
+    try:
+        import cupy
+    except ImportError as exc:
+        return "cpu", f"CuPy is not importable ({exc})"
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except cupy.cuda.runtime.CUDARuntimeError as exc:
+        return "cpu", f"CuPy finds no usable CUDA device ({exc})"
+    if count == 0:
+        return "cpu", "CuPy finds no CUDA device"
+    return "gpu", f"CuPy {cupy.__version__} finds {count} CUDA device(s)"
+
+
+def _setup(args, comm, mpi) -> _Context:
+    backend, reason = _detect_backend(args.cpu)
+    ctx = _Context(comm, mpi, comm.Get_rank(), comm.Get_size(), backend, reason)
+    error = None
+    try:
+        if backend == "gpu":
+            import cupy
+
+            ctx.device = mpi.select_device(comm, device=args.device)
+            props = cupy.cuda.runtime.getDeviceProperties(ctx.device)
+            name = props["name"]
+            ctx.device_name = name.decode() if isinstance(name, bytes) else str(name)
+        else:
+            # select_device is collective; CPU ranks must still take part in its Split_type.
+            mpi.local_rank(comm)
+    except Exception as exc:  # agreed below, then reported by rank 0
+        error = exc
+    mpi.agree(error, comm)
+    return ctx
+
+
+def _emit(ctx: _Context, text: str) -> None:
+    if ctx.rank == 0:
+        print(text, flush=True)
+
+
+def _mpi_library_line(mpi) -> str:
+    return mpi.MPI.Get_library_version().strip().splitlines()[0].strip()
+
+
+def _transport_line(mpi) -> str:
+    aware = mpi.cuda_aware()
+    how = "device buffers to MPI" if aware.enabled else "staged through host memory"
+    return f"{'yes' if aware.enabled else 'no'} ({how}); decided by {aware.method}: {aware.detail}"
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=Path(__file__).resolve().parent,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None
+
+
+# --------------------------------------------------------------------------------------------
+# Synthetic data with exactly known results
+
+
+@dataclass(frozen=True)
+class _Pattern:
+    period: int
+    low: int
+
+    @staticmethod
+    def for_dtype(dt: np.dtype) -> _Pattern:
+        if dt.kind == "b":
+            return _Pattern(2, 0)
+        if dt.kind == "u":
+            return _Pattern(201 if dt.itemsize == 1 else 2001, 0)
+        half = 100 if dt.itemsize == 1 else 1000
+        return _Pattern(2 * half + 1, -half)
+
+    def values(self, start: int, stop: int, dt: np.dtype, xp):
+        i = xp.arange(start, stop, dtype=np.int64)
+        i *= _MULT
+        i %= self.period
+        i += self.low
+        return i.astype(dt)
+
+    def _window(self, count: int) -> list[int]:
+        return [(i * _MULT) % self.period + self.low for i in range(count)]
+
+    def reference(self, op: str, n: int) -> int | None:
+        """Exact sum / max / min over x[0:n] in Python integers (None: empty max/min)."""
+        full, rest = divmod(n, self.period)
+        window = self._window(self.period if full else rest)
+        tail = window[:rest] if full else window
+        if op == "sum":
+            return full * sum(window) + sum(tail) if full else sum(tail)
+        if n == 0:
+            return None
+        return (max if op == "max" else min)(window)
+
+    def abs_bound(self) -> int:
+        return max(abs(self.low), abs(self.low + self.period - 1))
+
+
+def _check_value(result: np.generic, reference, op: str, dt: np.dtype, n: int, bound: float) -> tuple[bool, str]:
+    """Compare a global result with an exact reference. Returns (passed, how)."""
+    res = np.asarray(result)
+    if isinstance(reference, float) and np.isnan(reference):
+        return bool(np.isnan(res)), "NaN"
+    if op != "sum" or res.dtype.kind in "iub":
+        return bool(res == reference), "exact"
+    target = np.asarray(reference).astype(res.dtype)  # the exact value, rounded once
+    acc = get_op("sum").accumulator_dtype(res.dtype)
+    if n * bound < 2.0 ** (np.finfo(acc).nmant + 1):
+        # Every partial sum is an integer below 2**(mantissa bits): the accumulation is exact
+        # whatever the order, so only the final rounding to the result dtype remains.
+        return bool(res == target), "exact"
+    tol = n * bound * float(np.finfo(acc).eps) + abs(float(target)) * float(np.finfo(res.dtype).eps)
+    return bool(abs(float(res) - float(reference)) <= tol), f"|err| <= {tol:.3g}"
+
+
+def _file_reference(x: np.ndarray, op: str):
+    """Compute this rank's independent reference for file data.
+
+    Exact Python ints for integer sums (chunks keep the int64 sums of 32-bit halves exact),
+    math.fsum for float sums, float64 for max/min.
+    """
+    import math
+
+    if x.size == 0:
+        return None
+    if op == "sum":
+        if x.dtype.kind == "f":
+            return math.fsum(x.astype(np.float64).tolist())
+        total = 0
+        wide = x.astype(np.int64) if x.dtype != np.uint64 else x
+        for start in range(0, wide.size, 1 << 20):
+            chunk = wide[start : start + (1 << 20)]
+            low = (chunk & 0xFFFFFFFF).astype(np.int64)
+            high = (chunk >> 32).astype(np.int64)  # arithmetic shift keeps the sign
+            total += int(low.sum()) + (int(high.sum()) << 32)
+        return total
+    values = x.astype(np.float64) if x.dtype.kind == "f" else x.astype(object)
+    if x.dtype.kind == "f" and np.isnan(values).any():
+        return float("nan")
+    return (max if op == "max" else min)(values.tolist())
+
+
+def _combine_references(op: str, parts: list) -> Any:
+    import math
+
+    parts = [p for p in parts if p is not None]
+    if not parts:
+        return 0 if op == "sum" else None
+    if any(isinstance(p, float) and math.isnan(p) for p in parts):
+        return float("nan")
+    if op == "sum":
+        return math.fsum(parts) if any(isinstance(p, float) for p in parts) else sum(parts)
+    return (max if op == "max" else min)(parts)
+
+
+def _wrap_int(value: int, dt: np.dtype) -> int:
+    # Integer sums wrap modulo 2**64, then to the result dtype, as NumPy's do.
+    bits = value % (1 << 64)
+    return int(np.array(bits, dtype=np.uint64).astype(np.int64 if dt.kind == "i" else np.uint64).astype(dt))
+
+
+# --------------------------------------------------------------------------------------------
+# run
+
+
+def _load(args, ctx: _Context) -> tuple[Any, dict]:
+    """Load or generate this rank's data on its device; also return the global description and times."""
+    from ._shards import inspect_file
+    from ._shards import read_shard as read_layout_shard
+
+    comm, mpi = ctx.comm, ctx.mpi
+    info: dict = {"h2d_s": None}
+    error = None
+    x = None
+    comm.Barrier()
+    start = time.perf_counter()
+    try:
+        if args.input is not None:
+            per_rank_file = "{rank}" in args.input
+            path = args.input.replace("{rank}", str(ctx.rank))
+            layout = inspect_file(path, dtype=args.dtype, n=args.n)
+            rank, size = (0, 1) if per_rank_file else (ctx.rank, ctx.size)
+            host = read_layout_shard(layout, rank, size)
+            info.update(source=args.input, dtype=layout.dtype, kind=layout.kind)
+            info["n_global_file"] = layout.n
+        else:
+            dt = np.dtype(args.dtype or DEFAULT_DTYPE)
+            if args.auto_size:
+                per_bytes = DEFAULT_GPU_BYTES_PER_RANK if ctx.backend == "gpu" else DEFAULT_CPU_BYTES_PER_RANK
+                n = (per_bytes // dt.itemsize) * ctx.size
+            elif args.per_rank is not None:
+                n = args.per_rank * ctx.size
+            else:
+                n = args.n
+            begin, end = ctx.mpi.shard_range(n, ctx.rank, ctx.size)
+            pattern = _Pattern.for_dtype(dt)
+            # Generated where it is reduced: on the GPU there is no host-to-device copy.
+            x = pattern.values(begin, end, dt, ctx.xp)
+            ctx.sync()
+            info.update(source="synthetic", dtype=dt, n_global=n, pattern=pattern)
+    except Exception as exc:  # agreed below
+        error = exc
+    load_s = time.perf_counter() - start
+    mpi.agree(error, comm)
+    if args.input is not None:
+        comm.Barrier()
+        start = time.perf_counter()
+        try:
+            if ctx.backend == "gpu":
+                import cupy
+
+                with cupy.cuda.Device(ctx.device):
+                    x = cupy.asarray(host)
+                ctx.sync()
+            else:
+                x = host
+        except Exception as exc:  # agreed below (e.g. out of device memory on one rank)
+            error = exc
+        info["h2d_s"] = time.perf_counter() - start if ctx.backend == "gpu" else None
+        mpi.agree(error, comm)
+        info["host_shard"] = host
+        info["n_global"] = comm.allreduce(int(host.size))
+    info["load_s"] = load_s
+    info["n_local"] = int(x.size)
+    return x, info
+
+
+def _max_over_ranks(comm, values: list[float | None]) -> list[float | None]:
+    from mpi4py import MPI  # imported by multireduce.mpi before any command runs
+
+    arr = np.array([-1.0 if v is None else v for v in values], dtype=np.float64)
+    comm.Allreduce(MPI.IN_PLACE, arr, op=MPI.MAX)
+    return [None if v is None else float(a) for v, a in zip(values, arr, strict=True)]
+
+
+def _cmd_run(args, comm, mpi) -> int:
+    ctx = _setup(args, comm, mpi)
+    ops = args.ops or list(OPS)
+    x, info = _load(args, ctx)
+    dt = info["dtype"]
+    n = info["n_global"]
+    check = args.check if args.check is not None else args.input is None
+
+    rows = []
+    local_times = []
+    for name in ops:
+        # The first call compiles the GPU kernel and sets up MPI's connections: not timed.
+        mpi.allreduce(x, name, comm=comm)
+        kernel_s = allreduce_s = float("inf")
+        for _ in range(args.repeat):
+            value, k, c = mpi._timed_allreduce(x, name, comm)
+            k, c = _max_over_ranks(comm, [k, c])
+            kernel_s, allreduce_s = min(kernel_s, k), min(allreduce_s, c)
+        host_value = np.asarray(value.get() if ctx.backend == "gpu" else value)[()]
+        row = {"op": name, "result": host_value, "kernel_s": kernel_s, "allreduce_s": allreduce_s}
+        if check:
+            row.update(_reference_row(args, ctx, info, name, host_value, dt, n))
+        rows.append(row)
+        local_times.append(kernel_s)
+
+    load_s, h2d_s = _max_over_ranks(comm, [info["load_s"], info["h2d_s"]])
+    transport = comm.gather(mpi.transport_counts(), root=0)
+    per_rank = comm.gather(
+        {
+            "rank": ctx.rank,
+            "host": socket.gethostname(),
+            "backend": ctx.backend,
+            "device": ctx.device,
+            "n_local": info["n_local"],
+            "load_s": info["load_s"],
+        },
+        root=0,
+    )
+    failed = [r["op"] for r in rows if r.get("check") is False]
+    if ctx.rank == 0:
+        nbytes = n * dt.itemsize
+        report = {
+            "multireduce": __version__,
+            "ranks": ctx.size,
+            "backend": ctx.backend,
+            "backend_reason": ctx.backend_reason,
+            "device": ctx.device_name,
+            "mpi_library": _mpi_library_line(mpi),
+            "cuda_aware": mpi.cuda_aware().enabled,
+            "cuda_aware_decided_by": mpi.cuda_aware().method,
+            "transport": {k: sum(t[k] for t in transport) for k in transport[0]},
+            "source": info["source"],
+            "dtype": dt.name,
+            "n": n,
+            "bytes": nbytes,
+            "repeat": args.repeat,
+            "load_s": load_s,
+            "h2d_s": h2d_s,
+            "results": [_jsonable_row(r, nbytes) for r in rows],
+            "check_passed": None if not check else not failed,
+        }
+        if args.all_ranks:
+            report["per_rank"] = per_rank
+        _emit(ctx, json.dumps(report, indent=2) if args.json else _format_run(report))
+    if failed:
+        return EXIT_CHECK
+    return 0
+
+
+def _reference_row(args, ctx, info, op, value, dt, n) -> dict:
+    comm = ctx.comm
+    result_dt = get_op(op).result_dtype(dt)
+    if info["source"] == "synthetic":
+        pattern = info["pattern"]
+        reference = pattern.reference(op, n)
+        bound = pattern.abs_bound()
+    else:
+        shard = info["host_shard"]
+        parts = comm.allgather(_file_reference(shard, op))
+        reference = _combine_references(op, parts)
+        finite = shard[np.isfinite(shard)] if shard.dtype.kind == "f" else shard
+        local_bound = float(np.max(np.abs(finite.astype(np.float64)))) if finite.size else 0.0
+        bound = comm.allreduce(local_bound, op=ctx.mpi.MPI.MAX)
+    if isinstance(reference, int) and result_dt.kind in "iu":
+        reference = _wrap_int(reference, result_dt)
+    passed, how = _check_value(value, reference, op, dt, n, bound)
+    return {"reference": reference, "check": passed, "check_how": how}
+
+
+def _jsonable(value):
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not np.isfinite(value):
+        return str(value)
+    return value
+
+
+def _jsonable_row(row: dict, nbytes: int) -> dict:
+    out = {k: _jsonable(v) for k, v in row.items()}
+    out["kernel_gbps"] = nbytes / row["kernel_s"] / 1e9 if row["kernel_s"] > 0 else None
+    out["allreduce_us"] = row["allreduce_s"] * 1e6
+    return out
+
+
+def _format_run(r: dict) -> str:
+    lines = [
+        f"multireduce {r['multireduce']}: {r['ranks']} rank(s), backend {r['backend']} ({r['backend_reason']})"
+        + (f", device {r['device']}" if r["backend"] == "gpu" else ""),
+        f"MPI: {r['mpi_library']}; GPU partials: "
+        + ("device buffers to MPI" if r["cuda_aware"] else "staged through host memory")
+        + f" (CUDA-aware {'yes' if r['cuda_aware'] else 'no'}, decided by {r['cuda_aware_decided_by']})",
+        f"data: {r['source']}, {r['dtype']}, n = {r['n']:,} ({r['bytes'] / 1e6:,.1f} MB over all ranks)",
+        "",
+        f"{'op':<5} {'result':>24} {'reference':>24} {'check':>6} {'kernel ms':>10} {'GB/s':>8} {'allreduce us':>13}",
+    ]
+    for row in r["results"]:
+        check = "-" if "check" not in row else ("ok" if row["check"] else "FAIL")
+        gbps = "-" if row["kernel_gbps"] is None else f"{row['kernel_gbps']:.1f}"
+        lines.append(
+            f"{row['op']:<5} {row['result']!s:>24} {row.get('reference', '-')!s:>24} {check:>6} "
+            f"{row['kernel_s'] * 1e3:>10.3f} {gbps:>8} {row['allreduce_us']:>13.1f}"
+        )
+    load = "load -"
+    if r["load_s"] > 0:
+        load = f"load {r['load_s'] * 1e3:.1f} ms ({r['bytes'] / r['load_s'] / 1e9:.2f} GB/s)"
+    h2d = "h2d -" if r["h2d_s"] is None else f"h2d {r['h2d_s'] * 1e3:.1f} ms ({r['bytes'] / r['h2d_s'] / 1e9:.2f} GB/s)"
+    lines.append("")
+    lines.append(f"phases, max over ranks (kernel and allreduce: best of {r['repeat']}): {load}; {h2d}")
+    lines.append(f"partials moved (all ranks, all calls): {r['transport']}")
+    if r["check_passed"] is not None:
+        lines.append("check: " + ("all results match the reference" if r["check_passed"] else "FAILED"))
+    for row in r.get("per_rank", []):
+        lines.append(
+            f"  rank {row['rank']} on {row['host']}: {row['backend']} device {row['device']}, "
+            f"n_local {row['n_local']:,}, load {row['load_s'] * 1e3:.1f} ms"
+        )
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------
+# info
+
+
+def _cmd_info(args, comm, mpi) -> int:
+    ctx = _setup(args, comm, mpi)
+    import mpi4py
+
+    local, local_size = mpi.local_rank(comm)
+    per_rank = comm.gather(
+        {
+            "rank": ctx.rank,
+            "host": socket.gethostname(),
+            "local_rank": local,
+            "backend": ctx.backend,
+            "device": ctx.device,
+            "device_name": ctx.device_name,
+        },
+        root=0,
+    )
+    aware = mpi.cuda_aware()
+    devices = []
+    cupy_version = None
+    if ctx.backend == "gpu":
+        import cupy
+
+        cupy_version = cupy.__version__
+        for d in range(cupy.cuda.runtime.getDeviceCount()):
+            props = cupy.cuda.runtime.getDeviceProperties(d)
+            name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+            devices.append(
+                {
+                    "id": d,
+                    "name": name,
+                    "memory_gib": props["totalGlobalMem"] / 2**30,
+                    "compute_capability": f"{props['major']}.{props['minor']}",
+                }
+            )
+    major, minor = mpi.MPI.Get_version()
+    report = {
+        "multireduce": __version__,
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "mpi4py": mpi4py.__version__,
+        "cupy": cupy_version,
+        "backend": ctx.backend,
+        "backend_reason": ctx.backend_reason,
+        "devices": devices,
+        "mpi_library": _mpi_library_line(mpi),
+        "mpi_standard": f"{major}.{minor}",
+        "ranks": ctx.size,
+        "ranks_on_this_node": local_size,
+        "cuda_aware": aware.enabled,
+        "cuda_aware_decided_by": aware.method,
+        "cuda_aware_detail": aware.detail,
+        "per_rank": per_rank,
+    }
+    if ctx.rank == 0:
+        if args.json:
+            _emit(ctx, json.dumps(report, indent=2))
+        else:
+            lines = [
+                f"multireduce {__version__} (Python {report['python']}, NumPy {report['numpy']}, "
+                f"mpi4py {report['mpi4py']}, CuPy {cupy_version or 'not used'})",
+                f"backend: {ctx.backend} ({ctx.backend_reason})",
+                "devices: " + ("none" if not devices else ""),
+            ]
+            for d in devices:
+                lines.append(
+                    f"  {d['id']}: {d['name']}, {d['memory_gib']:.1f} GiB, compute capability {d['compute_capability']}"
+                )
+            lines += [
+                f"MPI: {report['mpi_library']} (MPI {report['mpi_standard']})",
+                f"ranks: {ctx.size}",
+            ]
+            for row in per_rank:
+                where = f"GPU {row['device']} ({row['device_name']})" if row["backend"] == "gpu" else "CPU"
+                lines.append(f"  rank {row['rank']}: {row['host']}, node-local rank {row['local_rank']}, {where}")
+            lines.append("CUDA-aware MPI: " + _transport_line(mpi))
+            _emit(ctx, "\n".join(lines))
+    return 0
+
+
+# --------------------------------------------------------------------------------------------
+# bench
+
+
+def _cmd_bench(args, comm, mpi) -> int:
+    ctx = _setup(args, comm, mpi)
+    ops = args.ops or list(OPS)
+    dt = args.dtype
+    sizes = args.sizes or (
+        [2**10, 2**16, 2**20, 2**24, 2**27] if ctx.backend == "gpu" else [2**10, 2**14, 2**18, 2**21]
+    )
+    pattern = _Pattern.for_dtype(dt)
+    records = []
+    for n in sizes:
+        begin, end = mpi.shard_range(n, ctx.rank, ctx.size)
+        error = x = None
+        try:
+            x = pattern.values(begin, end, dt, ctx.xp)
+            ctx.sync()
+        except Exception as exc:  # agreed below (out of memory on one rank, say)
+            error = exc
+        mpi.agree(error, comm)
+        for name in ops:
+            if n == 0 and not get_op(name).empty_allowed:
+                continue
+            for _ in range(args.warmup):
+                mpi.allreduce(x, name, comm=comm)
+            kernel, combine = [], []
+            for _ in range(args.repeat):
+                _, k, c = mpi._timed_allreduce(x, name, comm)
+                k, c = _max_over_ranks(comm, [k, c])
+                kernel.append(k)
+                combine.append(c)
+            kernel_s = float(np.median(kernel))
+            combine_s = float(np.median(combine))
+            records.append(
+                {
+                    "op": name,
+                    "dtype": dt.name,
+                    "n": n,
+                    "ranks": ctx.size,
+                    "backend": ctx.backend,
+                    "device": ctx.device_name,
+                    "kernel_s_median": kernel_s,
+                    "kernel_s_min": min(kernel),
+                    "allreduce_s_median": combine_s,
+                    "allreduce_s_min": min(combine),
+                    "kernel_gbps": n * dt.itemsize / kernel_s / 1e9 if kernel_s > 0 else None,
+                }
+            )
+        del x
+    if ctx.rank == 0:
+        doc = {
+            "multireduce": __version__,
+            "git_commit": _git_commit(),
+            "ranks": ctx.size,
+            "backend": ctx.backend,
+            "backend_reason": ctx.backend_reason,
+            "device": ctx.device_name,
+            "mpi_library": _mpi_library_line(mpi),
+            "cuda_aware": mpi.cuda_aware().enabled,
+            "warmup": args.warmup,
+            "repeat": args.repeat,
+            "timing": "Barrier + MPI.Wtime around each phase after a stream sync; max over ranks; "
+            "median and min over repetitions",
+            "records": records,
+        }
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(json.dumps(doc, indent=2) + "\n")
+        if args.json:
+            _emit(ctx, json.dumps(doc, indent=2))
+        else:
+            lines = [f"{'op':<5} {'dtype':<8} {'n':>12} {'kernel ms':>10} {'GB/s':>8} {'allreduce us':>13}"]
+            for rec in records:
+                gbps = "-" if rec["kernel_gbps"] is None else f"{rec['kernel_gbps']:.1f}"
+                lines.append(
+                    f"{rec['op']:<5} {rec['dtype']:<8} {rec['n']:>12,} {rec['kernel_s_median'] * 1e3:>10.3f} "
+                    f"{gbps:>8} {rec['allreduce_s_median'] * 1e6:>13.1f}"
+                )
+            lines.append(f"wrote {args.output} ({len(records)} records, {ctx.size} rank(s), {ctx.backend})")
+            _emit(ctx, "\n".join(lines))
+    return 0
+
+
+# --------------------------------------------------------------------------------------------
+# Entry point and error handling
+
+
+def guarded(job, comm, mpi) -> int:
+    """Run ``job()`` on every rank and turn exceptions into an exit status.
+
+    An error that every rank knows about (raised by a collective agreement) is printed once,
+    by rank 0, naming the failing rank(s); every rank returns 1. Any other exception is known
+    to this rank only, while the others may be blocked in a collective: it is printed with
+    this rank's number and the job is ended with ``MPI_Abort``.
+    """
+    rank, size = comm.Get_rank(), comm.Get_size()
+    try:
+        return job()
+    except Exception as exc:
+        failures = mpi.rank_failures(exc)
+        if failures is not None:
+            if rank == 0:
+                print(f"multireduce: error: {mpi.describe_failures(failures, size)}", file=sys.stderr, flush=True)
+            return EXIT_ERROR
+        print(f"multireduce: rank {rank} of {size} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        traceback.print_exc(file=sys.stderr)
+        sys.stderr.flush()
+        if size > 1:
+            comm.Abort(EXIT_ERROR)
+        return EXIT_ERROR
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``python -m multireduce`` and of the ``multireduce`` script.
+
+    Returns the exit status (0 success, 1 error, 2 usage error, 3 check failed).
+    """
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        args = _parse(argv)
+    except UsageError as exc:
+        if _env_rank() == 0:
+            print(exc, file=sys.stderr)
+        return EXIT_USAGE
+    except SystemExit as exc:  # --help and --version print and exit through argparse
+        return int(exc.code or 0)
+    try:
+        from . import mpi
+    except ImportError as exc:
+        print(
+            f"multireduce: python -m multireduce needs mpi4py and an MPI library ({exc}); "
+            "install them with: pip install 'multireduce[mpi]'",
+            file=sys.stderr,
+        )
+        return EXIT_ERROR
+    comm = mpi.MPI.COMM_WORLD
+    return guarded(lambda: args.func(args, comm, mpi), comm, mpi)

@@ -1,0 +1,214 @@
+"""Sharding of a global length across ranks, and reading one rank's shard of a file.
+
+Nothing here imports MPI: the functions take ``rank`` and ``size`` as plain integers, so that
+the CLI and the tests can use them without starting MPI. :mod:`multireduce.mpi` re-exports
+them with ``comm=`` conveniences.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .ops import check_dtype
+
+__all__ = [
+    "FileLayout",
+    "inspect_file",
+    "read_shard",
+    "shard_counts",
+    "shard_range",
+]
+
+_NPY_MAGIC = b"\x93NUMPY"
+
+
+def _check_length(n, what: str = "n") -> int:
+    # bool is an int subclass, and np.int64 is not: accept exactly the integers.
+    if isinstance(n, bool) or not isinstance(n, int | np.integer):
+        raise TypeError(f"{what} must be a non-negative integer, got {n!r}")
+    if n < 0:
+        raise ValueError(f"{what} must be a non-negative integer, got {n}")
+    return int(n)
+
+
+def shard_counts(n: int, size: int) -> list[int]:
+    """Count the elements each of ``size`` ranks holds of a global length ``n``.
+
+    The split is the block distribution of NumPy's ``array_split``: the first ``n % size``
+    ranks hold one element more than the others.
+    With ``n < size`` the last ``size - n`` ranks hold nothing.
+
+    Raises
+    ------
+    TypeError, ValueError
+        If ``n`` is not a non-negative integer or ``size`` not a positive one.
+
+    Examples
+    --------
+    >>> shard_counts(10, 4)
+    [3, 3, 2, 2]
+    >>> shard_counts(2, 3)
+    [1, 1, 0]
+    """
+    n = _check_length(n)
+    size = _check_length(size, "size")
+    if size == 0:
+        raise ValueError("size must be at least 1")
+    base, extra = divmod(n, size)
+    return [base + (r < extra) for r in range(size)]
+
+
+def shard_range(n: int, rank: int, size: int) -> tuple[int, int]:
+    """Return the half-open range ``[start, stop)`` of global indices that ``rank`` holds.
+
+    The ranges of ranks ``0 .. size-1`` are contiguous, in rank order, and cover
+    ``[0, n)`` exactly once; see :func:`shard_counts` for the split.
+
+    Examples
+    --------
+    >>> [shard_range(10, r, 4) for r in range(4)]
+    [(0, 3), (3, 6), (6, 8), (8, 10)]
+    """
+    counts = shard_counts(n, size)
+    rank = _check_length(rank, "rank")
+    if rank >= size:
+        raise ValueError(f"rank {rank} is out of range for {size} ranks")
+    base, extra = divmod(n, size)
+    start = rank * base + min(rank, extra)
+    return start, start + counts[rank]
+
+
+@dataclass(frozen=True)
+class FileLayout:
+    """Where the elements of an array file are and what they are.
+
+    Attributes
+    ----------
+    path : Path
+    kind : {"npy", "raw"}
+    dtype : numpy.dtype
+    n : int
+        Number of elements (all axes flattened: a full reduction does not need the shape).
+    offset : int
+        Byte offset of the first element.
+    """
+
+    path: Path
+    kind: str
+    dtype: np.dtype
+    n: int
+    offset: int
+
+
+def _npy_header(path: Path, fh) -> tuple[tuple[int, ...], np.dtype, int]:
+    version = np.lib.format.read_magic(fh)
+    # The header is a Python literal parsed with ast.literal_eval, never unpickled, so it is
+    # safe to read even when the data would be pickled objects.
+    if version == (1, 0):
+        shape, _, dtype = np.lib.format.read_array_header_1_0(fh)
+    elif version in ((2, 0), (3, 0)):
+        shape, _, dtype = np.lib.format.read_array_header_2_0(fh)
+    else:
+        raise ValueError(f"{path}: unsupported .npy format version {version}")
+    return shape, dtype, fh.tell()
+
+
+def inspect_file(path: str | os.PathLike, dtype=None, n: int | None = None) -> FileLayout:
+    """Read the layout of a ``.npy`` or raw binary file without reading its data.
+
+    A file is taken as ``.npy`` if it starts with the NumPy magic string, whatever its name;
+    anything else is raw binary of ``dtype`` in native byte order.
+
+    Parameters
+    ----------
+    path : path-like
+    dtype : dtype, optional
+        Required for raw files. For ``.npy`` files, if given, it must equal the file's dtype.
+    n : int, optional
+        For raw files, the number of elements to use (the file must hold at least ``n``);
+        by default the whole file.
+
+    Returns
+    -------
+    FileLayout
+
+    Raises
+    ------
+    FileNotFoundError, IsADirectoryError, PermissionError
+        If the file cannot be opened.
+    TypeError
+        If the ``.npy`` holds Python objects (it is never unpickled) or a dtype multireduce
+        does not support, or ``dtype`` differs from the ``.npy`` file's.
+    ValueError
+        If the file is truncated (shorter than its header says, or, for raw files, not a
+        whole number of elements or shorter than ``n``), or if a raw file comes without
+        ``dtype``.
+    """
+    path = Path(path)
+    with open(path, "rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        head = fh.read(len(_NPY_MAGIC))
+        fh.seek(0)
+        if head == _NPY_MAGIC:
+            try:
+                shape, file_dtype, offset = _npy_header(path, fh)
+            except (ValueError, EOFError, SyntaxError) as exc:
+                raise ValueError(f"{path}: not a valid .npy file (truncated or corrupt header): {exc}") from exc
+            if file_dtype.hasobject:
+                raise TypeError(
+                    f"{path} holds Python objects (dtype {file_dtype}); multireduce never unpickles data. "
+                    "Save a numeric array instead."
+                )
+            file_dtype = check_dtype(file_dtype, what=f"{path}:")
+            if dtype is not None and np.dtype(dtype) != file_dtype:
+                raise TypeError(f"{path} holds {file_dtype}, but dtype {np.dtype(dtype)} was requested")
+            count = int(np.prod(shape, dtype=np.int64))
+            expected = offset + count * file_dtype.itemsize
+            if size < expected:
+                raise ValueError(
+                    f"{path} is truncated: its header promises shape {shape} of {file_dtype} "
+                    f"({expected} bytes), but the file has {size} bytes"
+                )
+            if n is not None:
+                raise ValueError(f"{path} is a .npy file, which knows its length; n applies to raw files only")
+            return FileLayout(path, "npy", file_dtype, count, offset)
+    if dtype is None:
+        raise ValueError(f"{path} is not a .npy file; give the dtype of its raw binary data (--dtype)")
+    dt = check_dtype(dtype)
+    if size % dt.itemsize:
+        raise ValueError(
+            f"{path} is truncated or not {dt} data: {size} bytes is not a whole number of {dt.itemsize}-byte elements"
+        )
+    available = size // dt.itemsize
+    if n is None:
+        n = available
+    n = _check_length(n)
+    if n > available:
+        raise ValueError(f"{path} is truncated: {n} elements of {dt} requested, the file holds {available}")
+    return FileLayout(path, "raw", dt, n, 0)
+
+
+def read_shard(layout: FileLayout, rank: int, size: int) -> np.ndarray:
+    """Read the elements ``rank`` holds (see :func:`shard_range`) into a new 1-d array.
+
+    Only that slice is read from disk: ``.npy`` files through
+    ``np.load(mmap_mode="r", allow_pickle=False)``, raw files through ``np.memmap``.
+    """
+    start, stop = shard_range(layout.n, rank, size)
+    count = stop - start
+    if count == 0:
+        # mmap cannot map zero bytes, and there is nothing to read.
+        return np.empty(0, dtype=layout.dtype)
+    if layout.kind == "npy":
+        mapped = np.load(layout.path, mmap_mode="r", allow_pickle=False)
+        # order="K" flattens in memory order without a copy (also for Fortran-order files);
+        # a full reduction does not depend on element order.
+        flat = mapped.ravel(order="K")
+    else:
+        flat = np.memmap(layout.path, dtype=layout.dtype, mode="r", offset=0, shape=(layout.n,))
+    # Copying here makes the read happen now (it is the "load" phase), and lets the file go.
+    return np.array(flat[start:stop])

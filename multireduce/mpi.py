@@ -1,0 +1,566 @@
+"""Reductions across MPI ranks: the core reduction of each rank's shard plus one Allreduce.
+
+Importing this module imports ``mpi4py.MPI``, which initializes MPI; ``import multireduce``
+alone does not. Every function that takes ``comm`` is collective over it (``None`` means
+``MPI.COMM_WORLD``) unless its docstring says otherwise.
+
+Errors never leave ranks waiting in a collective: each collective here first agrees, in the
+same Allreduce that carries the partial where possible, on whether any rank failed. If one
+did, every rank raises: the failing rank its own exception, the others :class:`RankError`
+naming the failing rank and its message.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from . import core
+from ._shards import FileLayout, inspect_file, shard_counts, shard_range
+from ._shards import read_shard as _read_layout_shard
+from ._transport import (
+    CUDA_AWARE_ENV,
+    CudaAwareness,
+    decide_cuda_aware,
+    decode_extreme,
+    decode_extreme_scalar,
+    encode_extreme,
+    encode_extreme_scalar,
+    mpix_probe,
+    openmpi_cvar_probe,
+    sum_wire_dtype,
+)
+from .ops import OPS, SUPPORTED_DTYPES, Op, get_op
+
+__all__ = [
+    "CUDA_AWARE_ENV",
+    "DEVICE_ENV",
+    "CudaAwareness",
+    "FileLayout",
+    "RankError",
+    "agree",
+    "allreduce",
+    "cuda_aware",
+    "describe_failures",
+    "inspect_file",
+    "local_rank",
+    "rank_failures",
+    "read_shard",
+    "select_device",
+    "shard",
+    "shard_counts",
+    "shard_range",
+    "transport_counts",
+]
+
+#: Environment variable that overrides the GPU a rank uses (a device ordinal).
+DEVICE_ENV = "MULTIREDUCE_DEVICE"
+
+_FAILURES_ATTR = "_multireduce_rank_failures"
+_OP_CODES = {name: i + 1 for i, name in enumerate(OPS)}
+_DTYPE_CODES = {dt: i + 1 for i, dt in enumerate(SUPPORTED_DTYPES)}
+_CODE_DTYPES = {code: dt for dt, code in _DTYPE_CODES.items()}
+
+# How combines moved their partials: NumPy partials ("host"), CuPy partials copied to host
+# memory for a non-CUDA-aware MPI ("staged"), CuPy buffers handed to MPI ("device").
+_transport_counts = {"host": 0, "staged": 0, "device": 0}
+_cuda_aware: CudaAwareness | None = None
+
+
+class RankError(RuntimeError):
+    """Raised on the ranks that did not fail when another rank of a collective failed.
+
+    Attributes
+    ----------
+    failures : dict of int to str
+        ``{rank: "ExceptionType: message"}`` for every rank that failed.
+    """
+
+    def __init__(self, failures: dict[int, str], size: int | None = None):
+        self.failures = dict(failures)
+        super().__init__(describe_failures(self.failures, size))
+
+
+def describe_failures(failures: dict[int, str], size: int | None = None) -> str:
+    """One line per distinct message, naming the ranks that raised it (``"rank 1 of 4: ..."``)."""
+    by_message: dict[str, list[int]] = {}
+    for rank, message in sorted(failures.items()):
+        by_message.setdefault(message, []).append(rank)
+    of = "" if size is None else f" of {size}"
+    lines = []
+    for message, ranks in by_message.items():
+        who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {_rank_list(ranks)}"
+        lines.append(f"{who}{of} failed: {message}")
+    return "\n".join(lines)
+
+
+def _rank_list(ranks: list[int]) -> str:
+    if ranks == list(range(ranks[0], ranks[-1] + 1)) and len(ranks) > 2:
+        return f"{ranks[0]}-{ranks[-1]}"
+    return ", ".join(map(str, ranks))
+
+
+def rank_failures(exc: BaseException) -> dict[int, str] | None:
+    """``{rank: message}`` if ``exc`` was raised on every rank by a collective agreement.
+
+    The CLI uses this to tell errors that every rank knows about (print once, exit) from
+    errors on one rank alone (abort the job, or the other ranks would wait forever).
+    """
+    return getattr(exc, _FAILURES_ATTR, None)
+
+
+def _mark(exc: BaseException, failures: dict[int, str]) -> BaseException:
+    setattr(exc, _FAILURES_ATTR, dict(failures))
+    return exc
+
+
+def _comm(comm):
+    return MPI.COMM_WORLD if comm is None else comm
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _raise_failures(comm, error: BaseException | None) -> None:
+    # Only reached when the flag Allreduce said some rank failed, so its cost does not matter.
+    messages = comm.allgather(None if error is None else _describe(error))
+    failures = {rank: m for rank, m in enumerate(messages) if m is not None}
+    if error is not None:
+        raise _mark(error, failures)
+    raise _mark(RankError(failures, comm.Get_size()), failures)
+
+
+def agree(error: BaseException | None, comm=None) -> None:
+    """Agree on errors: raise on every rank if any rank passes an exception (collective).
+
+    Call it with the exception a rank caught in a local step (or ``None``), before the next
+    collective, so that no rank enters a collective that a failed rank will never reach.
+
+    Parameters
+    ----------
+    error : BaseException or None
+    comm : mpi4py.MPI.Comm, optional
+
+    Raises
+    ------
+    BaseException
+        On a rank that passed an exception: that exception.
+    RankError
+        On the other ranks, if any rank passed one. Both carry the map of failures
+        (:func:`rank_failures`).
+
+    Examples
+    --------
+    >>> try:  # doctest: +SKIP
+    ...     x = read_local_data()
+    ... except Exception as exc:
+    ...     agree(exc)
+    ... else:
+    ...     agree(None)
+    """
+    comm = _comm(comm)
+    flag = np.array([error is not None], dtype=np.int64)
+    comm.Allreduce(MPI.IN_PLACE, flag, op=MPI.MAX)
+    if flag[0]:
+        _raise_failures(comm, error)
+
+
+def _is_cupy(x: Any) -> bool:
+    # The module name check keeps CuPy unimported for NumPy input (as core does).
+    return type(x).__module__.startswith("cupy")
+
+
+@dataclass(frozen=True)
+class _Static:
+    """What a combine needs to know that depends only on (op, input dtype, dtype=)."""
+
+    op: Op
+    in_dtype: np.dtype
+    requested: np.dtype | None
+    result: np.dtype
+    acc: np.dtype
+    wire: np.dtype  # sums only
+    positive: bool  # max (True) or min (False)
+    codes: tuple[int, int, int]
+
+
+@functools.lru_cache(maxsize=256)
+def _static(op: Op, in_dtype: np.dtype, requested: np.dtype | None) -> _Static:
+    # Cached because the dtype rules cost more than the MPI call for a scalar partial.
+    # Errors (unsupported dtypes) are raised, not cached.
+    result = op.result_dtype(in_dtype, requested)
+    acc = op.accumulator_dtype(result)
+    codes = (
+        _DTYPE_CODES[np.dtype(in_dtype)],
+        _OP_CODES[op.name],
+        0 if requested is None else _DTYPE_CODES[requested],
+    )
+    return _Static(op, np.dtype(in_dtype), requested, result, acc, sum_wire_dtype(acc), op.mpi_name == "MAX", codes)
+
+
+@dataclass
+class _Plan:
+    static: _Static
+    count: int
+    on_gpu: bool
+    device: int | None
+
+    @property
+    def op(self) -> Op:
+        return self.static.op
+
+
+def _plan(x: Any, op, dtype) -> tuple[_Plan, Any]:
+    op = get_op(op)
+    on_gpu = _is_cupy(x)
+    if not (on_gpu or isinstance(x, np.ndarray)):
+        x = np.asarray(x)
+    static = _static(op, x.dtype, None if dtype is None else np.dtype(dtype))
+    return _Plan(static, x.size, on_gpu, x.device.id if on_gpu else None), x
+
+
+def _local_partial(x: Any, plan: _Plan):
+    if plan.static.requested is None:
+        return core.partial(x, plan.op)
+    # dtype= changes the accumulator (e.g. int input summed as float16 accumulates in
+    # float32), so the partial is a reduction to the accumulator dtype of the requested one.
+    return core.reduce(x, plan.op, dtype=plan.static.acc)
+
+
+def allreduce(x_local: Any, op: str | Op, *, comm=None, dtype: Any = None):
+    """Reduce the shards of all ranks with ``op``; every rank gets the global result.
+
+    Each rank reduces its own shard with :func:`multireduce.core.partial` (on its GPU for a
+    CuPy array), and the partials are combined by one ``MPI_Allreduce`` (two for sums, whose
+    partials cannot share the buffer of the error agreement). The result equals
+    :func:`multireduce.reduce` of the concatenation of all shards, up to the order of
+    floating-point additions for sums.
+
+    Parameters
+    ----------
+    x_local : numpy.ndarray or cupy.ndarray
+        This rank's shard, of any shape, possibly empty. All ranks must pass the same dtype.
+    op : {"sum", "max", "min"} or Op
+        The same on every rank.
+    comm : mpi4py.MPI.Comm, optional
+        Defaults to ``MPI.COMM_WORLD``.
+    dtype : dtype, optional
+        Result dtype, for ``"sum"`` only (as :func:`multireduce.reduce`); the same on every
+        rank.
+
+    Returns
+    -------
+    numpy.generic or cupy.ndarray
+        A NumPy scalar for NumPy shards, a 0-d CuPy array on the shard's device for CuPy
+        shards; the dtype is that of :func:`multireduce.reduce`. Every rank gets the same
+        value, bit for bit.
+
+    Raises
+    ------
+    TypeError
+        On every rank if the ranks' dtypes (or ``dtype=``) differ; on a rank with an
+        unsupported dtype.
+    ValueError
+        On every rank for max/min when all shards are empty (NumPy's message); on a rank
+        given an unknown op, or on every rank if the ranks' ops differ.
+    RankError
+        On the other ranks when some rank raised.
+
+    Notes
+    -----
+    Partials travel in the op's accumulator dtype (float32 sums as float64, integer sums in
+    64 bits, float16 as float32), so nothing is rounded before the final cast. Empty shards
+    contribute the op's identity. Max and min propagate NaN and order ``-0.0 < +0.0``
+    (IEEE 754-2019) whatever the order in which MPI combines ranks; see
+    :mod:`multireduce._transport`. GPU partials are handed to MPI as device buffers (after a
+    stream synchronization) if :func:`cuda_aware` says so, and staged through host memory
+    otherwise; :func:`transport_counts` records which.
+
+    Examples
+    --------
+    Under ``mpiexec -n 4``, each rank holding ``np.arange(rank * 10, rank * 10 + 10)``:
+
+    >>> allreduce(x_local, "sum")  # doctest: +SKIP
+    np.int64(780)
+    """
+    comm = _comm(comm)
+    plan = partial = error = None
+    try:
+        plan, x = _plan(x_local, op, dtype)
+        partial = _local_partial(x, plan)
+    except Exception as exc:  # agreed with the other ranks in _combine, then re-raised
+        error = exc
+    return _combine(comm, plan, partial, error)
+
+
+def _timed_allreduce(x_local: Any, op: str | Op, comm=None) -> tuple[Any, float, float]:
+    """:func:`allreduce` split into its two phases for the CLI's timings.
+
+    Returns ``(result, local_seconds, combine_seconds)`` on this rank: the local partial
+    including a stream synchronization, then the combine. A Barrier precedes each phase so
+    that one rank's wait for another is not counted in the next phase.
+    """
+    comm = _comm(comm)
+    plan = partial = error = None
+    comm.Barrier()
+    start = MPI.Wtime()
+    try:
+        plan, x = _plan(x_local, op, None)
+        partial = _local_partial(x, plan)
+        if plan.on_gpu:
+            import cupy
+
+            cupy.cuda.get_current_stream().synchronize()
+    except Exception as exc:  # agreed with the other ranks in _combine, then re-raised
+        error = exc
+    local = MPI.Wtime() - start
+    comm.Barrier()
+    start = MPI.Wtime()
+    result = _combine(comm, plan, partial, error)
+    if plan.on_gpu:
+        import cupy
+
+        cupy.cuda.get_current_stream().synchronize()
+    return result, local, MPI.Wtime() - start
+
+
+def _to_host(partial, plan: _Plan) -> np.generic:
+    """Bring a partial to host memory as a NumPy scalar: the one place that stages."""
+    if plan.on_gpu:
+        import cupy
+
+        _transport_counts["staged"] += 1
+        # asnumpy copies on the current stream and waits for it, so the kernel has finished.
+        return cupy.asnumpy(partial)[()]
+    _transport_counts["host"] += 1
+    return partial
+
+
+def _meta(plan: _Plan | None, error) -> np.ndarray:
+    # The agreement travels as int64 under MAX: a code c and its complement ~c give both the
+    # largest and (as ~max(~c)) the smallest code over ranks, so "all equal" is one Allreduce.
+    # Slot 8 carries the max/min key, which reduces with MAX too.
+    meta = np.zeros(9, dtype=np.int64)
+    meta[0] = error is not None
+    if plan is not None:
+        for i, code in enumerate(plan.static.codes):
+            meta[1 + 2 * i] = code
+            meta[2 + 2 * i] = ~code
+        meta[7] = plan.count > 0
+    return meta
+
+
+def _check_agreement(comm, plan: _Plan, meta: np.ndarray) -> None:
+    names = ("input dtype", "op", "dtype=")
+    for i, name in enumerate(names):
+        if meta[1 + 2 * i] != ~meta[2 + 2 * i]:
+            st = plan.static
+            local = (st.in_dtype.name, st.op.name, None if st.requested is None else st.requested.name)[i]
+            values = comm.allgather(local)
+            listing = describe_failures({r: str(v) for r, v in enumerate(values)}).replace(" failed:", ":")
+            exc_type = ValueError if name == "op" else TypeError
+            message = f"{name} differs across ranks:\n{listing}"
+            raise _mark(exc_type(message), dict.fromkeys(range(comm.Get_size()), f"{exc_type.__name__}: {message}"))
+
+
+def _combine(comm, plan: _Plan | None, partial, error):
+    use_device = False
+    host = None
+    meta = None
+    if error is None:
+        try:
+            meta = _meta(plan, None)
+            use_device = plan.on_gpu and cuda_aware().enabled
+            if not use_device:
+                host = _to_host(partial, plan)
+                if plan.op.mpi_name != "SUM":
+                    meta[8] = encode_extreme_scalar(host, plan.static.positive)
+        except Exception as exc:
+            error = exc
+    if error is not None:
+        meta = _meta(plan, error)
+    comm.Allreduce(MPI.IN_PLACE, meta, op=MPI.MAX)
+    if meta[0]:
+        _raise_failures(comm, error)
+    _check_agreement(comm, plan, meta)
+    st = plan.static
+    if not meta[7] and not st.op.empty_allowed:
+        exc = st.op.empty_error()
+        raise _mark(exc, dict.fromkeys(range(comm.Get_size()), _describe(exc)))
+    if use_device:
+        return _combine_on_device(comm, plan, partial)
+    if st.op.mpi_name == "SUM":
+        buf = np.array([host], dtype=st.acc).view(st.wire)
+        comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+        value = buf.view(st.acc)[0]
+    else:
+        value = decode_extreme_scalar(int(meta[8]), st.positive, st.acc)
+    result = value.astype(st.result)
+    if plan.on_gpu:
+        import cupy
+
+        with cupy.cuda.Device(plan.device):
+            return cupy.asarray(result)
+    return result
+
+
+def _combine_on_device(comm, plan: _Plan, partial):
+    import cupy
+
+    st = plan.static
+    _transport_counts["device"] += 1
+    with cupy.cuda.Device(plan.device):
+        if st.op.mpi_name == "SUM":
+            buf = partial.astype(st.acc).reshape(1).view(st.wire)
+        else:
+            buf = encode_extreme(partial.reshape(1), st.positive, xp=cupy)
+        # MPI reads the buffer outside CUDA's stream order: the kernels that wrote it must
+        # have finished.
+        cupy.cuda.get_current_stream().synchronize()
+        comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM if st.op.mpi_name == "SUM" else MPI.MAX)
+        if st.op.mpi_name == "SUM":
+            value = buf.view(st.acc)
+        else:
+            value = decode_extreme(buf, st.positive, st.acc, xp=cupy)
+        return value.astype(st.result).reshape(())
+
+
+def transport_counts() -> dict[str, int]:
+    """How many combines on this rank moved their partial which way, since import.
+
+    Keys: ``"host"`` (NumPy partials), ``"staged"`` (CuPy partials copied through host
+    memory because MPI is not CUDA-aware), ``"device"`` (CuPy buffers handed to MPI). Not
+    collective.
+    """
+    return dict(_transport_counts)
+
+
+def _mpi_library() -> ctypes.CDLL:
+    # dlsym on the handle of mpi4py's extension searches the MPI library it links to, the
+    # one actually in use, without guessing its file name.
+    return ctypes.CDLL(MPI.__file__)
+
+
+def cuda_aware(*, refresh: bool = False) -> CudaAwareness:
+    """Whether GPU partials are handed to MPI as device buffers, and how it was decided.
+
+    Sources, first answer wins: the environment variable ``MULTIREDUCE_CUDA_AWARE`` (``0`` or
+    ``1``); ``MPIX_Query_cuda_support()`` where the MPI library exports it (Open MPI, MPICH);
+    Open MPI's ``mpi_built_with_cuda_support`` parameter, read through the MPI tool interface
+    (as ``ompi_info`` reports it); otherwise not CUDA-aware. The answer is cached; not
+    collective.
+
+    Raises
+    ------
+    ValueError
+        If ``MULTIREDUCE_CUDA_AWARE`` is set to anything but 0 or 1.
+    """
+    global _cuda_aware
+    if _cuda_aware is None or refresh:
+        lib = _mpi_library()
+        probes = [
+            ("MPIX_Query_cuda_support", mpix_probe(lib)),
+            ("Open MPI mpi_built_with_cuda_support", openmpi_cvar_probe(lib, MPI.Get_library_version())),
+        ]
+        _cuda_aware = decide_cuda_aware(probes)
+    return _cuda_aware
+
+
+def local_rank(comm=None) -> tuple[int, int]:
+    """Return this rank's index among the ranks of ``comm`` on its node, and their number.
+
+    Uses ``Split_type(COMM_TYPE_SHARED)``.
+    """
+    comm = _comm(comm)
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+    try:
+        return node.Get_rank(), node.Get_size()
+    finally:
+        node.Free()
+
+
+def select_device(comm=None, *, device: int | None = None) -> int:
+    """Choose and activate this rank's GPU; returns its ordinal.
+
+    By default each rank takes device ``local_rank % device_count``, so that the ranks on a
+    node spread over its GPUs (and share them when there are more ranks than GPUs).
+    ``device=``, or else the environment variable ``MULTIREDUCE_DEVICE``, overrides it.
+    Collective (the node-local rank needs ``Split_type``), even when overridden.
+
+    Raises
+    ------
+    RuntimeError
+        If CuPy sees no GPU.
+    ValueError
+        If the requested device does not exist.
+    """
+    local, _ = local_rank(comm)
+    import cupy
+
+    count = cupy.cuda.runtime.getDeviceCount()
+    if count < 1:
+        raise RuntimeError("select_device: CuPy sees no CUDA device")
+    if device is None and os.environ.get(DEVICE_ENV, "").strip():
+        device = int(os.environ[DEVICE_ENV])
+    if device is None:
+        device = local % count
+    if not 0 <= device < count:
+        raise ValueError(f"device {device} does not exist; this node has {count} CUDA device(s)")
+    cupy.cuda.Device(device).use()
+    return device
+
+
+def shard(n: int, comm=None) -> slice:
+    """Return the slice of a global length ``n`` that this rank holds (see :func:`shard_range`).
+
+    Not collective.
+    """
+    comm = _comm(comm)
+    start, stop = shard_range(n, comm.Get_rank(), comm.Get_size())
+    return slice(start, stop)
+
+
+def read_shard(path: str | os.PathLike, *, dtype: Any = None, n: int | None = None, comm=None) -> np.ndarray:
+    """Read this rank's shard of a ``.npy`` or raw binary file into host memory.
+
+    Each rank reads only its own slice (:func:`shard`) of the flattened array: ``.npy``
+    files through ``np.load(mmap_mode="r", allow_pickle=False)`` (never unpickling), raw
+    files as ``dtype`` in native byte order. Collective: if any rank fails, every rank
+    raises (:func:`agree`).
+
+    Parameters
+    ----------
+    path : path-like
+    dtype : dtype, optional
+        Required for raw files; for ``.npy`` files it must match if given.
+    n : int, optional
+        Raw files only: use the first ``n`` elements (default: the whole file).
+
+    Raises
+    ------
+    FileNotFoundError
+        If the file does not exist.
+    TypeError
+        For a ``.npy`` of Python objects or of an unsupported dtype, or a dtype mismatch.
+    ValueError
+        For a truncated file, or a raw file without ``dtype``.
+    RankError
+        On the other ranks when one rank failed.
+    """
+    comm = _comm(comm)
+    error = None
+    shard_data = None
+    try:
+        layout = inspect_file(path, dtype=dtype, n=n)
+        shard_data = _read_layout_shard(layout, comm.Get_rank(), comm.Get_size())
+    except Exception as exc:  # agreed below, then re-raised on this rank
+        error = exc
+    agree(error, comm)
+    return shard_data
