@@ -249,6 +249,7 @@ def _setup(args, comm, mpi) -> _Context:
     ctx = _Context(comm, mpi, comm.Get_rank(), comm.Get_size(), backend, reason)
     error = None
     try:
+        mpi.cuda_aware()  # a bad MULTIREDUCE_CUDA_AWARE fails here, agreed, not later on one rank
         if backend == "gpu":
             import cupy
 
@@ -271,13 +272,13 @@ def _emit(ctx: _Context, text: str) -> None:
 
 
 def _mpi_library_line(mpi) -> str:
-    return mpi.MPI.Get_library_version().strip().splitlines()[0].strip()
+    return " ".join(mpi.MPI.Get_library_version().strip().splitlines()[0].split())
 
 
 def _transport_line(mpi) -> str:
     aware = mpi.cuda_aware()
     how = "device buffers to MPI" if aware.enabled else "staged through host memory"
-    return f"{'yes' if aware.enabled else 'no'} ({how}); decided by {aware.method}: {aware.detail}"
+    return f"{'yes' if aware.enabled else 'no'} ({how}), decided by {aware.method} [{aware.detail}]"
 
 
 def _git_commit() -> str | None:

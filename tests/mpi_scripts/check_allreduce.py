@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import pickle
 import sys
 from pathlib import Path
 
@@ -114,7 +113,8 @@ def check(g: np.ndarray, op: str, dtype=None, *, exact_floats: bool) -> None:
             assert bits_equal(got, result_dt.type(ref), result_dt), (op, g.dtype, g.size, got, ref)
         else:
             acc = np.finfo(np.float64 if result_dt.itemsize >= 4 else np.float32).eps
-            tol = (g.size + SIZE) * acc * math.fsum(abs(float(v)) for v in g.tolist()) + np.finfo(result_dt).eps * abs(ref)
+            magnitude = math.fsum(abs(float(v)) for v in g.tolist())
+            tol = (g.size + SIZE) * acc * magnitude + np.finfo(result_dt).eps * abs(ref)
             assert abs(float(got) - ref) <= tol, (g.dtype, g.size, got, ref, tol)
     else:
         ref = ref_extreme(g, op)

@@ -1,0 +1,1 @@
+"""Programs that the MPI and CLI tests start under mpiexec, and the helper that starts them."""

@@ -1,0 +1,242 @@
+"""``python -m multireduce``: run (default), info and bench, alone and under mpiexec (CPU).
+
+Results are compared with references computed here from the synthetic formula or the file's
+contents in exact integers / math.fsum, independent of multireduce.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+from mpi_scripts.launch import run
+
+from multireduce._cli import main
+
+CLI = ["-m", "multireduce"]
+
+
+def synthetic(n: int, low: int = -1000, period: int = 2001) -> np.ndarray:
+    # The documented default data: x[i] = (i * 7919) % period + low.
+    return (np.arange(n, dtype=np.int64) * 7919) % period + low
+
+
+def results(report: dict) -> dict[str, object]:
+    return {row["op"]: row["result"] for row in report["results"]}
+
+
+def run_json(mpiexec, ranks, *args, timeout=60):
+    done = run(mpiexec, ranks, [*CLI, *args, "--json"], timeout=timeout)
+    assert done.returncode == 0, done.output
+    return json.loads(done.stdout)
+
+
+# ------------------------------------------------------------------ usage errors, in-process
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--op", "prod"], "unknown op 'prod'; expected one of: 'sum', 'max', 'min'"),
+        (["--n", "-5"], "must be a non-negative integer, got '-5' (negative)"),
+        (["--n", "1.5"], "must be a non-negative integer, got '1.5'"),
+        (["--n", "ten"], "must be a non-negative integer, got 'ten'"),
+        (["--per-rank", "nan"], "must be a non-negative integer"),
+        (["--dtype", "complex64"], "does not support input dtype complex64"),
+        (["--n", "5", "--per-rank", "3"], "not allowed with argument"),
+        (["--input", "x.npy", "--per-rank", "3"], "--per-rank applies to synthetic data"),
+        (["bench", "--sizes", "10,-1"], "non-negative integer"),
+        (["frobnicate"], "unrecognized arguments"),
+    ],
+)
+def test_usage_errors_exit_2_without_starting_mpi(argv, message, capsys):
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_help_and_accepted_lengths(capsys):
+    assert main(["--help"]) == 0
+    assert "run" in capsys.readouterr().out
+    assert main(["run", "--help"]) == 0
+    assert "--per-rank" in capsys.readouterr().out
+    from multireduce._cli import _length
+
+    assert [_length(s) for s in ("0", "1_000", "1e6", "2E3")] == [0, 1000, 10**6, 2000]
+
+
+@pytest.mark.mpi
+def test_usage_error_is_printed_once(mpiexec):
+    done = run(mpiexec, 3, [*CLI, "--op", "prod"])
+    assert done.returncode == 2
+    assert done.stderr.count("unknown op 'prod'") == 1, done.output
+
+
+# ------------------------------------------------------------------ run
+
+
+@pytest.mark.mpi
+def test_default_run_needs_no_arguments(mpiexec):
+    done = run(mpiexec, 2, CLI, timeout=120)
+    assert done.returncode == 0, done.output
+    out = done.stdout
+    assert "2 rank(s), backend cpu (CuPy" in out or "2 rank(s), backend gpu" in out
+    assert "check: all results match the reference" in out
+    for word in ("sum", "max", "min", "load", "kernel ms", "GB/s", "allreduce us", "staged through host"):
+        assert word in out
+    assert out.count("multireduce 0.1.0") == 1  # once, from rank 0
+
+
+def test_run_without_mpiexec():
+    done = run(None, 1, [*CLI, "--cpu", "--n", "5000", "--repeat", "1"])
+    assert done.returncode == 0, done.output
+    assert "1 rank(s), backend cpu (forced by --cpu)" in done.stdout
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("ranks", [1, 2, 3, 4])
+def test_run_results_at_any_rank_count(mpiexec, ranks):
+    n = 10_007  # uneven over 2, 3 and 4 ranks
+    report = run_json(mpiexec, ranks, "--n", str(n), "--repeat", "1", "--all-ranks")
+    g = synthetic(n)
+    assert report["ranks"] == ranks and report["n"] == n and report["backend"] == "cpu"
+    assert results(report) == {"sum": float(sum(g.tolist())), "max": 1000.0, "min": -1000.0}
+    assert report["check_passed"] is True
+    assert sum(r["n_local"] for r in report["per_rank"]) == n
+    for row in report["results"]:
+        assert row["kernel_s"] >= 0 and row["allreduce_us"] > 0
+    assert report["transport"]["host"] > 0 and report["transport"]["staged"] == 0
+
+
+@pytest.mark.mpi
+def test_fewer_elements_than_ranks_and_dtypes(mpiexec):
+    report = run_json(mpiexec, 4, "--n", "2", "--repeat", "1")
+    g = synthetic(2)  # [-1000, 916]: two ranks hold one element, two hold none
+    assert results(report) == {"sum": float(g.sum()), "max": float(g.max()), "min": float(g.min())}
+    for dtype, low, period in (("int8", -100, 201), ("uint8", 0, 201), ("uint64", 0, 2001), ("float16", -1000, 2001)):
+        report = run_json(mpiexec, 3, "--n", "5003", "--dtype", dtype, "--repeat", "1")
+        g = synthetic(5003, low, period)
+        assert report["check_passed"] is True, report
+        assert results(report)["max"] == g.max() and results(report)["min"] == g.min()
+    report = run_json(mpiexec, 3, "--per-rank", "7", "--dtype", "bool", "--repeat", "1")
+    assert report["n"] == 21 and results(report) == {"sum": 10, "max": True, "min": False}
+
+
+@pytest.mark.mpi
+def test_empty_global_array(mpiexec):
+    report = run_json(mpiexec, 3, "--n", "0", "--op", "sum")
+    assert results(report) == {"sum": 0.0}
+    done = run(mpiexec, 3, [*CLI, "--n", "0"])
+    assert done.returncode == 1
+    message = "ranks 0-2 of 3 failed: ValueError: zero-size array to reduction operation maximum which has no identity"
+    assert done.stderr.count(message) == 1, done.output
+
+
+@pytest.mark.mpi
+def test_input_files(mpiexec, tmp_path):
+    rng = np.random.default_rng(5)
+    data = rng.standard_normal((37, 101)).astype(np.float32)
+    np.save(tmp_path / "a.npy", data)
+    report = run_json(mpiexec, 3, "--input", str(tmp_path / "a.npy"), "--check", "--repeat", "1")
+    assert report["n"] == data.size and report["dtype"] == "float32" and report["check_passed"] is True
+    got = results(report)
+    assert abs(got["sum"] - math.fsum(data.astype(np.float64).ravel().tolist())) < 1e-3
+    assert got["max"] == float(data.max()) and got["min"] == float(data.min())
+
+    ints = rng.integers(-(2**31), 2**31 - 1, 10_001, dtype=np.int64).astype(np.int32)
+    ints.tofile(tmp_path / "x.raw")
+    report = run_json(mpiexec, 4, "--input", str(tmp_path / "x.raw"), "--dtype", "int32", "--check", "--repeat", "1")
+    assert results(report) == {"sum": sum(ints.tolist()), "max": int(ints.max()), "min": int(ints.min())}
+    assert report["check_passed"] is True
+
+    with_nan = np.arange(10.0)
+    with_nan[7] = np.nan
+    np.save(tmp_path / "nan.npy", with_nan)
+    report = run_json(mpiexec, 3, "--input", str(tmp_path / "nan.npy"), "--check", "--repeat", "1")
+    assert results(report) == {"sum": "nan", "max": "nan", "min": "nan"} and report["check_passed"] is True
+
+
+@pytest.mark.mpi
+def test_per_rank_files_with_one_missing(mpiexec, tmp_path):
+    for rank in (0, 2):
+        np.save(tmp_path / f"part_{rank}.npy", np.ones(4))
+    done = run(mpiexec, 3, [*CLI, "--input", str(tmp_path / "part_{rank}.npy")], timeout=60)
+    assert done.returncode == 1
+    assert done.seconds < 30
+    assert done.stderr.count("rank 1 of 3 failed: FileNotFoundError") == 1, done.output
+    assert "part_1.npy" in done.stderr
+    np.save(tmp_path / "part_1.npy", np.ones(5))
+    report = run_json(mpiexec, 3, "--input", str(tmp_path / "part_{rank}.npy"), "--check")
+    assert results(report) == {"sum": 13.0, "max": 1.0, "min": 1.0} and report["n"] == 13
+
+
+@pytest.mark.mpi
+def test_bad_files(mpiexec, tmp_path):
+    obj = np.empty(3, dtype=object)
+    obj[:] = [1, "a", None]
+    np.save(tmp_path / "obj.npy", obj, allow_pickle=True)
+    np.save(tmp_path / "ok.npy", np.arange(100.0))
+    (tmp_path / "short.npy").write_bytes((tmp_path / "ok.npy").read_bytes()[:-9])
+    (tmp_path / "x.raw").write_bytes(b"\0" * 10)
+    cases = [
+        ([str(tmp_path / "obj.npy")], "holds Python objects (dtype object); multireduce never unpickles data"),
+        ([str(tmp_path / "short.npy")], "short.npy is truncated"),
+        ([str(tmp_path / "missing.npy")], "FileNotFoundError"),
+        ([str(tmp_path / "x.raw")], "is not a .npy file; give the dtype"),
+        ([str(tmp_path / "x.raw"), "--dtype", "float32"], "not a whole number of 4-byte elements"),
+        ([str(tmp_path / "ok.npy"), "--dtype", "float32"], "holds float64, but dtype float32 was requested"),
+    ]
+    for args, message in cases:
+        done = run(mpiexec, 2, [*CLI, "--input", *args])
+        assert done.returncode == 1, done.output
+        assert "ranks 0, 1 of 2 failed" in done.stderr and done.stderr.count(message) == 1, done.output
+
+
+# ------------------------------------------------------------------ info and bench
+
+
+@pytest.mark.mpi
+def test_info(mpiexec):
+    done = run(mpiexec, 2, [*CLI, "info"])
+    assert done.returncode == 0, done.output
+    out = done.stdout
+    for text in (
+        "backend: cpu",
+        "MPI: MPICH Version: ",
+        "ranks: 2",
+        "rank 1:",
+        "node-local rank 1",
+        "CUDA-aware MPI: no (staged through host memory), decided by MPIX_Query_cuda_support "
+        "[MPIX_Query_cuda_support: returned 0; Open MPI mpi_built_with_cuda_support: not Open MPI]",
+    ):
+        assert text in out, out
+    done = run(mpiexec, 2, [*CLI, "info", "--json"], extra_env={"MULTIREDUCE_CUDA_AWARE": "1"})
+    report = json.loads(done.stdout)
+    assert report["ranks"] == 2 and report["cuda_aware"] is True and report["cuda_aware_decided_by"] == "env"
+    assert "MULTIREDUCE_CUDA_AWARE=1" in report["cuda_aware_detail"]
+    done = run(mpiexec, 2, [*CLI, "info"], extra_env={"MULTIREDUCE_CUDA_AWARE": "maybe"})
+    assert done.returncode == 1 and done.stderr.count("MULTIREDUCE_CUDA_AWARE must be 0 or 1") == 1, done.output
+
+
+@pytest.mark.mpi
+def test_bench_writes_json(mpiexec, tmp_path):
+    out = tmp_path / "sub" / "bench.json"
+    done = run(
+        mpiexec, 2, [*CLI, "bench", "--sizes", "0,1000,4099", "--warmup", "1", "--repeat", "2", "--output", str(out)]
+    )
+    assert done.returncode == 0, done.output
+    doc = json.loads(out.read_text())
+    assert doc["ranks"] == 2 and doc["backend"] == "cpu" and doc["repeat"] == 2
+    # Size 0 has only sum: max/min of nothing is an error, not a timing.
+    assert [(r["n"], r["op"]) for r in doc["records"]] == [
+        (0, "sum"),
+        (1000, "sum"),
+        (1000, "max"),
+        (1000, "min"),
+        (4099, "sum"),
+        (4099, "max"),
+        (4099, "min"),
+    ]
+    assert all(r["allreduce_s_median"] > 0 for r in doc["records"])
+    assert f"wrote {out}" in done.stdout

@@ -1,0 +1,43 @@
+"""multireduce.mpi under mpiexec at 1, 2, 3 and 4 ranks (CPU).
+
+The assertions live in mpi_scripts/check_allreduce.py and compare with references built from
+the whole global array, so they hold at any rank count: uneven shards (3 ranks), n < ranks,
+NaN on any rank, signed zeros, empty global arrays, integer wrap-around, files, and errors.
+"""
+
+from __future__ import annotations
+
+import pytest
+from mpi_scripts.launch import SCRIPTS, run
+
+pytestmark = pytest.mark.mpi
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 3, 4])
+def test_allreduce_matches_global_reference(mpiexec, tmp_path, ranks):
+    done = run(mpiexec, ranks, [str(SCRIPTS / "check_allreduce.py"), str(tmp_path)], timeout=120)
+    assert done.returncode == 0, done.output
+    assert f"PASS {ranks} " in done.stdout
+    assert done.stdout.count("PASS") == 1  # rank 0 only
+
+
+def test_without_mpiexec(tmp_path):
+    # A plain `python script.py` is a one-rank MPI job (singleton init).
+    done = run(None, 1, [str(SCRIPTS / "check_allreduce.py"), str(tmp_path)], timeout=120)
+    assert done.returncode == 0, done.output
+    assert "PASS 1 " in done.stdout
+
+
+def test_one_failing_rank_is_reported_by_every_rank(mpiexec):
+    done = run(mpiexec, 3, [str(SCRIPTS / "fail_one_rank.py"), "agreed"], timeout=60)
+    assert done.returncode != 0
+    assert done.seconds < 30
+    message = "rank 2 of 3 failed: TypeError: multireduce does not support input dtype <U7"
+    assert done.stderr.count(message) == 1, done.output
+
+
+def test_one_rank_failing_outside_a_collective_aborts_the_job(mpiexec):
+    done = run(mpiexec, 3, [str(SCRIPTS / "fail_one_rank.py"), "abort"], timeout=60)
+    assert done.returncode != 0
+    assert done.seconds < 30
+    assert done.stderr.count("rank 2 of 3 failed: RuntimeError: injected failure on rank 2") == 1, done.output

@@ -1,0 +1,293 @@
+"""The MPI layer's pure parts, tested in-process without starting MPI.
+
+Sharding, file layouts, the order-independent max/min encoding, and the CUDA-aware decision
+with both answers.
+"""
+
+from __future__ import annotations
+
+import math
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from multireduce import get_op
+from multireduce._shards import inspect_file, read_shard, shard_counts, shard_range
+from multireduce._transport import (
+    CUDA_AWARE_ENV,
+    decide_cuda_aware,
+    decode_extreme,
+    decode_extreme_scalar,
+    encode_extreme,
+    encode_extreme_scalar,
+    mpix_probe,
+    openmpi_cvar_probe,
+    sum_wire_dtype,
+)
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_import_multireduce_starts_neither_mpi_nor_cupy():
+    code = (
+        "import sys, multireduce, multireduce._shards, multireduce._transport, multireduce._cli\n"
+        "bad = [m for m in ('mpi4py.MPI', 'cupy', 'multireduce.mpi') if m in sys.modules]\n"
+        "assert not bad, bad\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60, cwd=REPO)
+
+
+# ---------------------------------------------------------------------------------- sharding
+
+
+@given(n=st.integers(0, 10**6), size=st.integers(1, 64))
+def test_shards_cover_the_range_once_and_balanced(n, size):
+    ranges = [shard_range(n, r, size) for r in range(size)]
+    assert ranges[0][0] == 0 and ranges[-1][1] == n
+    assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:], strict=False))
+    counts = shard_counts(n, size)
+    assert counts == [b - a for a, b in ranges]
+    assert max(counts) - min(counts) <= 1
+    # Same split as NumPy's array_split.
+    assert counts == [len(part) for part in np.array_split(np.empty(n, dtype=np.uint8), size)]
+
+
+def test_fewer_elements_than_ranks():
+    assert shard_counts(2, 4) == [1, 1, 0, 0]
+    assert shard_range(2, 3, 4) == (2, 2)
+    assert shard_counts(0, 3) == [0, 0, 0]
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, "3", True, None])
+def test_shard_rejects_bad_lengths(bad):
+    with pytest.raises((TypeError, ValueError), match="non-negative integer"):
+        shard_counts(bad, 2)
+
+
+def test_shard_rejects_bad_rank_and_size():
+    with pytest.raises(ValueError, match="at least 1"):
+        shard_counts(3, 0)
+    with pytest.raises(ValueError, match="out of range"):
+        shard_range(3, 2, 2)
+
+
+# ---------------------------------------------------------------------------------- files
+
+
+@pytest.mark.parametrize("order", ["C", "F"])
+@pytest.mark.parametrize("size", [1, 2, 3, 5])
+def test_npy_shards_concatenate_to_the_file(tmp_path, order, size):
+    a = np.asarray(np.arange(24, dtype=np.int16).reshape(4, 6), order=order)
+    np.save(tmp_path / "a.npy", a)
+    layout = inspect_file(tmp_path / "a.npy")
+    assert (layout.kind, layout.dtype, layout.n) == ("npy", np.dtype(np.int16), 24)
+    parts = [read_shard(layout, r, size) for r in range(size)]
+    # Memory order: a full reduction does not care, and no rank reads more than its slice.
+    assert sorted(np.concatenate(parts).tolist()) == list(range(24))
+    assert [p.size for p in parts] == shard_counts(24, size)
+
+
+def test_raw_shards_and_n(tmp_path):
+    np.arange(10, dtype=np.float64).tofile(tmp_path / "x.bin")
+    layout = inspect_file(tmp_path / "x.bin", dtype="float64")
+    assert np.concatenate([read_shard(layout, r, 3) for r in range(3)]).tolist() == list(range(10))
+    layout = inspect_file(tmp_path / "x.bin", dtype="float64", n=4)
+    assert np.concatenate([read_shard(layout, r, 3) for r in range(3)]).tolist() == [0, 1, 2, 3]
+    assert read_shard(inspect_file(tmp_path / "x.bin", dtype="float64", n=0), 0, 2).size == 0
+
+
+def test_file_errors_are_clear(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nope.npy"):
+        inspect_file(tmp_path / "nope.npy")
+    np.save(tmp_path / "a.npy", np.arange(100, dtype=np.float32))
+    raw = (tmp_path / "a.npy").read_bytes()
+    (tmp_path / "short.npy").write_bytes(raw[:-1])
+    with pytest.raises(ValueError, match=r"truncated.*\(100,\) of float32"):
+        inspect_file(tmp_path / "short.npy")
+    (tmp_path / "header.npy").write_bytes(raw[:20])
+    with pytest.raises(ValueError, match="not a valid .npy"):
+        inspect_file(tmp_path / "header.npy")
+    with pytest.raises(TypeError, match="holds float32, but dtype float64"):
+        inspect_file(tmp_path / "a.npy", dtype="float64")
+    with pytest.raises(ValueError, match="raw files only"):
+        inspect_file(tmp_path / "a.npy", n=3)
+    (tmp_path / "x.bin").write_bytes(b"\0" * 10)
+    with pytest.raises(ValueError, match="give the dtype"):
+        inspect_file(tmp_path / "x.bin")
+    with pytest.raises(ValueError, match="not a whole number of 4-byte"):
+        inspect_file(tmp_path / "x.bin", dtype="int32")
+    with pytest.raises(ValueError, match="30 elements of uint8 requested, the file holds 10"):
+        inspect_file(tmp_path / "x.bin", dtype="uint8", n=30)
+    with pytest.raises(TypeError, match="does not support"):
+        inspect_file(tmp_path / "x.bin", dtype="complex64")
+    np.save(tmp_path / "big.npy", np.arange(3, dtype=">i4"))
+    with pytest.raises(TypeError, match="does not support"):
+        inspect_file(tmp_path / "big.npy")
+
+
+class _Bomb:
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (Path.touch, (Path(self.path),))
+
+
+def test_object_npy_is_refused_and_never_unpickled(tmp_path):
+    sentinel = tmp_path / "unpickled"
+    obj = np.empty(2, dtype=object)
+    obj[:] = [_Bomb(sentinel), 1]
+    with open(tmp_path / "o.npy", "wb") as fh:
+        np.lib.format.write_array(fh, obj, allow_pickle=True)
+    # The file really is a pickle bomb: loading it with pickles allowed would fire it.
+    assert pickle.dumps(_Bomb(sentinel))
+    with pytest.raises(TypeError, match="Python objects.*never unpickles"):
+        inspect_file(tmp_path / "o.npy")
+    assert not sentinel.exists()
+
+
+# ------------------------------------------------------------------- max/min encoding
+
+_FLOATS = st.floats(allow_nan=True, allow_infinity=True, width=64) | st.sampled_from([0.0, -0.0, math.nan])
+
+
+def _ieee_combine(values: list[float], op: str) -> float:
+    if any(math.isnan(v) for v in values):
+        return math.nan
+    best = (max if op == "max" else min)(values)
+    if best == 0:
+        signs = {math.copysign(1.0, v) for v in values if v == 0}
+        want = 1.0 if op == "max" else -1.0
+        best = math.copysign(0.0, want if want in signs else -want)
+    return best
+
+
+def _same(a, b) -> bool:
+    a, b = np.asarray(a), np.asarray(b)
+    return bool(np.isnan(a) and np.isnan(b)) if a.dtype.kind == "f" and np.isnan(a) else a.tobytes() == b.tobytes()
+
+
+@settings(max_examples=300)
+@given(
+    values=st.lists(_FLOATS, min_size=1, max_size=6),
+    op=st.sampled_from(["max", "min"]),
+    dt=st.sampled_from(["float64", "float32"]),
+)
+def test_float_keys_combine_like_ieee_in_any_order(values, op, dt):
+    dt = np.dtype(dt)
+    with np.errstate(over="ignore"):
+        partials = [dt.type(v) for v in values]
+    positive = op == "max"
+    keys = [encode_extreme_scalar(p, positive) for p in partials]
+    # MPI MAX in any order is max() of the keys: one answer for every permutation.
+    got = decode_extreme_scalar(max(keys), positive, dt)
+    want = dt.type(_ieee_combine([float(p) for p in partials], op))
+    assert got.dtype == dt
+    assert _same(got, want), (partials, got, want)
+    # It is also the combine rule of ops.host_reduce.
+    assert _same(got, get_op(op).host_reduce(np.array(partials, dtype=dt), dt))
+
+
+@given(values=st.lists(st.integers(-(2**63), 2**64 - 1), min_size=1, max_size=5), op=st.sampled_from(["max", "min"]))
+def test_integer_keys_combine_exactly(values, op):
+    for dt in (np.dtype(np.int64), np.dtype(np.uint64)):
+        info = np.iinfo(dt)
+        vals = [v for v in values if info.min <= v <= info.max] or [0]
+        positive = op == "max"
+        keys = [encode_extreme_scalar(dt.type(v), positive) for v in vals]
+        assert all(-(2**63) <= k < 2**63 for k in keys)
+        got = decode_extreme_scalar(max(keys), positive, dt)
+        assert got.dtype == dt and int(got) == (max if positive else min)(vals)
+
+
+@pytest.mark.parametrize("dt", ["bool", "int8", "int16", "uint8", "uint32", "int64", "uint64", "float32", "float64"])
+def test_array_encoding_matches_scalar_encoding(dt):
+    # The array form runs on the device for CUDA-aware MPI; it must agree with the host form.
+    dt = np.dtype(dt)
+    if dt.kind == "f":
+        values = np.array([0.0, -0.0, 1.5, -2.5, np.inf, -np.inf, np.nan], dtype=dt)
+    elif dt.kind == "b":
+        values = np.array([False, True])
+    else:
+        info = np.iinfo(dt)
+        values = np.array([info.min, info.max, 0, 1], dtype=dt)
+    for positive in (True, False):
+        for v in values:
+            key = encode_extreme(np.array([v], dtype=dt), positive)
+            assert key.dtype == np.int64 and int(key[0]) == encode_extreme_scalar(dt.type(v), positive)
+            back = decode_extreme(key, positive, dt)
+            assert back.dtype == dt and _same(back[0], decode_extreme_scalar(int(key[0]), positive, dt))
+
+
+def test_sum_wire_types():
+    assert sum_wire_dtype(np.int64) == np.uint64  # defined wrap-around in MPI's C code
+    assert sum_wire_dtype(np.uint64) == np.uint64
+    assert sum_wire_dtype(np.float32) == np.float32  # float16 partials travel as float32
+    assert sum_wire_dtype(np.float64) == np.float64
+
+
+# ------------------------------------------------------------------- CUDA-aware decision
+
+
+def _probe(answer, detail="probe said so"):
+    calls = []
+
+    def probe():
+        calls.append(1)
+        return answer, detail
+
+    probe.calls = calls
+    return probe
+
+
+@pytest.mark.parametrize("answer", [True, False])
+def test_first_answering_probe_decides(answer):
+    silent, first, second = _probe(None, "cannot tell"), _probe(answer), _probe(not answer)
+    aware = decide_cuda_aware([("a", silent), ("b", first), ("c", second)], environ={})
+    assert aware.enabled is answer and aware.method == "b"
+    assert "a: cannot tell" in aware.detail and "b: probe said so" in aware.detail
+
+
+@pytest.mark.parametrize(("value", "enabled"), [("1", True), ("0", False), (" 1 ", True)])
+def test_env_override_wins_without_asking_mpi(value, enabled):
+    probe = _probe(not enabled)
+    aware = decide_cuda_aware([("p", probe)], environ={CUDA_AWARE_ENV: value})
+    assert aware.enabled is enabled and aware.method == "env" and not probe.calls
+
+
+def test_env_override_rejects_other_values():
+    with pytest.raises(ValueError, match="must be 0 or 1"):
+        decide_cuda_aware([], environ={CUDA_AWARE_ENV: "yes"})
+
+
+def test_no_answer_means_staging():
+    aware = decide_cuda_aware([("p", _probe(None))], environ={})
+    assert aware.enabled is False and aware.method == "default"
+
+
+class _FakeLib:
+    def __init__(self, **funcs):
+        self.__dict__.update(funcs)
+
+
+@pytest.mark.parametrize("value", [0, 1])
+def test_mpix_probe_reports_the_library_answer(value):
+    func = lambda: value  # noqa: E731 - ctypes-like attributes are set on it
+    assert mpix_probe(_FakeLib(MPIX_Query_cuda_support=func))() == (bool(value), f"returned {value}")
+
+
+def test_mpix_probe_without_the_symbol():
+    answer, detail = mpix_probe(_FakeLib())()
+    assert answer is None and "not exported" in detail
+
+
+def test_openmpi_probe_only_asks_open_mpi():
+    assert openmpi_cvar_probe(_FakeLib(), "MPICH Version: 5")() == (None, "not Open MPI")
+    answer, detail = openmpi_cvar_probe(_FakeLib(), "Open MPI v4.1.6, ...")()
+    assert answer is None and "MPI_T functions not exported" in detail
