@@ -177,8 +177,8 @@ def decide_cuda_aware(probes: Sequence[tuple[str, Probe]], environ: Mapping[str,
     """Decide whether MPI is CUDA-aware.
 
     The environment variable :data:`CUDA_AWARE_ENV` wins if set. Otherwise the probes are
-    asked in order and the first one that answers decides; every probe's answer is kept in
-    ``detail``. If none answers, MPI is taken as not CUDA-aware: staging an 8-byte partial
+    asked in order until one answers, and that answer decides; what each probe that was asked said is
+    kept in ``detail``. If none answers, MPI is taken as not CUDA-aware: staging an 8-byte partial
     through host memory is always correct, whereas handing device memory to an MPI that
     cannot read it crashes.
 
@@ -202,16 +202,15 @@ def decide_cuda_aware(probes: Sequence[tuple[str, Probe]], environ: Mapping[str,
         enabled = value.strip() == "1"
         return CudaAwareness(enabled, "env", f"{CUDA_AWARE_ENV}={value.strip()} (override; MPI library not asked)")
     details = []
-    decided = None
     for name, probe in probes:
         answer, detail = probe()
         details.append(f"{name}: {detail}")
-        if answer is not None and decided is None:
-            decided = (bool(answer), name)
-    if decided is None:
-        details.append("no source could tell; assuming not CUDA-aware")
-        return CudaAwareness(False, "default", "; ".join(details))
-    return CudaAwareness(decided[0], decided[1], "; ".join(details))
+        if answer is not None:
+            # Later probes are not run: each one reaches into the MPI library through ctypes,
+            # and one answer is enough.
+            return CudaAwareness(bool(answer), name, "; ".join(details))
+    details.append("no source could tell; assuming not CUDA-aware")
+    return CudaAwareness(False, "default", "; ".join(details))
 
 
 def mpix_probe(lib) -> Probe:

@@ -252,6 +252,7 @@ def test_first_answering_probe_decides(answer):
     aware = decide_cuda_aware([("a", silent), ("b", first), ("c", second)], environ={})
     assert aware.enabled is answer and aware.method == "b"
     assert "a: cannot tell" in aware.detail and "b: probe said so" in aware.detail
+    assert silent.calls and first.calls and not second.calls
 
 
 @pytest.mark.parametrize(("value", "enabled"), [("1", True), ("0", False), (" 1 ", True)])

@@ -299,6 +299,8 @@ def main() -> int:
     counts = mpi.transport_counts()
     if args.gpu and not mpi.cuda_aware().enabled:
         assert counts["staged"] > 0 and counts["device"] == 0, counts
+    if args.gpu and mpi.cuda_aware().enabled:
+        assert counts["device"] > 0 and counts["staged"] == 0, counts
     if not args.gpu:
         assert counts["host"] > 0 and counts["staged"] == counts["device"] == 0, counts
     total = COMM.allreduce(CASES, op=MPI.MIN)
