@@ -57,11 +57,24 @@ def _check_axis(axis: Any, ndim: int) -> None:
         )
 
 
+_plans: dict[tuple, tuple[Op, np.dtype, np.dtype]] = {}
+
+
 def _plan(arr, op: str | Op, dtype) -> tuple[Op, np.dtype, np.dtype]:
-    op = get_op(op)
-    in_dt = check_dtype(arr.dtype)
-    result = op.result_dtype(in_dt, None if dtype is None else np.dtype(dtype))
-    return op, result, op.accumulator_dtype(result)
+    """(op, result dtype, accumulator dtype), validated once per combination and cached:
+    this is on the path of every call, including tiny ones where Python overhead dominates."""
+    try:
+        return _plans[op, arr.dtype, dtype]
+    except (KeyError, TypeError):  # TypeError: an unhashable dtype= argument
+        pass
+    resolved = get_op(op)
+    result = resolved.result_dtype(check_dtype(arr.dtype), None if dtype is None else np.dtype(dtype))
+    plan = (resolved, result, resolved.accumulator_dtype(result))
+    try:
+        _plans[op, arr.dtype, dtype] = plan
+    except TypeError:
+        pass
+    return plan
 
 
 def reduce(x: Any, op: str | Op, *, axis: Any = None, keepdims: bool = False, dtype: Any = None):

@@ -87,7 +87,7 @@ def test_result_on_device_and_launch_is_ours():
     r = multireduce.sum(x)
     assert isinstance(r, cupy.ndarray) and r.shape == () and r.device == x.device
     assert int(r) == 999 * 1000 // 2
-    names = [name for (_, name) in backend._kernels_by_device]
+    names = [name for (_, name) in backend.compiled]
     assert any("multireduce::reduce_kernel<int, long long, long long, multireduce::Sum" in n for n in names), names
 
 
@@ -99,4 +99,8 @@ def test_gpu_matches_cpu_bitwise_where_exact():
         for op in ops:
             gpu = multireduce.reduce(cupy.asarray(x), op).get()[()]
             cpu = multireduce.reduce(x, op)
-            assert gpu.dtype == cpu.dtype and same_float(gpu, cpu) if np.dtype(dtype).kind == "f" else gpu == cpu, (dtype, op)
+            assert gpu.dtype == cpu.dtype, (dtype, op)
+            if np.dtype(dtype).kind == "f":
+                assert same_float(gpu, cpu), (dtype, op, gpu, cpu)
+            else:
+                assert gpu == cpu, (dtype, op, gpu, cpu)

@@ -20,33 +20,34 @@ from ..ops import Op
 _log = logging.getLogger("multireduce")
 
 _lock = threading.Lock()
-_kernels_by_device: dict[tuple, tuple] = {}
+_launchers: dict[tuple, tuple] = {}
+#: (device, kernel name) of every kernel compiled in this process, in order.
+compiled: list[tuple[int, str]] = []
 _workspaces: dict[tuple[int, int], tuple] = {}
 _max_grid_by_device: dict[int, int] = {}
 
 
-def _kernel(device: int, name: str, block: int):
-    """The compiled kernel ``name`` on ``device`` and the largest useful grid for it."""
-    key = (device, name)
-    found = _kernels_by_device.get(key)
+def _launcher(device: int, op: Op, dtype: np.dtype, acc: np.dtype, result: np.dtype, block: int, unroll: int):
+    """(kernel function, largest useful grid, identity argument) for one kernel on one
+    device, compiled on first use and cached."""
+    key = (device, op, dtype, acc, result, block, unroll)
+    found = _launchers.get(key)
     if found is not None:
         return found
     with _lock:
-        found = _kernels_by_device.get(key)
+        found = _launchers.get(key)
         if found is None:
-            module = cupy.RawModule(
-                code=_kernels.read_source(),
-                options=("--std=c++17",),
-                name_expressions=(name,),
-            )
+            name = _kernels.kernel_name(op, dtype, acc, result, block, unroll)
+            module = cupy.RawModule(code=_kernels.read_source(), options=("--std=c++17",), name_expressions=(name,))
             # The bare driver function: calling it skips RawKernel's per-call lookups.
             kernel = module.get_function(name).kernel
             per_sm = cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.ptr, block, 0)
             if per_sm < 1:
                 raise RuntimeError(f"{name} cannot run with {block} threads per block on device {device}")
             sms = cupy.cuda.runtime.getDeviceProperties(device)["multiProcessorCount"]
-            found = (kernel, sms * per_sm)
-            _kernels_by_device[key] = found
+            found = (kernel, sms * per_sm, op.identity(acc))
+            _launchers[key] = found
+            compiled.append((device, name))
     return found
 
 
@@ -96,14 +97,13 @@ def reduce_full(x: cupy.ndarray, op: Op, acc: np.dtype, result: np.dtype, *, blo
             _log.debug("copying a non-dense %s view of shape %s before reducing it", x.dtype, x.shape)
             flat = cupy.ascontiguousarray(x).ravel()
         device = x.device.id
-        name = _kernels.kernel_name(op, x.dtype, acc, result, block, unroll)
-        kernel, max_grid = _kernel(device, name, block)
+        kernel, max_grid, identity = _launcher(device, op, x.dtype, acc, result, block, unroll)
         n = flat.size
-        vec = 16 // flat.itemsize
-        grid = min(max_grid, max(1, -(-n // (vec * block * unroll))))
+        per_block = (16 // flat.itemsize) * block * unroll  # elements one block loads per loop trip
+        grid = min(max_grid, -(-n // per_block))
         partials, counter = _workspace(device, cupy.cuda.get_current_stream().ptr, max_grid)
         out = cupy.empty((), dtype=result)
-        kernel((grid,), (block,), (flat, np.int64(n), op.identity(acc), partials, counter, out))
+        kernel((grid,), (block,), (flat, np.int64(n), identity, partials, counter, out))
         return out
 
 
