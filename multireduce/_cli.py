@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
@@ -210,7 +210,6 @@ class _Context:
     backend_reason: str
     device: int | None = None
     device_name: str = "cpu"
-    extra: dict = field(default_factory=dict)
 
     def sync(self) -> None:
         if self.backend == "gpu":
