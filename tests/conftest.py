@@ -39,8 +39,11 @@ def pytest_collection_modifyitems(config, items):
 
 @functools.cache
 def find_mpiexec() -> str | None:
-    """The mpiexec next to this interpreter (the PyPI mpich wheel installs it there), else
-    the one on PATH."""
+    """``$MULTIREDUCE_MPIEXEC`` if set, else the mpiexec next to this interpreter (the PyPI
+    mpich wheel installs it there), else the one on PATH."""
+    chosen = os.environ.get("MULTIREDUCE_MPIEXEC")
+    if chosen:
+        return chosen
     beside = Path(sys.executable).parent / "mpiexec"
     if beside.exists() and os.access(beside, os.X_OK):
         return str(beside)
