@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The core engine on the GPU machine, in one call: the GPU tests, the nvcc build test, and the
+# kernel benchmark (or a subset of it). Run from the repository root:
+#
+#     OUT=/some/dir bash scripts/device_core.sh [tests] [tune] [bench] [quick]
+#
+# Everything goes under "$OUT"; summary.txt lists each step with its exit status and seconds.
+set -uo pipefail
+: "${OUT:?set OUT to the output directory}"
+mkdir -p "$OUT"
+cd "$(dirname "$0")/.."
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+PY="${PYTHON:-python3}"
+steps="${*:-tests bench}"
+
+SUMMARY="$OUT/summary_core.txt"
+: >"$SUMMARY"
+step() {  # step NAME TIMEOUT_S COMMAND...: stdout+stderr to $OUT/NAME.txt
+  local name=$1 limit=$2
+  shift 2
+  local start=$SECONDS rc
+  timeout --kill-after=10 "$limit" "$@" >"$OUT/$name.txt" 2>&1
+  rc=$?
+  printf '%-16s rc=%-4s %4ss  %s\n' "$name" "$rc" "$((SECONDS - start))" "$*" | tee -a "$SUMMARY"
+}
+
+{
+  git rev-parse HEAD
+  git status --short
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,utilization.gpu --format=csv
+  "$PY" -c 'import sys, numpy, cupy; print(sys.version); print("numpy", numpy.__version__, "cupy", cupy.__version__)'
+  nvcc --version | tail -1
+} >"$OUT/env_core.txt" 2>&1
+
+for s in $steps; do
+  case $s in
+    tests) step gpu_tests 420 "$PY" -m pytest -q -p no:cacheprovider --tb=short -m "gpu or not gpu" \
+             tests/test_core.py tests/test_gpu.py tests/test_kernel_build.py ;;
+    tune) step tune 240 "$PY" scripts/bench_kernel.py --sizes 20,24,30 --dtypes float32,float64 --ops sum,max \
+             --variants 256x4,256x8,512x8,1024x4,1024x2 --repeat 15 --out "$OUT/tune.json" ;;
+    quick) step bench_quick 240 "$PY" scripts/bench_kernel.py --quick --out "$OUT/bench_quick.json" ;;
+    bench) step bench 480 "$PY" scripts/bench_kernel.py --out "$OUT/bench_kernel.json" ;;
+    *) echo "unknown step $s" | tee -a "$SUMMARY"; exit 2 ;;
+  esac
+done
