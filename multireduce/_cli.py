@@ -17,7 +17,6 @@ import json
 import os
 import platform
 import socket
-import subprocess
 import sys
 import time
 import traceback
@@ -28,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from . import __version__
+from . import __version__, _provenance
 from .ops import OPS, check_dtype, get_op
 
 __all__ = ["guarded", "main"]
@@ -278,20 +277,6 @@ def _transport_line(mpi) -> str:
     aware = mpi.cuda_aware()
     how = "device buffers to MPI" if aware.enabled else "staged through host memory"
     return f"{'yes' if aware.enabled else 'no'} ({how}), decided by {aware.method} [{aware.detail}]"
-
-
-def _git_commit() -> str | None:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"],
-            cwd=Path(__file__).resolve().parent,
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.stdout.strip() or None
 
 
 # --------------------------------------------------------------------------------------------
@@ -750,7 +735,7 @@ def _cmd_bench(args, comm, mpi) -> int:
     if ctx.rank == 0:
         doc = {
             "multireduce": __version__,
-            "git_commit": _git_commit(),
+            "git_commit": _provenance.git_commit(),
             "ranks": ctx.size,
             "backend": ctx.backend,
             "backend_reason": ctx.backend_reason,

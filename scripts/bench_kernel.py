@@ -111,7 +111,6 @@ import math
 import os
 import re
 import shlex
-import subprocess
 import sys
 import time
 import traceback
@@ -352,26 +351,6 @@ def cupy_accelerators() -> dict:
         "routine": list(_accelerator.get_routine_accelerators()),
         "reduction": list(_accelerator.get_reduction_accelerators()),
     }
-
-
-def git_state() -> dict:
-    """HEAD's commit and whether tracked files differ from it ("unknown"/None if git fails).
-
-    Untracked files do not count as dirty, or every result file under bench/results would.
-    """
-
-    def git(*cmd: str) -> subprocess.CompletedProcess:
-        return subprocess.run(["git", *cmd], cwd=REPO, capture_output=True, text=True, check=False)
-
-    try:
-        head = git("rev-parse", "HEAD")
-        status = git("status", "--porcelain", "--untracked-files=no")
-    except OSError as exc:
-        return {"commit": "unknown", "dirty": None, "error": f"git not runnable: {exc}"}
-    if head.returncode != 0:
-        return {"commit": "unknown", "dirty": None, "error": head.stderr.strip()}
-    dirty = bool(status.stdout.strip()) if status.returncode == 0 else None
-    return {"commit": head.stdout.strip(), "dirty": dirty}
 
 
 def release_memory(cp: Any) -> None:
@@ -1252,6 +1231,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     import multireduce as mr
     from multireduce import _kernels as kernels
+    from multireduce import _provenance
     from multireduce._backend import cupy as backend
 
     torch, torch_info = import_torch(cp)
@@ -1282,7 +1262,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     targets = evaluate_targets(records, checks)
     print_targets(targets, correctness)
 
-    git = git_state()
+    git = _provenance.git_state()
     extra = {"copy_bandwidth": copy, "spin_calibration": spin}
     meta = collect_meta(cp, mr, kernels, torch_info, device, git, extra, opts)
     document = {"meta": meta, "records": records, "targets": targets, "checks": checks | {"correctness": correctness}}

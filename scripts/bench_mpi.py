@@ -24,25 +24,16 @@ import argparse
 import json
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-from multireduce import core, mpi
+from multireduce import _provenance, core, mpi
 from multireduce.mpi import MPI
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def git_commit() -> str | None:
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.stdout.strip() or None
 
 
 def parse_args(argv=None):
@@ -141,7 +132,7 @@ def main(argv=None) -> int:
     aware = mpi.cuda_aware()
     doc = {
         "benchmark": "bench_mpi",
-        "git_commit": git_commit(),
+        "git_commit": _provenance.git_commit(),
         "gpu": gpu_name,
         "ranks": size,
         "mpi_library": " ".join(MPI.Get_library_version().strip().splitlines()[0].split()),

@@ -12,7 +12,7 @@ set -uo pipefail
 mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-PY="${PYTHON:-python}"
+PY="${PYTHON:-python3}"
 
 # Open MPI as root, more ranks than it counts slots for, and no CMA single-copy in containers
 # that forbid ptrace. The tests' launcher reads MULTIREDUCE_MPIEXEC_ARGS.

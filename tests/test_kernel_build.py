@@ -52,3 +52,39 @@ def test_nvcc_sm90_no_spills(tmp_path):
     assert not re.search(r"[1-9]\d* bytes lmem", report), report
     registers = [int(r) for r in re.findall(r"Used (\d+) registers", report)]
     assert registers and max(registers) <= 64, registers
+
+
+def find_cuda_include() -> Path | None:
+    """The CUDA toolkit's include directory (for cuda_fp16.h), next to nvcc."""
+    nvcc = find_nvcc()
+    candidates = [Path(nvcc).resolve().parent.parent / "include"] if nvcc else []
+    candidates.append(Path("/usr/local/cuda/include"))
+    return next((c for c in candidates if (c / "cuda_fp16.h").exists()), None)
+
+
+def test_nvrtc_compiles_every_default_kernel():
+    # The GPU backend compiles with NVRTC, which differs from nvcc (no host headers, fewer
+    # builtins): compile exactly what CuPy's RawModule would, with NVRTC itself.
+    nvrtc = pytest.importorskip("cuda.bindings.nvrtc", reason="cuda-bindings is not installed")
+    include = find_cuda_include()
+    if include is None:
+        pytest.skip("no CUDA include directory with cuda_fp16.h")
+    try:
+        err, prog = nvrtc.nvrtcCreateProgram(kernels.read_source().encode(), b"reduce.cu", 0, [], [])
+    except RuntimeError as exc:  # cuda-bindings raises this when libnvrtc cannot be loaded
+        pytest.skip(f"libnvrtc is not available: {exc}")
+    assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS, err
+    names = kernels.default_kernel_names()
+    for name in names:
+        (err,) = nvrtc.nvrtcAddNameExpression(prog, name.encode())
+        assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS, (name, err)
+    options = [b"--std=c++17", b"-arch=sm_90", b"-I" + str(include).encode()]
+    (err,) = nvrtc.nvrtcCompileProgram(prog, len(options), options)
+    _, size = nvrtc.nvrtcGetProgramLogSize(prog)
+    log = b" " * size
+    nvrtc.nvrtcGetProgramLog(prog, log)
+    assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS, log.decode(errors="replace")
+    for name in names:
+        err, lowered = nvrtc.nvrtcGetLoweredName(prog, name.encode())
+        assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS and lowered, name
+    nvrtc.nvrtcDestroyProgram(prog)

@@ -57,14 +57,6 @@ template <class T> struct IsFloating { static constexpr bool value = false; };
 template <> struct IsFloating<float> { static constexpr bool value = true; };
 template <> struct IsFloating<double> { static constexpr bool value = true; };
 
-template <class To, class From>
-__device__ __forceinline__ To bit_cast(const From& from) {
-    static_assert(sizeof(To) == sizeof(From), "bit_cast needs equal sizes");
-    To to;
-    __builtin_memcpy(&to, &from, sizeof(To));
-    return to;
-}
-
 __device__ __forceinline__ bool sign_bit(float x) { return __float_as_int(x) < 0; }
 __device__ __forceinline__ bool sign_bit(double x) { return __double_as_longlong(x) < 0; }
 
@@ -124,10 +116,8 @@ struct Min {
 
 template <class A>
 __device__ __forceinline__ A shfl_down(A v, int offset) {
-    if constexpr (sizeof(A) == 8) {
-        return bit_cast<A>(__shfl_down_sync(FULL_MASK, bit_cast<long long>(v), offset));
-    } else if constexpr (sizeof(A) == 4) {
-        return bit_cast<A>(__shfl_down_sync(FULL_MASK, bit_cast<int>(v), offset));
+    if constexpr (sizeof(A) >= 4) {  // __shfl_down_sync has overloads for every 32/64-bit type
+        return __shfl_down_sync(FULL_MASK, v, offset);
     } else {  // bool, 8- and 16-bit integers: widen exactly, shuffle, narrow back
         return static_cast<A>(__shfl_down_sync(FULL_MASK, static_cast<int>(v), offset));
     }
