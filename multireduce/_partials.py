@@ -1,0 +1,207 @@
+"""Partials that travel between tasks, and how they are combined.
+
+A partial is one value in the accumulator dtype, an element count, and, for CuPy values, the
+CUDA event that says when the value is ready.
+
+The Dask layer and the streaming pipeline both produce partials on one thread (and CUDA
+stream) and combine them on another. On one CUDA stream everything is ordered; across streams
+two hazards need care, and this module is the one place that handles both:
+
+* read after write: the consumer's stream waits on the producer's event before it reads;
+* write after read: CuPy's memory pool hands a freed block back to the stream that allocated
+  it, which may overwrite it before another stream has finished reading it. So a consumer that
+  read partials produced on other streams synchronizes its own stream before it returns (and
+  with that, before the inputs can be freed). Consumers on the producers' stream, the usual
+  case of Dask's threads on CuPy's default stream, never synchronize.
+
+The element count lets max/min of an empty *global* array raise as NumPy does, while empty
+chunks contribute the op's identity.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+from . import core
+from .ops import Op
+
+__all__ = ["Partial", "combine", "finalize", "flatten", "of_array", "wrap"]
+
+# cudaStreamPerThread: the same handle names a different stream in each host thread.
+_PER_THREAD_STREAM = 2
+
+
+def _cupy():
+    return sys.modules["cupy"]
+
+
+def _is_cupy(value: Any) -> bool:
+    return type(value).__module__.startswith("cupy")
+
+
+def _stream_key(cupy, device: int, stream) -> tuple:
+    """A key equal for two (device, stream, thread) triples exactly when they name one stream."""
+    ptr = stream.ptr
+    if ptr == _PER_THREAD_STREAM:
+        return (device, ptr, threading.get_ident())
+    return (device, ptr)
+
+
+class Partial:
+    """A partial result of ``n`` input elements.
+
+    ``value`` is a NumPy scalar or a 0-d CuPy array in the accumulator dtype; for CuPy,
+    ``event`` was recorded after it on the stream named by ``stream_key``.
+
+    Pickling (distributed's transfers between workers) first waits for the event, then drops
+    it: a CUDA event means nothing in another process, and the pickled value is complete.
+    """
+
+    __slots__ = ("event", "n", "stream_key", "value")
+
+    def __init__(self, value: Any, n: int, event: Any = None, stream_key: tuple | None = None):
+        self.value = value
+        self.n = int(n)
+        self.event = event
+        self.stream_key = stream_key
+
+    def __reduce__(self):
+        if self.event is not None:
+            self.event.synchronize()
+        return (Partial, (self.value, self.n))
+
+    def __repr__(self) -> str:
+        return f"Partial(n={self.n}, dtype={self.value.dtype}, {type(self.value).__module__})"
+
+
+def of_array(x: Any, op: Op, acc: np.dtype):
+    """Reduce ``x`` to its partial in the accumulator dtype ``acc`` with the core.
+
+    The work runs on ``x``'s device and, for CuPy, on the current stream.
+    """
+    if acc == op.accumulator_dtype(op.result_dtype(x.dtype)):
+        return core.partial(x, op)
+    # A sum with dtype= whose accumulator differs from the input's own (int8 summed as
+    # float32 accumulates in float64, say): the core's reduce with the accumulator as the
+    # result dtype converts the elements as the final dtype= asks.
+    return core.reduce(x, op, dtype=acc)
+
+
+def wrap(value: Any, n: int, stream: Any = None) -> Partial:
+    """Make a :class:`Partial` of ``value``.
+
+    A CuPy value gets an event recorded on ``stream`` (default: the current stream of the
+    value's device), after the work that produced it.
+    """
+    if not _is_cupy(value):
+        return Partial(value, n)
+    cupy = _cupy()
+    device = value.device.id
+    with cupy.cuda.Device(device):
+        if stream is None:
+            stream = cupy.cuda.get_current_stream()
+        event = cupy.cuda.Event(disable_timing=True)
+        event.record(stream)
+    return Partial(value, n, event, _stream_key(cupy, device, stream))
+
+
+def flatten(parts: Any) -> list[Partial]:
+    """List the partials in ``parts``, in order.
+
+    ``parts`` is one partial or nested lists/tuples of them: what Dask hands ``combine`` and
+    ``aggregate`` with ``concatenate=False``.
+    """
+    if isinstance(parts, Partial):
+        return [parts]
+    out: list[Partial] = []
+    stack = [iter(parts)]
+    while stack:
+        for item in stack[-1]:
+            if isinstance(item, Partial):
+                out.append(item)
+            elif isinstance(item, list | tuple):
+                stack.append(iter(item))
+                break
+            else:
+                raise TypeError(f"expected multireduce partials, got {type(item).__module__}.{type(item).__qualname__}")
+        else:
+            stack.pop()
+    return out
+
+
+def _gathered(parts: Iterable[Partial], reduce_fn):
+    """Stack the values of ``parts`` on their device and apply ``reduce_fn``.
+
+    The stacking waits for producers on other streams first. Returns ``(result, n)``.
+    """
+    parts = list(parts)
+    if not parts:
+        raise ValueError("no partials to combine")
+    n = sum(p.n for p in parts)
+    values = [p.value for p in parts]
+    on_gpu = [_is_cupy(v) for v in values]
+    if not any(on_gpu):
+        return reduce_fn(np.stack(values)), n
+    if not all(on_gpu):
+        raise TypeError(
+            "cannot combine NumPy and CuPy partials; all chunks of one array must live on the host or all on GPUs"
+        )
+    cupy = _cupy()
+    device = values[0].device.id
+    if any(v.device.id != device for v in values):
+        devices = sorted({v.device.id for v in values})
+        raise NotImplementedError(
+            f"partials live on GPUs {devices}; combining across GPUs in one process is not supported. "
+            "Use one GPU per process (dask_cuda.LocalCUDACluster starts one worker per GPU)."
+        )
+    with cupy.cuda.Device(device):
+        stream = cupy.cuda.get_current_stream()
+        here = _stream_key(cupy, device, stream)
+        foreign = False
+        for p in parts:
+            if p.stream_key != here:
+                foreign = True
+                if p.event is not None:
+                    stream.wait_event(p.event)
+        result = reduce_fn(cupy.stack(values))
+        if foreign:
+            # Write-after-read guard (see the module docstring): the inputs may be freed, and
+            # their blocks reused by their own streams, as soon as this function returns.
+            stream.synchronize()
+    return result, n
+
+
+def combine(parts: Any, op: Op) -> Partial:
+    """Combine partials into one, in the accumulator dtype, on their device."""
+    value, n = _gathered(flatten(parts), lambda stacked: core.partial(stacked, op))
+    return wrap(value, n)
+
+
+def _as_dtype(value, dtype: np.dtype):
+    # Only when needed: on the GPU every astype is a kernel launch.
+    return value if value.dtype == dtype else value.astype(dtype)
+
+
+def finalize(parts: Any, op: Op, result: np.dtype, *, keepdims_ndim: int | None = None):
+    """The final value of dtype ``result`` from partials, on their device.
+
+    Raises
+    ------
+    ValueError
+        For max/min when the partials cover zero elements in total, as NumPy does.
+    """
+    parts = flatten(parts)
+    total = sum(p.n for p in parts)
+    if total == 0 and not op.empty_allowed:
+        raise op.empty_error()
+    requested = result if op.accepts_dtype else None
+    # max/min of float16 travel as float32 partials; converting back is exact.
+    value, _ = _gathered(parts, lambda stacked: _as_dtype(core.reduce(stacked, op, dtype=requested), result))
+    if keepdims_ndim is not None:
+        value = value.reshape((1,) * keepdims_ndim)
+    return value

@@ -1,0 +1,410 @@
+"""multireduce.dask.treereduce: against NumPy-independent references and against Dask's own
+reductions, over chunkings, split_every values, NaN, empty chunks, the threaded and sync
+schedulers, a distributed LocalCluster (threads), and a worker killed mid-reduction (processes).
+
+GPU tests (CuPy-backed Dask arrays) are at the end, marked ``gpu``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+da = pytest.importorskip("dask.array")
+import dask  # noqa: E402
+from reference import check, exact_int_sum, ieee_extreme, make_data, same_float  # noqa: E402
+
+import multireduce  # noqa: E402
+import multireduce.dask as mdask  # noqa: E402
+from multireduce import _partials  # noqa: E402
+
+OPS = ["sum", "max", "min"]
+DTYPES = ["float32", "float64", "float16", "int8", "uint16", "int64", "bool"]
+
+
+def _dask_own(x, op):
+    return {"sum": x.sum, "max": x.max, "min": x.min}[op]()
+
+
+# -- values against independent references and against Dask ---------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("chunks", [1000, 333, 64, 7])
+def test_1d_against_reference_and_dask(op, dtype, chunks):
+    x = make_data(dtype, 1000, np.random.default_rng(hash((op, dtype, chunks)) % 2**32))
+    d = da.from_array(x, chunks=chunks)
+    got = mdask.treereduce(d, op).compute(scheduler="sync")
+    check(x, op, got)
+    theirs = _dask_own(d, op).compute(scheduler="sync")
+    if np.dtype(dtype).kind == "f":
+        # Dask accumulates float32/float16 sums in their own dtype, we in a wider one: compare
+        # to Dask within its own error, and exactly for max/min.
+        if op == "sum":
+            assert math.isclose(float(got), float(theirs), rel_tol=1e-2 if dtype == "float16" else 1e-5, abs_tol=1e-3)
+        else:
+            assert same_float(got, theirs)
+    else:
+        assert got == theirs and got.dtype == np.asarray(theirs).dtype
+
+
+@pytest.mark.parametrize("split_every", [None, 2, 3, 4, 100, {0: 2, 1: 5}])
+@pytest.mark.parametrize("op", OPS)
+def test_2d_uneven_chunks_and_split_every(op, split_every):
+    x = make_data("float32", 37 * 53, np.random.default_rng(7)).reshape(37, 53)
+    d = da.from_array(x, chunks=((5, 1, 20, 11), (13, 13, 27)))
+    got = d.treereduce(op, split_every=split_every).compute(scheduler="threads")
+    check(x, op, got)
+
+
+def test_integer_sums_are_exact_and_wrap_like_numpy():
+    x = np.random.default_rng(3).integers(-(2**62), 2**62, 5000, dtype=np.int64)
+    d = da.from_array(x, chunks=300)
+    assert int(d.treereduce("sum").compute()) == exact_int_sum(x, np.int64)
+    u = np.full(4000, np.iinfo(np.uint64).max, dtype=np.uint64)
+    got = da.from_array(u, chunks=333).treereduce("sum", split_every=3).compute()
+    assert got.dtype == np.uint64 and int(got) == exact_int_sum(u, np.uint64)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "requested"),
+    [("int8", "int8"), ("int8", "float32"), ("float32", "float64"), ("float64", "int32"), ("bool", "uint8")],
+)
+def test_sum_dtype_argument(dtype, requested):
+    x = make_data(dtype, 3001, np.random.default_rng(11))
+    if np.dtype(dtype).kind == "f" and np.dtype(requested).kind in "iu":
+        x = (x * 100).astype(dtype)
+    d = da.from_array(x, chunks=250)
+    got = d.treereduce("sum", dtype=requested).compute()
+    want = multireduce.reduce(x, "sum", dtype=requested)  # the core on the whole array
+    assert got.dtype == np.dtype(requested)
+    if np.dtype(requested).kind in "iu":
+        assert got == want
+        if np.dtype(dtype).kind in "biu":
+            assert int(got) == exact_int_sum(x, requested)
+    else:
+        assert math.isclose(float(got), math.fsum(x.astype(np.float64).tolist()), rel_tol=1e-6, abs_tol=1e-6)
+
+
+def test_keepdims_and_full_axis_tuples():
+    x = np.arange(60, dtype=np.int32).reshape(3, 4, 5)
+    d = da.from_array(x, chunks=2)
+    kept = d.treereduce("max", keepdims=True)
+    assert kept.shape == (1, 1, 1)
+    out = kept.compute()
+    assert out.shape == (1, 1, 1) and out.dtype == np.int32 and out[0, 0, 0] == 59
+    assert d.treereduce("sum", axis=(0, 1, 2)).compute() == 1770
+    assert d.treereduce("sum", axis=(-1, 0, 1)).compute() == 1770
+
+
+# -- NaN, signed zeros, empty chunks, empty arrays -------------------------------------------
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("where", [0, 499, 999])
+def test_nan_in_one_chunk_propagates(op, where):
+    x = make_data("float32", 1000, np.random.default_rng(where))
+    x[where] = np.nan
+    got = da.from_array(x, chunks=100).treereduce(op, split_every=2).compute()
+    assert math.isnan(float(got)) and got.dtype == np.float32
+
+
+def test_signed_zeros_follow_ieee_across_chunks():
+    x = np.array([-0.0, -0.0, 0.0, -0.0], dtype=np.float64)
+    d = da.from_array(x, chunks=1)
+    assert same_float(d.treereduce("max").compute(), 0.0)
+    assert same_float(d.treereduce("min").compute(), -0.0)
+    assert same_float(d.treereduce("max").compute(), ieee_extreme(x, largest=True))
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_empty_chunks_contribute_the_identity(op):
+    x = make_data("int16", 10, np.random.default_rng(5))
+    d = da.from_array(x, chunks=((0, 3, 0, 0, 5, 2, 0),))
+    assert 0 in d.chunks[0]
+    got = d.treereduce(op, split_every=2).compute()
+    check(x, op, got)
+    # All negative values: an identity of 0 instead of the lowest value would show for max.
+    neg = -np.arange(1, 9, dtype=np.float32)
+    dn = da.from_array(neg, chunks=((0, 4, 0, 4, 0),))
+    assert float(dn.treereduce("max").compute()) == -1.0
+
+
+def test_empty_array():
+    d = da.zeros((0, 4), dtype=np.float32, chunks=2)
+    got = d.treereduce("sum").compute()
+    assert got == 0 and got.dtype == np.float32
+    for op in ("max", "min"):
+        with pytest.raises(ValueError, match="zero-size array"):
+            d.treereduce(op)  # the size is known: at once, as NumPy
+
+
+def test_unknown_chunk_sizes_empty_raises_when_computed():
+    x = da.from_array(np.arange(20, dtype=np.float64), chunks=5)
+    none = x[x > 100]  # unknown chunk sizes, all empty
+    assert math.isnan(none.size)
+    lazy = none.treereduce("max")  # cannot know yet
+    with pytest.raises(ValueError, match="zero-size array to reduction operation maximum"):
+        lazy.compute()
+    assert none.treereduce("sum").compute() == 0.0
+    some = x[x > 12]
+    assert some.treereduce("min").compute() == 13.0
+    assert some.treereduce("sum").compute() == sum(range(13, 20))
+
+
+# -- errors --------------------------------------------------------------------------------
+
+
+def test_errors():
+    d = da.ones((4, 4), chunks=2)
+    with pytest.raises(NotImplementedError, match="full reductions"):
+        d.treereduce("sum", axis=0)
+    with pytest.raises(NotImplementedError):
+        d.treereduce("sum", axis=(1,))
+    with pytest.raises(np.exceptions.AxisError):
+        d.treereduce("sum", axis=(0, 5))
+    with pytest.raises(TypeError, match="dask.array.Array"):
+        mdask.treereduce(np.ones(3), "sum")
+    with pytest.raises(TypeError, match="does not take dtype"):
+        d.treereduce("max", dtype=np.float64)
+    with pytest.raises(TypeError, match="complex128"):
+        da.ones(3, dtype=np.complex128, chunks=1).treereduce("sum")
+    with pytest.raises(ValueError, match="unknown op"):
+        d.treereduce("prod")
+
+
+def test_importing_multireduce_does_not_import_dask_and_the_import_registers_the_method():
+    code = (
+        "import sys, multireduce, multireduce.stream; assert 'dask' not in sys.modules and 'cupy' not in sys.modules;"
+        "import dask.array as da; assert not hasattr(da.Array, 'treereduce');"
+        "import multireduce.dask; assert da.ones(4, chunks=2).treereduce().compute() == 4; print('ok')"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_method_docstring_and_identity():
+    assert da.Array.treereduce.__doc__ == mdask.treereduce.__doc__
+    mdask._register()  # registering again is fine
+
+
+# -- graph shape, determinism, meta ----------------------------------------------------------
+
+
+def test_split_every_controls_the_tree():
+    d = da.ones(64, chunks=4)  # 16 chunks
+    one_level = dict(d.treereduce("sum", split_every=16).__dask_graph__())
+    two_level = dict(d.treereduce("sum", split_every=4).__dask_graph__())
+    assert not any("partial" in str(k) for k in one_level)
+    assert any("partial" in str(k) for k in two_level)
+
+
+def test_same_chunking_gives_the_same_bits_on_every_scheduler():
+    x = make_data("float32", 100_000, np.random.default_rng(9))
+    d = da.from_array(x, chunks=3000)
+    results = {
+        s: d.treereduce("sum", split_every=3).compute(scheduler=s).tobytes() for s in ("sync", "threads", "sync")
+    }
+    assert len(set(results.values())) == 1
+
+
+def test_meta_is_not_reduced():
+    # The placeholder call must not reach the core (it would reduce an empty placeholder).
+    d = da.from_array(np.arange(6, dtype=np.uint8), chunks=2)
+    r = d.treereduce("max")
+    assert r.dtype == np.uint8 and r.shape == ()
+    assert isinstance(r._meta, np.ndarray)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    n=st.integers(0, 300),
+    chunk=st.integers(1, 50),
+    split_every=st.integers(2, 6),
+    op=st.sampled_from(OPS),
+    seed=st.integers(0, 2**16),
+)
+def test_property_matches_reference(n, chunk, split_every, op, seed):
+    x = make_data("float64", n, np.random.default_rng(seed))
+    d = da.from_array(x, chunks=chunk)
+    if n == 0 and op != "sum":
+        with pytest.raises(ValueError):
+            d.treereduce(op)
+        return
+    check(x, op, d.treereduce(op, split_every=split_every).compute(scheduler="sync"))
+
+
+# -- progress ------------------------------------------------------------------------------
+
+
+def test_progress_bar(capsys):
+    from dask.diagnostics import ProgressBar
+
+    d = da.ones(1000, chunks=10)
+    with ProgressBar(dt=0.001):
+        assert d.treereduce().compute(scheduler="threads") == 1000
+    assert "100%" in capsys.readouterr().out
+
+
+# -- partials ------------------------------------------------------------------------------
+
+
+def test_partials_pickle_and_flatten():
+    p = _partials.wrap(np.float64(1.5), 3)
+    q = pickle.loads(pickle.dumps(p))
+    assert q.value == 1.5 and q.n == 3 and q.event is None
+    assert [r.n for r in _partials.flatten([[p, [q]], (p,)])] == [3, 3, 3]
+    with pytest.raises(TypeError, match="expected multireduce partials"):
+        _partials.flatten([p, 1.0])
+
+
+# -- distributed --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def thread_client():
+    distributed = pytest.importorskip("distributed")
+    with (
+        distributed.LocalCluster(n_workers=2, threads_per_worker=2, processes=False, dashboard_address=":0") as cluster,
+        distributed.Client(cluster) as client,
+    ):
+        yield client
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_local_cluster(thread_client, op):
+    x = make_data("float32", 50_000, np.random.default_rng(21))
+    x[123] = -5.0
+    d = da.from_array(x, chunks=4096)
+    got = thread_client.compute(d.treereduce(op, split_every=3)).result(timeout=60)
+    check(x, op, got)
+    assert got == d.treereduce(op, split_every=3).compute(scheduler="sync")
+
+
+def test_local_cluster_progress(thread_client, capsys):
+    from distributed import progress
+
+    d = da.ones(200, chunks=10)
+    fut = thread_client.compute(d.treereduce())
+    progress(fut, notebook=False)
+    assert fut.result(timeout=60) == 200
+
+
+def test_worker_killed_mid_reduction_gives_the_correct_result():
+    distributed = pytest.importorskip("distributed")
+    n_chunks, delay = 12, 0.4
+
+    def slow(block):
+        time.sleep(delay)
+        return block
+
+    x = np.arange(n_chunks * 1000, dtype=np.int64) % 977
+    d = da.from_array(x, chunks=1000).map_blocks(slow, dtype=x.dtype)
+    with (
+        distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster,
+        distributed.Client(cluster, timeout=60) as client,
+    ):
+        client.wait_for_workers(2, timeout=60)
+        pids = client.run(os.getpid)
+        fut = client.compute(d.treereduce("sum", split_every=3))
+        # Kill a worker once it has finished some chunks (their partials die with it) while
+        # others are still to come.
+        deadline = time.monotonic() + 30
+        victim = next(iter(pids))
+        while time.monotonic() < deadline:
+            if client.run_on_scheduler(
+                lambda dask_scheduler, w=victim: (
+                    len(dask_scheduler.workers[w].has_what) if w in dask_scheduler.workers else 0
+                )
+            ):
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail("no chunk finished within 30 s")
+        assert not fut.done()
+        os.kill(pids[victim], signal.SIGKILL)
+        got = fut.result(timeout=90)
+        assert int(got) == exact_int_sum(x, np.int64)
+        assert got.dtype == np.int64
+
+
+# -- GPU -------------------------------------------------------------------------------------
+
+
+def _cupy():
+    return pytest.importorskip("cupy")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "float16", "int32", "uint8", "bool"])
+@pytest.mark.parametrize("op", OPS)
+def test_gpu_cupy_chunks(op, dtype):
+    cupy = _cupy()
+    x = make_data(dtype, 100_003, np.random.default_rng(4))
+    d = da.from_array(cupy.asarray(x), chunks=7000, asarray=False)
+    for split_every in (None, 2, 100):
+        got = d.treereduce(op, split_every=split_every).compute(scheduler="threads")
+        assert isinstance(got, cupy.ndarray) and got.shape == ()
+        check(x, op, got.get()[()])
+
+
+@pytest.mark.gpu
+def test_gpu_cupy_nan_empty_chunks_and_keepdims():
+    cupy = _cupy()
+    x = make_data("float64", 1000, np.random.default_rng(8))
+    d = da.from_array(cupy.asarray(x), chunks=((0, 400, 0, 600),), asarray=False)
+    check(x, "min", d.treereduce("min").compute().get()[()])
+    kept = d.reshape(10, 100).treereduce("sum", keepdims=True).compute()
+    assert kept.shape == (1, 1)
+    x[500] = np.nan
+    dn = da.from_array(cupy.asarray(x), chunks=100, asarray=False)
+    assert math.isnan(float(dn.treereduce("max").compute()))
+    empty = da.from_array(cupy.zeros(0, dtype=cupy.float32), chunks=1, asarray=False)
+    with pytest.raises(ValueError):
+        empty.treereduce("max")
+
+
+@pytest.mark.gpu
+def test_gpu_partials_from_other_streams_are_waited_for():
+    # Partials made on busy non-blocking streams, combined on the default stream: without the
+    # event wait the combine would read unwritten memory.
+    cupy = _cupy()
+    op = multireduce.get_op("sum")
+    parts, expected = [], 0
+    for k in range(8):
+        s = cupy.cuda.Stream(non_blocking=True)
+        with s:
+            big = cupy.full(2**26, k + 1, dtype=cupy.int32)  # keeps the stream busy
+            parts.append(_partials.wrap(_partials.of_array(big, op, np.dtype(np.int64)), big.size, s))
+        expected += (k + 1) * 2**26
+    got = _partials.finalize(parts, op, np.dtype(np.int64))
+    assert int(got) == expected
+    q = pickle.loads(pickle.dumps(parts[0]))  # waits for the event, then drops it
+    assert q.event is None and int(q.value) == 2**26
+
+
+@pytest.mark.gpu
+def test_gpu_local_cluster_cupy_chunks(thread_client):
+    cupy = _cupy()
+    x = make_data("float32", 200_000, np.random.default_rng(12))
+    d = da.from_array(cupy.asarray(x), chunks=20_000, asarray=False)
+    got = thread_client.compute(d.treereduce("sum")).result(timeout=120)
+    check(x, "sum", cupy.asnumpy(got)[()])
+
+
+def test_dask_config_split_every_is_honoured():
+    d = da.ones(64, chunks=4)
+    with dask.config.set(split_every=16):
+        graph = dict(d.treereduce("sum").__dask_graph__())
+    assert not any("partial" in str(k) for k in graph)

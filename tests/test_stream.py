@@ -1,0 +1,388 @@
+"""multireduce.stream: planning and piece cutting (pure), the pipeline's scheduling through the
+CPU stand-in (SimulatedDevice: asynchronous, stream-ordered uploads and reductions in threads),
+sources (arrays of any layout, memmaps, .npy files, Dask arrays), and on the GPU (marked
+``gpu``): values, pinned sources, an 8 GiB array through a 1 GiB budget, and 10,000 calls
+without memory growth.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from reference import check, exact_int_sum, make_data
+
+from multireduce import stream
+
+OPS = ["sum", "max", "min"]
+KIB = 1024
+
+
+def sim_reduce(x, op="sum", *, device=None, **kw):
+    kw.setdefault("budget", 64 * KIB)
+    kw.setdefault("slot_bytes", 4 * KIB)
+    kw.setdefault("threads", 4)
+    device = device or stream.SimulatedDevice()
+    return stream.reduce(x, op, _device=device, **kw), device
+
+
+# -- planning ------------------------------------------------------------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    shape=st.lists(st.integers(0, 7), min_size=0, max_size=4).map(tuple),
+    max_elements=st.integers(1, 40),
+)
+def test_plan_pieces_cover_every_element_once(shape, max_elements):
+    count = np.zeros(shape, dtype=np.int64)
+    pieces = stream.plan_pieces(shape, max_elements)
+    for index in pieces:
+        view = count[index]
+        assert np.shares_memory(view, count) or view.size == 0  # basic indexing: a view
+        assert 1 <= view.size <= max_elements
+        view += 1
+    assert np.all(count == 1)
+
+
+def test_plan_pieces_examples():
+    assert stream.plan_pieces((10,), 4) == [(slice(0, 4),), (slice(4, 8),), (slice(8, 10),)]
+    assert stream.plan_pieces((3, 10), 25) == [(slice(0, 2),), (slice(2, 3),)]
+    assert stream.plan_pieces((2, 10), 4)[:3] == [(0, slice(0, 4)), (0, slice(4, 8)), (0, slice(8, 10))]
+    assert stream.plan_pieces((), 1) == [(Ellipsis,)]
+    assert stream.plan_pieces((3, 0), 5) == []
+    with pytest.raises(ValueError):
+        stream.plan_pieces((3,), 0)
+
+
+@pytest.mark.parametrize("nbytes", [1, 4 * KIB, 64 << 20, 8 << 30])
+@pytest.mark.parametrize("budget", [1 << 30, 256 << 20, 1 << 26])
+@pytest.mark.parametrize("threads", [1, 4, 12, 64])
+def test_make_plan_respects_the_budget(nbytes, budget, threads):
+    p = stream.make_plan(nbytes, 4, budget=budget, threads=threads)
+    assert p.n_slots * p.slot_bytes <= budget
+    assert p.n_slots >= 2
+    assert 1 <= p.threads <= min(threads, p.n_slots)
+    assert 4 <= p.piece_bytes <= p.slot_bytes and p.piece_bytes % 4 == 0
+    if nbytes >= p.threads * 2 * p.slot_bytes:
+        assert p.piece_bytes == p.slot_bytes  # large inputs: full slots
+
+
+def test_make_plan_small_inputs_are_split_for_all_threads():
+    p = stream.make_plan(64 << 20, 4, threads=8)  # the seed's 2^24 float32
+    assert p.piece_bytes == 4 << 20 and p.threads == 8
+    assert stream.make_plan(100, 8, threads=8).piece_bytes == stream.MIN_PIECE_BYTES
+
+
+def test_make_plan_errors():
+    with pytest.raises(ValueError, match="two staging buffers"):
+        stream.make_plan(100, 4, budget=1000, slot_bytes=600)
+    with pytest.raises(ValueError, match="one 8-byte element"):
+        stream.make_plan(100, 8, budget=1000, slot_bytes=4)
+    with pytest.raises(ValueError, match="threads"):
+        stream.make_plan(100, 4, threads=0)
+
+
+def test_dense_views():
+    a = np.arange(24.0).reshape(2, 3, 4)
+    for dense in (a, a.T, a.transpose(1, 0, 2), np.asfortranarray(a)):
+        flat = stream._dense_1d(dense)
+        assert flat is not None and np.shares_memory(flat, dense) and flat.size == 24
+        assert sorted(flat.tolist()) == list(range(24))
+    for sparse in (a[:, ::2], a[::-1], a[..., 1:]):
+        assert stream._dense_1d(sparse) is None
+
+
+# -- the pipeline through the CPU stand-in ------------------------------------------------
+
+
+LAYOUTS = {
+    "c": lambda x: x,
+    "fortran": lambda x: np.asfortranarray(x.reshape(30, -1)),
+    "transposed3d": lambda x: x.reshape(6, 5, -1).transpose(2, 0, 1),
+    "strided": lambda x: x.reshape(30, -1)[:, ::3],
+    "reversed": lambda x: x[::-1],
+    "0d": lambda x: x[7:8].reshape(()),
+}
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("dtype", ["float32", "float16", "float64", "int8", "uint32", "bool"])
+@pytest.mark.parametrize("op", OPS)
+def test_values_all_layouts(op, dtype, layout):
+    base = make_data(dtype, 30 * 1000, np.random.default_rng(hash((op, dtype)) % 2**32))
+    x = LAYOUTS[layout](base)
+    got, dev = sim_reduce(x, op)
+    check(np.ascontiguousarray(x), op, got)
+    assert dev.peak_device_bytes <= 64 * KIB
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_nan_anywhere(op):
+    x = make_data("float32", 50_000, np.random.default_rng(1))
+    x[49_999] = np.nan
+    got, _ = sim_reduce(x, op)
+    assert math.isnan(float(got)) and got.dtype == np.float32
+
+
+def test_empty_inputs():
+    got, dev = sim_reduce(np.zeros((0, 3), dtype=np.int16), "sum")
+    assert got == 0 and got.dtype == np.int64 and dev.uploads == 0
+    for op in ("max", "min"):
+        with pytest.raises(ValueError, match="zero-size array"):
+            sim_reduce(np.zeros(0, dtype=np.float32), op)
+
+
+def test_sum_dtype_argument():
+    x = make_data("int8", 20_000, np.random.default_rng(2))
+    got, _ = sim_reduce(x, "sum", dtype=np.int8)
+    assert got.dtype == np.int8 and int(got) == exact_int_sum(x, np.int8)
+    got, _ = sim_reduce(x, "sum", dtype=np.float32)
+    assert got.dtype == np.float32 and float(got) == float(np.float32(int(x.astype(np.int64).sum())))
+    with pytest.raises(TypeError, match="does not take dtype"):
+        sim_reduce(x, "max", dtype=np.int64)
+
+
+def test_integer_sum_is_exact_over_many_pieces():
+    x = np.random.default_rng(3).integers(-(2**62), 2**62, 40_000, dtype=np.int64)
+    got, dev = sim_reduce(x, "sum")
+    assert int(got) == exact_int_sum(x, np.int64)
+    assert dev.uploads == x.nbytes // (4 * KIB) + (x.nbytes % (4 * KIB) > 0)
+
+
+def test_pieces_are_combined_in_a_fixed_order():
+    x = make_data("float32", 200_003, np.random.default_rng(4))
+    runs = {sim_reduce(x, "sum", threads=t)[0].tobytes() for t in (1, 2, 4, 4, 8)}
+    assert len(runs) == 1
+
+
+def test_staging_waits_for_the_previous_upload():
+    # Uploads sleep, so the copying thread runs far ahead of them: without waiting for the
+    # slot's previous upload it would overwrite a staging buffer still to be uploaded.
+    x = np.arange(20 * 1024, dtype=np.int32)
+    dev = stream.SimulatedDevice(upload_delay=0.003)
+    got, _ = sim_reduce(x, "sum", device=dev, budget=8 * KIB, slot_bytes=4 * KIB, threads=1)
+    assert int(got) == exact_int_sum(x, np.int64)
+
+
+def test_the_stand_in_catches_a_missing_wait(monkeypatch):
+    # The same run with the wait removed must give a wrong sum: the stand-in is able to fail.
+    x = np.arange(20 * 1024, dtype=np.int32)
+    dev = stream.SimulatedDevice(upload_delay=0.003)
+    monkeypatch.setattr(dev, "host_ready", lambda slot: None)
+    got, _ = sim_reduce(x, "sum", device=dev, budget=8 * KIB, slot_bytes=4 * KIB, threads=1)
+    assert int(got) != exact_int_sum(x, np.int64)
+
+
+def test_pinned_sources_skip_the_host_copy():
+    dev = stream.SimulatedDevice()
+    x = dev.pinned_empty(10_000, np.float64)
+    x[:] = make_data("float64", 10_000, np.random.default_rng(5))
+    got, _ = sim_reduce(x, "sum", device=dev)
+    check(x, "sum", got)
+    assert dev.direct_uploads == dev.uploads == 80_000 // (4 * KIB) + 1 and dev.host_copies == 0
+    # A strided view of pinned memory is not contiguous: it is staged.
+    got, _ = sim_reduce(x[::2], "max", device=dev)
+    check(x[::2], "max", got)
+    assert dev.host_copies > 0
+
+
+def test_slots_are_reused_across_calls_and_bounded():
+    dev = stream.SimulatedDevice()
+    x = make_data("float32", 30_000, np.random.default_rng(6))
+    sim_reduce(x, "sum", device=dev)
+    allocated = dev.slots_allocated
+    assert allocated * 4 * KIB <= 64 * KIB
+    for _ in range(200):
+        sim_reduce(x, "min", device=dev)
+    assert dev.slots_allocated == allocated
+    assert dev.peak_device_bytes <= 64 * KIB
+    pipeline = dev._pipelines[4 * KIB]
+    assert pipeline.in_use == 0
+    pipeline.free()
+    assert dev.slots_freed == allocated and dev.device_bytes == 0
+
+
+def test_a_failing_upload_raises_and_releases_every_slot(monkeypatch):
+    dev = stream.SimulatedDevice()
+    real = dev.upload
+    calls = {"n": 0}
+
+    def flaky(slot, nbytes):
+        calls["n"] += 1
+        if calls["n"] == 5:
+            raise RuntimeError("simulated copy failure")
+        real(slot, nbytes)
+
+    monkeypatch.setattr(dev, "upload", flaky)
+    with pytest.raises(RuntimeError, match="simulated copy failure"):
+        sim_reduce(np.ones(50_000, dtype=np.float32), "sum", device=dev)
+    assert dev._pipelines[4 * KIB].in_use == 0
+    monkeypatch.setattr(dev, "upload", real)
+    assert sim_reduce(np.ones(50_000, dtype=np.float32), "sum", device=dev)[0] == 50_000
+
+
+def test_freeing_slots_in_use_is_refused():
+    dev = stream.SimulatedDevice()
+    p = stream._Pipeline(dev, 1024)
+    slot = p.acquire(2)
+    with pytest.raises(RuntimeError, match="in use"):
+        p.free()
+    p.release(slot)
+    p.free()
+    assert dev.slots_freed == 1
+
+
+# -- sources ---------------------------------------------------------------------------------
+
+
+def test_npy_file_and_memmap(tmp_path):
+    x = make_data("float32", 100_000, np.random.default_rng(7)).reshape(100, 1000)
+    path = tmp_path / "x.npy"
+    np.save(path, x)
+    for source in (path, str(path), np.load(path, mmap_mode="r")):
+        got, _ = sim_reduce(source, "sum")
+        check(x, "sum", got)
+    mm = np.memmap(tmp_path / "raw.bin", dtype=np.int16, mode="w+", shape=(3000,))
+    mm[:] = np.arange(3000) - 1500
+    mm.flush()
+    got, _ = sim_reduce(np.memmap(tmp_path / "raw.bin", dtype=np.int16, mode="r"), "min")
+    assert got == -1500 and got.dtype == np.int16
+
+
+def test_bad_sources(tmp_path):
+    np.save(tmp_path / "obj.npy", np.array([1, "a"], dtype=object), allow_pickle=True)
+    with pytest.raises(ValueError, match="Python objects|allow_pickle"):
+        sim_reduce(tmp_path / "obj.npy")
+    np.savez(tmp_path / "two.npz", a=np.ones(3), b=np.ones(3))
+    with pytest.raises(TypeError, match="npz"):
+        sim_reduce(tmp_path / "two.npz")
+    with pytest.raises(TypeError, match="cannot stream"):
+        sim_reduce([1.0, 2.0])
+    with pytest.raises(TypeError, match="complex"):
+        sim_reduce(np.ones(4, dtype=np.complex64))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("cupy") is not None, reason="checks the error without CuPy")
+def test_without_cupy_nothing_falls_back():
+    with pytest.raises(ModuleNotFoundError):
+        stream.reduce(np.ones(10), "sum")
+    assert stream.free_staging() == 0 and stream.staging_info() == []
+
+
+@pytest.mark.parametrize("split_every", [None, 2, 50])
+@pytest.mark.parametrize("op", OPS)
+def test_dask_numpy_chunks(op, split_every):
+    da = pytest.importorskip("dask.array")
+    x = make_data("float32", 60_000, np.random.default_rng(8)).reshape(200, 300)
+    d = da.from_array(x, chunks=(33, 70))  # blocks larger than a slot: several pieces each
+    dev = stream.SimulatedDevice()
+    got = stream.reduce(d, op, budget=64 * KIB, slot_bytes=4 * KIB, split_every=split_every, _device=dev)
+    check(x, op, got)
+    assert dev.peak_device_bytes <= 64 * KIB
+
+
+def test_dask_empty_blocks_and_errors():
+    da = pytest.importorskip("dask.array")
+    x = -np.arange(1, 11, dtype=np.float64)
+    d = da.from_array(x, chunks=((0, 4, 0, 6),))
+    dev = stream.SimulatedDevice()
+    assert stream.reduce(d, "max", budget=64 * KIB, slot_bytes=4 * KIB, _device=dev) == -1.0
+    with pytest.raises(ValueError, match="zero-size"):
+        stream.reduce(da.zeros(0, chunks=1), "min", _device=dev)
+    unknown = da.from_array(x, chunks=3)
+    unknown = unknown[unknown > 0]  # unknown sizes, all empty
+    with pytest.raises(ValueError, match="zero-size"):
+        stream.reduce(unknown, "max", budget=64 * KIB, slot_bytes=4 * KIB, _device=dev)
+
+
+# -- GPU -------------------------------------------------------------------------------------
+
+GIB = 1 << 30
+
+
+def _cupy():
+    return pytest.importorskip("cupy")
+
+
+def _pinned(cupy, n, dtype):
+    mem = cupy.cuda.alloc_pinned_memory(n * np.dtype(dtype).itemsize)
+    return np.frombuffer(mem, dtype=dtype, count=n)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "float16", "float64", "int8", "uint64", "bool"])
+@pytest.mark.parametrize("op", OPS)
+def test_gpu_values(op, dtype):
+    x = make_data(dtype, 3_000_017, np.random.default_rng(10))
+    check(x, op, stream.reduce(x, op))
+    check(x.reshape(-1, 17)[:, ::2], op, stream.reduce(x.reshape(-1, 17)[:, ::2], op))  # strided
+
+
+@pytest.mark.gpu
+def test_gpu_pinned_detection_and_direct_path():
+    cupy = _cupy()
+    device = stream._CupyDevice(cupy.cuda.Device().id)
+    h = _pinned(cupy, 2**24 + 5, np.float32)
+    h[:] = make_data("float32", h.size, np.random.default_rng(11))
+    assert device.is_pinned(h) and device.is_pinned(h[3:])
+    assert not device.is_pinned(np.ones(1000))
+    check(h, "sum", stream.reduce(h, "sum"))
+    h[77] = np.nan
+    assert math.isnan(float(stream.reduce(h, "max")))
+
+
+@pytest.mark.gpu
+def test_gpu_dask_numpy_chunks():
+    da = pytest.importorskip("dask.array")
+    x = make_data("float32", 2**24, np.random.default_rng(12))
+    d = da.from_array(x, chunks=2**20)
+    for split_every in (None, 100):
+        check(x, "sum", stream.reduce(d, "sum", split_every=split_every))
+    check(x, "max", stream.reduce(d, "max"))
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_gpu_8_gib_through_a_1_gib_budget():
+    cupy = _cupy()
+    n = 2**31  # float32: 8 GiB on the host
+    block = 2**24
+    pattern = (np.arange(block) % 1024).astype(np.float32)
+    x = np.empty(n, dtype=np.float32)
+    for i in range(0, n, block):
+        x[i : i + block] = pattern
+    exact = (n // block) * int(pattern.astype(np.int64).sum())
+    pool = cupy.get_default_memory_pool()
+    stream.free_staging()
+    before = pool.total_bytes()
+    got = stream.reduce(x, "sum", budget=GIB)
+    assert got.dtype == np.float32 and float(got) == float(np.float32(exact))
+    # Staging buffers (within the budget) plus partials and the kernel's workspaces.
+    assert pool.total_bytes() - before <= GIB + (64 << 20)
+    assert sum(r["device_bytes"] for r in stream.staging_info()) <= GIB
+    x[n - 3] = 5000.0
+    assert float(stream.reduce(x, "max", budget=GIB)) == 5000.0
+
+
+@pytest.mark.gpu
+def test_gpu_10000_calls_do_not_grow_memory():
+    cupy = _cupy()
+    x = make_data("float32", 2**18, np.random.default_rng(13))
+    h = _pinned(cupy, 2**18, np.float32)
+    h[:] = x
+    want = stream.reduce(x, "sum")
+    stream.reduce(h, "sum")
+    pool, pinned_pool = cupy.get_default_memory_pool(), cupy.get_default_pinned_memory_pool()
+    start = (pool.used_bytes(), pool.total_bytes(), pinned_pool.n_free_blocks(), stream.staging_info())
+    for i in range(10_000):
+        got = stream.reduce(x if i % 2 else h, "sum")
+    assert got.tobytes() == want.tobytes()
+    end = (pool.used_bytes(), pool.total_bytes(), pinned_pool.n_free_blocks(), stream.staging_info())
+    assert end == start
+    freed = stream.free_staging()
+    assert freed >= 2 and stream.staging_info() == []
