@@ -318,7 +318,7 @@ def _pinned(cupy, n, dtype):
 @pytest.mark.parametrize("dtype", ["float32", "float16", "float64", "int8", "uint64", "bool"])
 @pytest.mark.parametrize("op", OPS)
 def test_gpu_values(op, dtype):
-    x = make_data(dtype, 3_000_017, np.random.default_rng(10))
+    x = make_data(dtype, 17 * 176_471, np.random.default_rng(10))
     check(x, op, stream.reduce(x, op))
     check(x.reshape(-1, 17)[:, ::2], op, stream.reduce(x.reshape(-1, 17)[:, ::2], op))  # strided
 
