@@ -19,6 +19,7 @@ from .ops import OPS, SUPPORTED_DTYPES, Op
 __all__ = [
     "CTYPES",
     "DEFAULT_BLOCK",
+    "DEFAULT_LOAD",
     "DEFAULT_UNROLL",
     "default_kernel_names",
     "kernel_dir",
@@ -42,9 +43,12 @@ CTYPES: dict[np.dtype, str] = {
     np.dtype(np.float64): "double",
 }
 
-#: Threads per block and 16-byte loads in flight per thread, chosen by scripts/tune_kernel.py.
+#: Threads per block, 16-byte loads in flight per thread, and the load cache policy (0:
+#: __ldg, 1: no L1 allocation plus a 256-byte L2 prefetch), chosen with
+#: ``scripts/bench_kernel.py --variants``.
 DEFAULT_BLOCK = 512
 DEFAULT_UNROLL = 4
+DEFAULT_LOAD = 0
 
 HEADER = "multireduce/reduce.cuh"
 
@@ -84,13 +88,16 @@ def kernel_name(
     result: np.dtype,
     block: int = DEFAULT_BLOCK,
     unroll: int = DEFAULT_UNROLL,
+    load: int = DEFAULT_LOAD,
 ) -> str:
     """The C++ name of one instantiation of ``reduce_kernel``."""
     t, a, o = (CTYPES[np.dtype(d)] for d in (dtype, acc, result))
-    return f"multireduce::reduce_kernel<{t}, {a}, {o}, multireduce::{op.functor}, {block}, {unroll}>"
+    return f"multireduce::reduce_kernel<{t}, {a}, {o}, multireduce::{op.functor}, {block}, {unroll}, {load}>"
 
 
-def default_kernel_names(block: int = DEFAULT_BLOCK, unroll: int = DEFAULT_UNROLL) -> list[str]:
+def default_kernel_names(
+    block: int = DEFAULT_BLOCK, unroll: int = DEFAULT_UNROLL, load: int = DEFAULT_LOAD
+) -> list[str]:
     """Every instantiation that :func:`multireduce.reduce` and :func:`multireduce.partial`
     use without ``dtype=``: each op on each supported dtype, to its result and to its
     accumulator. The nvcc build test compiles exactly these."""
@@ -99,6 +106,6 @@ def default_kernel_names(block: int = DEFAULT_BLOCK, unroll: int = DEFAULT_UNROL
         for dt in SUPPORTED_DTYPES:
             result = op.result_dtype(dt)
             acc = op.accumulator_dtype(result)
-            names.add(kernel_name(op, dt, acc, result, block, unroll))
-            names.add(kernel_name(op, dt, acc, acc, block, unroll))
+            names.add(kernel_name(op, dt, acc, result, block, unroll, load))
+            names.add(kernel_name(op, dt, acc, acc, block, unroll, load))
     return sorted(names)

@@ -28,7 +28,13 @@ def _is_cupy_array(x: Any) -> bool:
     return cupy is not None and isinstance(x, cupy.ndarray)
 
 
+_cupy_backend = None  # the CuPy backend module, once a CuPy array has been seen
+
+
 def _backend_and_array(x: Any):
+    global _cupy_backend
+    if _cupy_backend is not None and type(x) is _cupy_backend.cupy.ndarray:
+        return _cupy_backend, x  # the first test, so that tiny GPU reductions pay least
     if isinstance(x, np.ndarray):
         from ._backend import numpy as backend
 
@@ -36,6 +42,7 @@ def _backend_and_array(x: Any):
     if _is_cupy_array(x):
         from ._backend import cupy as backend
 
+        _cupy_backend = backend
         return backend, x
     if isinstance(x, np.generic | list | tuple | int | float | bool):
         from ._backend import numpy as backend

@@ -271,7 +271,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--variants",
         default="",
         metavar="BxU,...",
-        help="extra launch configurations of our kernel to time, e.g. 256x8,1024x4 (threads x unroll)",
+        help="extra launch configurations of our kernel to time, e.g. 256x8,512x4p (threads x unroll, p: L2 prefetch loads)",
     )
     parser.add_argument(
         "--quick",
@@ -656,16 +656,16 @@ class OursAcc32(Peer):
 class OursVariant(Peer):
     """Our kernel with another launch configuration (threads per block x loads in flight)."""
 
-    def __init__(self, mr: Any, backend: Any, block: int, unroll: int):
-        self.mr, self.backend, self.block, self.unroll = mr, backend, block, unroll
-        self.name = f"ours-{block}x{unroll}"
+    def __init__(self, mr: Any, backend: Any, block: int, unroll: int, load: int):
+        self.mr, self.backend, self.block, self.unroll, self.load = mr, backend, block, unroll, load
+        self.name = f"ours-{block}x{unroll}" + ("p" if load else "")
 
     def bind(self, ds, op):
         o = self.mr.get_op(op)
         result = o.result_dtype(ds.views[0].dtype)
         acc = o.accumulator_dtype(result)
-        reduce_full, block, unroll = self.backend.reduce_full, self.block, self.unroll
-        return ds.views, lambda a: reduce_full(a, o, acc, result, block=block, unroll=unroll)
+        reduce_full, block, unroll, load = self.backend.reduce_full, self.block, self.unroll, self.load
+        return ds.views, lambda a: reduce_full(a, o, acc, result, block=block, unroll=unroll, load=load)
 
 
 class CupyPeer(Peer):
@@ -750,8 +750,9 @@ def make_peers(cp, mr, backend, torch, torch_info, module, opts) -> list[Peer]:
     ]
     assert tuple(p.name for p in peers) == PEER_ORDER
     for variant in filter(None, opts.variants.split(",")):
-        block, unroll = (int(v) for v in variant.lower().split("x"))
-        peers.insert(1, OursVariant(mr, backend, block, unroll))
+        load = 1 if variant.endswith("p") else 0  # "p": the L2-prefetch load policy
+        block, unroll = (int(v) for v in variant.lower().rstrip("p").split("x"))
+        peers.insert(1, OursVariant(mr, backend, block, unroll, load))
     return peers
 
 

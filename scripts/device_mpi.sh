@@ -12,7 +12,8 @@ set -uo pipefail
 mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-PY="${PYTHON:-python3}"
+# An absolute path: mpirun starts ranks with a PATH that may find another python3.
+PY="${PYTHON:-$(command -v python3)}"
 
 # Open MPI as root, more ranks than it counts slots for, and no CMA single-copy in containers
 # that forbid ptrace. The tests' launcher reads MULTIREDUCE_MPIEXEC_ARGS.

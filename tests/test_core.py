@@ -280,7 +280,10 @@ def arrays_and_views(draw):
 @given(case=arrays_and_views(), op=st.sampled_from(OPS))
 def test_property_against_reference(xp, case, op):
     base, view = case
-    x, dev = view(base), view(to_device(xp, base))
+    dev = view(to_device(xp, base))
+    # The reference reads what is on the device: CuPy's transfer of a 0-d array can turn
+    # -0.0 into +0.0 (it fills zeros with a memset), which is not the reduction's doing.
+    x = dev if xp is np else dev.get()
     if x.size == 0 and op != "sum":
         with pytest.raises(ValueError):
             multireduce.reduce(dev, op)

@@ -2,8 +2,9 @@
  * multireduce: single-launch, deterministic full reduction of a dense array.
  *
  * ALGORITHM
- *   reduce_kernel<T, Acc, Out, Op, BLOCK, UNROLL> reduces n elements of type T to one
- *   value of type Out, forming partials in the accumulator type Acc with Op::combine.
+ *   reduce_kernel<T, Acc, Out, Op, BLOCK, UNROLL, LOAD> reduces n elements of type T to
+ *   one value of type Out, forming partials in the accumulator type Acc with Op::combine.
+ *   LOAD selects the cache policy of the 16-byte loads (see load16).
  *
  *   1. Grid-stride loop. The input is split into a scalar head (elements before the first
  *      16-byte boundary), an aligned body read as 16-byte vectors (uint4), and a scalar tail
@@ -112,6 +113,24 @@ struct Min {
 };
 
 // ---------------------------------------------------------------------------------------
+// 16-byte loads of read-only data. LOAD 0: the non-coherent (texture) path, __ldg.
+// LOAD 1: the same, but not allocated in L1 and with a 256-byte L2 prefetch hint, for data
+// that is read exactly once.
+
+template <int LOAD>
+__device__ __forceinline__ uint4 load16(const uint4* p) {
+    if constexpr (LOAD == 1) {
+        uint4 r;
+        asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+            : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+            : "l"(p));
+        return r;
+    } else {
+        return __ldg(p);
+    }
+}
+
+// ---------------------------------------------------------------------------------------
 // Warp and block trees.
 
 template <class A>
@@ -150,7 +169,7 @@ __device__ __forceinline__ A block_reduce(A v, A identity, A* warp_values) {
 // ---------------------------------------------------------------------------------------
 // The kernel.
 
-template <class T, class Acc, class Out, class Op, int BLOCK, int UNROLL>
+template <class T, class Acc, class Out, class Op, int BLOCK, int UNROLL, int LOAD>
 __global__ void __launch_bounds__(BLOCK)
 reduce_kernel(const T* __restrict__ in, long long n, Acc identity, Acc* __restrict__ partials,
               unsigned int* __restrict__ counter, Out* __restrict__ out) {
@@ -184,7 +203,7 @@ reduce_kernel(const T* __restrict__ in, long long n, Acc identity, Acc* __restri
     for (; i + (UNROLL - 1) * nthreads < nvec; i += UNROLL * nthreads) {
         uint4 raw[UNROLL];
 #pragma unroll
-        for (int u = 0; u < UNROLL; ++u) raw[u] = __ldg(body + i + u * nthreads);
+        for (int u = 0; u < UNROLL; ++u) raw[u] = load16<LOAD>(body + i + u * nthreads);
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
             const T* e = reinterpret_cast<const T*>(&raw[u]);
@@ -193,7 +212,7 @@ reduce_kernel(const T* __restrict__ in, long long n, Acc identity, Acc* __restri
         }
     }
     for (; i < nvec; i += nthreads) {
-        const uint4 raw = __ldg(body + i);
+        const uint4 raw = load16<LOAD>(body + i);
         const T* e = reinterpret_cast<const T*>(&raw);
 #pragma unroll
         for (int j = 0; j < VEC; ++j) acc[j % ACC] = Op::combine(acc[j % ACC], load(e[j]));

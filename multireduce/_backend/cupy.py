@@ -13,31 +13,33 @@ import threading
 
 import cupy
 import numpy as np
+from cupy.cuda import runtime as _runtime
 
 from .. import _kernels
 from ..ops import Op
 
 _log = logging.getLogger("multireduce")
+_get_current_stream = cupy.cuda.get_current_stream
 
 _lock = threading.Lock()
 _launchers: dict[tuple, tuple] = {}
 #: (device, kernel name) of every kernel compiled in this process, in order.
 compiled: list[tuple[int, str]] = []
 _workspaces: dict[tuple[int, int], tuple] = {}
-_max_grid_by_device: dict[int, int] = {}
 
 
-def _launcher(device: int, op: Op, dtype: np.dtype, acc: np.dtype, result: np.dtype, block: int, unroll: int):
+def _launcher(device: int, op: Op, dtype: np.dtype, acc: np.dtype, result: np.dtype, config: tuple[int, int, int]):
     """(kernel function, largest useful grid, identity argument) for one kernel on one
-    device, compiled on first use and cached."""
-    key = (device, op, dtype, acc, result, block, unroll)
+    device, compiled on first use and cached. ``config`` is (block, unroll, load)."""
+    key = (device, op, dtype, acc, result, config)
     found = _launchers.get(key)
     if found is not None:
         return found
     with _lock:
         found = _launchers.get(key)
         if found is None:
-            name = _kernels.kernel_name(op, dtype, acc, result, block, unroll)
+            block = config[0]
+            name = _kernels.kernel_name(op, dtype, acc, result, *config)
             module = cupy.RawModule(code=_kernels.read_source(), options=("--std=c++17",), name_expressions=(name,))
             # The bare driver function: calling it skips RawKernel's per-call lookups.
             kernel = module.get_function(name).kernel
@@ -67,8 +69,10 @@ def _dense_base(x: cupy.ndarray):
     permutation or reversal of the axes of a contiguous array), else ``None``.
 
     A full reduction does not depend on element order, so such views need no copy."""
+    if x.ndim == 1 and x.strides[0] == x.itemsize:
+        return x
     if x.flags.c_contiguous:
-        return x.ravel() if x.ndim != 1 else x
+        return x.ravel()
     itemsize = x.itemsize
     extent = itemsize
     offset = 0
@@ -83,28 +87,42 @@ def _dense_base(x: cupy.ndarray):
     return cupy.ndarray((x.size,), dtype=x.dtype, memptr=x.data + offset)
 
 
-def reduce_full(x: cupy.ndarray, op: Op, acc: np.dtype, result: np.dtype, *, block: int | None = None, unroll: int | None = None) -> cupy.ndarray:
+_DEFAULT_CONFIG = (_kernels.DEFAULT_BLOCK, _kernels.DEFAULT_UNROLL, _kernels.DEFAULT_LOAD)
+
+
+def reduce_full(
+    x: cupy.ndarray, op: Op, acc: np.dtype, result: np.dtype, *, block: int | None = None, unroll: int | None = None, load: int | None = None
+) -> cupy.ndarray:
     """Reduce all of the non-empty CuPy array ``x`` on its device with one kernel launch.
 
-    ``block`` and ``unroll`` override the tuned launch configuration (for the tuning script).
-    Returns a 0-d CuPy array of dtype ``result`` on ``x``'s device, on the current stream.
+    ``block``, ``unroll`` and ``load`` override the tuned launch configuration (for the
+    benchmark's variants). Returns a 0-d CuPy array of dtype ``result`` on ``x``'s device,
+    on the current stream.
     """
-    block = block or _kernels.DEFAULT_BLOCK
-    unroll = unroll or _kernels.DEFAULT_UNROLL
-    with x.device:
-        flat = _dense_base(x)
-        if flat is None:
-            _log.debug("copying a non-dense %s view of shape %s before reducing it", x.dtype, x.shape)
-            flat = cupy.ascontiguousarray(x).ravel()
-        device = x.device.id
-        kernel, max_grid, identity = _launcher(device, op, x.dtype, acc, result, block, unroll)
-        n = flat.size
-        per_block = (16 // flat.itemsize) * block * unroll  # elements one block loads per loop trip
-        grid = min(max_grid, -(-n // per_block))
-        partials, counter = _workspace(device, cupy.cuda.get_current_stream().ptr, max_grid)
-        out = cupy.empty((), dtype=result)
-        kernel((grid,), (block,), (flat, np.int64(n), identity, partials, counter, out))
-        return out
+    config = _DEFAULT_CONFIG
+    if block or unroll or load is not None:
+        config = (block or config[0], unroll or config[1], config[2] if load is None else load)
+    device = x.data.device_id
+    if device != _runtime.getDevice():
+        with x.device:
+            return _launch(x, op, acc, result, config, device)
+    return _launch(x, op, acc, result, config, device)
+
+
+def _launch(x: cupy.ndarray, op: Op, acc: np.dtype, result: np.dtype, config: tuple[int, int, int], device: int):
+    # Every step here is on the path of every call: tiny reductions are dominated by it.
+    flat = _dense_base(x)
+    if flat is None:
+        _log.debug("copying a non-dense %s view of shape %s before reducing it", x.dtype, x.shape)
+        flat = cupy.ascontiguousarray(x).ravel()
+    kernel, max_grid, identity = _launcher(device, op, x.dtype, acc, result, config)
+    n = flat.size
+    per_block = (16 // flat.itemsize) * config[0] * config[1]  # elements one block loads per loop trip
+    grid = min(max_grid, -(-n // per_block))
+    partials, counter = _workspace(device, _get_current_stream().ptr, max_grid)
+    out = cupy.empty((), dtype=result)
+    kernel((grid,), (config[0],), (flat, n, identity, partials, counter, out))
+    return out
 
 
 def constant(value: np.generic, dtype: np.dtype) -> cupy.ndarray:
