@@ -807,7 +807,9 @@ def dataset_error_records(peers, dtype_name, n, opts, reason) -> list[dict]:
     return records
 
 
-def run_sweep(cp, peers, timer, opts, l2_bytes, copy_gbps) -> list[dict]:
+def run_sweep(cp, peers, timer, opts, l2_bytes, copy_gbps, save: Callable[[list[dict]], None]) -> list[dict]:
+    """Every (dtype, size, op, peer); ``save(records)`` runs after each size, so that a run
+    cut short still leaves its JSON."""
     records: list[dict] = []
     print_legend(peers)
     print_header(peers)
@@ -829,6 +831,7 @@ def run_sweep(cp, peers, timer, opts, l2_bytes, copy_gbps) -> list[dict]:
                 say(format_row(ds, op, cells, copy_gbps))
             del ds
             release_memory(cp)
+            save(records)
     return records
 
 
@@ -1257,17 +1260,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     release_memory(cp)
 
     peers = make_peers(cp, mr, backend, torch, torch_info, module, opts)
-    records = run_sweep(cp, peers, timer, opts, device["l2_bytes"], copy["gbps"])
+    # The checks are quick and run first, so that a sweep cut short still has them.
     checks = run_checks(cp, mr, torch, opts)
-    correctness = correctness_summary(records)
-    targets = evaluate_targets(records, checks)
-    print_targets(targets, correctness)
-
     git = _provenance.git_state()
     extra = {"copy_bandwidth": copy, "spin_calibration": spin}
     meta = collect_meta(cp, mr, kernels, torch_info, device, git, extra, opts)
-    document = {"meta": meta, "records": records, "targets": targets, "checks": checks | {"correctness": correctness}}
-    write_json(output_path(opts, device["name"], git["commit"]), document)
+    path = output_path(opts, device["name"], git["commit"])
+
+    def document(records: list[dict], complete: bool) -> dict:
+        correctness = correctness_summary(records)
+        return {
+            "meta": meta | {"complete": complete},
+            "records": records,
+            "targets": evaluate_targets(records, checks),
+            "checks": checks | {"correctness": correctness},
+        }
+
+    records = run_sweep(
+        cp, peers, timer, opts, device["l2_bytes"], copy["gbps"], lambda r: write_json(path, document(r, False))
+    )
+    final = document(records, True)
+    print_targets(final["targets"], final["checks"]["correctness"])
+    write_json(path, final)
+    correctness = final["checks"]["correctness"]
     return exit_status(correctness, checks, copy)
 
 
