@@ -104,3 +104,30 @@ def test_gpu_matches_cpu_bitwise_where_exact():
                 assert same_float(gpu, cpu), (dtype, op, gpu, cpu)
             else:
                 assert gpu == cpu, (dtype, op, gpu, cpu)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+@pytest.mark.parametrize("shape", [(), (1,), (2,), (9,)])
+def test_negative_zero_made_on_device(dtype, shape):
+    # -0.0 produced by a kernel (0 * -1), so that no host-to-device transfer is involved;
+    # the max and the min of all -0.0 are -0.0, and one +0.0 makes the max +0.0.
+    x = cupy.zeros(shape, dtype=dtype) * cupy.asarray(-1, dtype=dtype)
+    assert bool(cupy.signbit(x).all())
+    assert same_float(multireduce.max(x).get()[()], -0.0)
+    assert same_float(multireduce.min(x).get()[()], -0.0)
+    assert same_float(multireduce.sum(x).get()[()], 0.0)
+    if x.size > 1:
+        x[-1] = 0.0
+        assert same_float(multireduce.max(x).get()[()], 0.0)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+def test_transfer_of_single_negative_zero(dtype):
+    # Observed on the GPU machine: the reduction of a one-element -0.0 array that came from
+    # the host gave +0.0. Whichever side loses the sign, this pins it down.
+    host = np.array([-0.0], dtype=dtype)
+    dev = cupy.asarray(host)
+    on_device = bool(cupy.signbit(dev).get()[0])
+    got = multireduce.max(dev).get()[()]
+    assert same_float(got, -0.0 if on_device else 0.0), (on_device, got)
+    assert on_device, "cupy.asarray lost the sign of -0.0 (a CuPy transfer issue, not the reduction)"
