@@ -178,7 +178,8 @@ def _gathered(parts: Iterable[Partial], reduce_fn):
 
 def combine(parts: Any, op: Op) -> Partial:
     """Combine partials into one, in the accumulator dtype, on their device."""
-    value, n = _gathered(flatten(parts), lambda stacked: core.partial(stacked, op))
+    # Some ops combine with another op's rule (nansum and count_nonzero partials add up).
+    value, n = _gathered(flatten(parts), lambda stacked: core.partial(stacked, op.combiner))
     return wrap(value, n)
 
 
@@ -201,7 +202,8 @@ def finalize(parts: Any, op: Op, result: np.dtype, *, keepdims_ndim: int | None 
         raise op.empty_error()
     requested = result if op.accepts_dtype else None
     # max/min of float16 travel as float32 partials; converting back is exact.
-    value, _ = _gathered(parts, lambda stacked: _as_dtype(core.reduce(stacked, op, dtype=requested), result))
+    combiner = op.combiner
+    value, _ = _gathered(parts, lambda stacked: _as_dtype(core.reduce(stacked, combiner, dtype=requested), result))
     if keepdims_ndim is not None:
         value = value.reshape((1,) * keepdims_ndim)
     return value

@@ -12,13 +12,14 @@ depends on the reduction tree. Each float partial is therefore mapped to an ``in
 whose integer order is the IEEE 754 total order (``-inf < ... < -0.0 < +0.0 < ... < inf``),
 with every NaN mapped to the largest key. Integer ``MAX`` on keys is exact and commutative,
 so the combined key is the same whatever the order of ranks, and decoding it gives NaN if
-any rank had a NaN, and IEEE 754-2019 ``maximum``/``minimum`` otherwise (the combine rule of
+any rank had a NaN, and IEEE 754-2019 ``maximum``/``minimum`` otherwise (nanmax/nanmin map
+NaN to the smallest key instead, so that NaN loses to every number) (the combine rule of
 :meth:`multireduce.ops.Op.host_reduce`). Min uses the bitwise complement of the key, which
 reverses the order, so that both ops reduce with ``MAX``; float32 partials are widened to
 float64 first (exactly). Integer partials (and bool) map to ``int64`` keys the same way,
 ``uint64`` with its top bit flipped.
 
-Sums travel in the accumulator dtype with ``SUM``: float64, float32 (the accumulator of
+Sums (and products, with ``PROD``) travel in the accumulator dtype with ``SUM``: float64, float32 (the accumulator of
 float16), and 64-bit integers as ``uint64``, whose wrap-around is defined (signed overflow
 in C is not), giving the same bits as two's-complement ``int64`` addition.
 """
@@ -47,13 +48,15 @@ __all__ = [
 ]
 
 _INT64_MAX = np.int64(np.iinfo(np.int64).max)
+_INT64_MIN = np.int64(np.iinfo(np.int64).min)
 _KEY_MAX = int(_INT64_MAX)
+_KEY_MIN = int(_INT64_MIN)
 _INT64 = struct.Struct("<q")
 _FLOAT64 = struct.Struct("<d")
 _UINT64_TOP = np.uint64(1 << 63)
 
 
-def encode_extreme(partial, positive: bool, xp=np):
+def encode_extreme(partial, positive: bool, xp=np, nan_wins: bool = True):
     """Map a 1-element partial of max (``positive``) or min to an ``int64`` key for ``MAX``.
 
     Parameters
@@ -64,6 +67,9 @@ def encode_extreme(partial, positive: bool, xp=np):
         True for max, false for min.
     xp : module
         ``numpy`` or ``cupy``, the module of ``partial``.
+    nan_wins : bool
+        True (max, min): NaN takes the largest key and so wins. False (nanmax, nanmin): NaN
+        takes the smallest key and loses to every number.
 
     Returns
     -------
@@ -79,8 +85,9 @@ def encode_extreme(partial, positive: bool, xp=np):
         keys = xp.where(bits < 0, bits ^ _INT64_MAX, bits)
         if not positive:
             keys = ~keys
-        # After the complement for min, NaN still has to win: it takes the largest key.
-        return xp.where(xp.isnan(partial), _INT64_MAX, keys)
+        # After the complement for min, NaN still has to win (or lose): it takes the largest
+        # (or the smallest) key, which no number maps to.
+        return xp.where(xp.isnan(partial), _INT64_MAX if nan_wins else _INT64_MIN, keys)
     if partial.dtype == np.uint64:
         keys = (partial ^ _UINT64_TOP).view(np.int64)
     else:
@@ -88,11 +95,11 @@ def encode_extreme(partial, positive: bool, xp=np):
     return keys if positive else ~keys
 
 
-def decode_extreme(keys, positive: bool, acc_dtype: np.dtype, xp=np):
+def decode_extreme(keys, positive: bool, acc_dtype: np.dtype, xp=np, nan_wins: bool = True):
     """Invert :func:`encode_extreme` for the combined key; returns an ``acc_dtype`` array."""
     acc_dtype = np.dtype(acc_dtype)
     if acc_dtype.kind == "f":
-        nan = keys == _INT64_MAX
+        nan = keys == (_INT64_MAX if nan_wins else _INT64_MIN)
         k = keys if positive else ~keys
         bits = xp.where(k < 0, k ^ _INT64_MAX, k)
         values = bits.view(np.float64)
@@ -104,7 +111,7 @@ def decode_extreme(keys, positive: bool, acc_dtype: np.dtype, xp=np):
     return k.astype(acc_dtype)
 
 
-def encode_extreme_scalar(value: np.generic, positive: bool) -> int:
+def encode_extreme_scalar(value: np.generic, positive: bool, nan_wins: bool = True) -> int:
     """Encode one host partial as :func:`encode_extreme` does, in Python integers.
 
     The host path handles one scalar per call; integer arithmetic on it costs a fraction of
@@ -113,7 +120,7 @@ def encode_extreme_scalar(value: np.generic, positive: bool) -> int:
     kind = value.dtype.kind
     if kind == "f":
         if value != value:  # NaN
-            return _KEY_MAX
+            return _KEY_MAX if nan_wins else _KEY_MIN
         (bits,) = _INT64.unpack(_FLOAT64.pack(float(value)))
         key = bits ^ _KEY_MAX if bits < 0 else bits
     elif value.dtype == np.uint64:
@@ -123,11 +130,11 @@ def encode_extreme_scalar(value: np.generic, positive: bool) -> int:
     return key if positive else ~key
 
 
-def decode_extreme_scalar(key: int, positive: bool, acc_dtype: np.dtype) -> np.generic:
+def decode_extreme_scalar(key: int, positive: bool, acc_dtype: np.dtype, nan_wins: bool = True) -> np.generic:
     """Invert :func:`encode_extreme_scalar`; returns a scalar of ``acc_dtype``."""
     acc_dtype = np.dtype(acc_dtype)
     if acc_dtype.kind == "f":
-        if key == _KEY_MAX:
+        if key == (_KEY_MAX if nan_wins else _KEY_MIN):
             return acc_dtype.type(np.nan)
         k = key if positive else ~key
         bits = k ^ _KEY_MAX if k < 0 else k

@@ -1,4 +1,7 @@
-"""The one core reduction: :func:`reduce`, and :func:`partial` for the distributed layers.
+"""The one core reduction, :func:`reduce`; :func:`partial` for the layers; :func:`stats`.
+
+:func:`partial` gives what the distributed layers combine, and :func:`stats` several
+statistics from one pass.
 
 Both dispatch on the array's library: NumPy arrays reduce on the CPU (``_backend.numpy``),
 CuPy arrays on their GPU with multireduce's own kernel (``_backend.cupy``). CuPy is imported
@@ -7,15 +10,39 @@ only when a CuPy array is passed, and MPI is never touched here.
 
 from __future__ import annotations
 
+import math
+import operator
 import sys
 from typing import Any
 
 import numpy as np
-from numpy.lib.array_utils import normalize_axis_tuple
+from numpy.lib.array_utils import normalize_axis_index, normalize_axis_tuple
 
-from .ops import Op, check_dtype, get_op
+from . import _stats
+from .ops import OPS, Op, check_dtype, get_op
 
-__all__ = ["max", "min", "partial", "reduce", "sum"]
+__all__ = [
+    "all",
+    "any",
+    "argmax",
+    "argmin",
+    "count_nonzero",
+    "max",
+    "mean",
+    "min",
+    "nanmax",
+    "nanmean",
+    "nanmin",
+    "nansum",
+    "normalize_axes",
+    "partial",
+    "prod",
+    "reduce",
+    "stats",
+    "std",
+    "sum",
+    "var",
+]
 
 _ACCEPTED_INPUTS = "numpy.ndarray, a NumPy scalar, a Python list/tuple/scalar, or cupy.ndarray"
 
@@ -48,28 +75,43 @@ def _backend_and_array(x: Any):
         from ._backend import numpy as backend
 
         return backend, np.asarray(x)
-    raise TypeError(f"cannot reduce an object of type {type(x).__module__}.{type(x).__qualname__}; expected {_ACCEPTED_INPUTS}")
+    kind = f"{type(x).__module__}.{type(x).__qualname__}"
+    raise TypeError(f"cannot reduce an object of type {kind}; expected {_ACCEPTED_INPUTS}")
 
 
-def _check_axis(axis: Any, ndim: int) -> None:
-    # Partial (axis) reductions arrive with the "Array API semantics" issue. Until then the
-    # signature already takes axis/keepdims, and anything but a full reduction is refused.
+def normalize_axes(axis: Any, ndim: int) -> tuple[int, ...]:
+    """``axis`` (None, an int or a tuple of ints, negative allowed) as sorted non-negative axes.
+
+    Raises
+    ------
+    numpy.exceptions.AxisError
+        For an axis out of range (NumPy's exception and message).
+    ValueError
+        For a repeated axis (NumPy's message).
+    TypeError
+        For an axis that is not an integer.
+    """
     if axis is None:
-        return
-    axes = normalize_axis_tuple(axis, ndim)  # NumPy's own AxisError/ValueError on bad axes
-    if sorted(axes) != list(range(ndim)):
-        raise NotImplementedError(
-            f"axis={axis!r} reduces only some axes of a {ndim}-d array; multireduce supports full reductions only "
-            "(axis=None, or a tuple of every axis)"
-        )
+        return tuple(range(ndim))
+    return tuple(sorted(normalize_axis_tuple(axis, ndim)))
+
+
+def _arg_axis(axis: Any, ndim: int, op: Op) -> int | None:
+    if axis is None:
+        return None
+    if isinstance(axis, tuple | list):
+        raise TypeError(f"{op.name} takes axis=None or a single int (as numpy.{op.name}), not {axis!r}")
+    return normalize_axis_index(operator.index(axis), ndim)
 
 
 _plans: dict[tuple, tuple[Op, np.dtype, np.dtype]] = {}
 
 
 def _plan(arr, op: str | Op, dtype) -> tuple[Op, np.dtype, np.dtype]:
-    """(op, result dtype, accumulator dtype), validated once per combination and cached:
-    this is on the path of every call, including tiny ones where Python overhead dominates."""
+    """(op, result dtype, accumulator dtype), validated once per combination and cached.
+
+    This is on the path of every call, including tiny ones where Python overhead dominates.
+    """
     try:
         return _plans[op, arr.dtype, dtype]
     except (KeyError, TypeError):  # TypeError: an unhashable dtype= argument
@@ -84,52 +126,85 @@ def _plan(arr, op: str | Op, dtype) -> tuple[Op, np.dtype, np.dtype]:
     return plan
 
 
-def reduce(x: Any, op: str | Op, *, axis: Any = None, keepdims: bool = False, dtype: Any = None):
-    """Reduce every element of ``x`` with ``op``.
+def _check_correction(op: Op, correction: Any) -> float:
+    if op.name in ("var", "std"):
+        if isinstance(correction, bool) or not isinstance(correction, int | float | np.integer | np.floating):
+            raise TypeError(f"correction must be a real number (int or float), got {correction!r}")
+        return float(correction)
+    if correction != 0:
+        raise TypeError(f"op {op.name!r} does not take correction=; only 'var' and 'std' do")
+    return 0.0
 
-    NumPy arrays reduce on the CPU, CuPy arrays on their own GPU with multireduce's
-    tree-reduction kernel; the result lives where the input lives.
+
+def _keep(value, shape: tuple[int, ...], axes: tuple[int, ...]):
+    kept = tuple(1 if i in axes else n for i, n in enumerate(shape))
+    return value.reshape(kept)
+
+
+def reduce(
+    x: Any, op: str | Op, *, axis: Any = None, keepdims: bool = False, dtype: Any = None, correction: float = 0.0
+):
+    """Reduce ``x`` with ``op`` over ``axis``.
+
+    NumPy arrays reduce on the CPU, CuPy arrays on their own GPU with multireduce's kernels;
+    the result lives where the input lives. The semantics are the Python Array API standard's
+    (2023.12), and NumPy's where the standard leaves a choice; ``docs/semantics.md`` lists
+    where multireduce differs from NumPy.
 
     Parameters
     ----------
     x : numpy.ndarray or cupy.ndarray
-        Input of any shape and layout (views, offsets and negative strides are fine). Python
-        lists and scalars are converted with ``numpy.asarray``. Supported dtypes: bool,
-        int8-int64, uint8-uint64, float16, float32, float64.
-    op : {"sum", "max", "min"} or Op
-        The reduction.
-    axis : None or tuple of int, optional
-        Only full reductions are supported: ``None`` or a tuple naming every axis.
+        Input of any shape (0-d included) and layout (views, offsets and negative strides are
+        fine). Python lists and scalars are converted with ``numpy.asarray``. Supported
+        dtypes: bool, int8-int64, uint8-uint64, float16, float32, float64.
+    op : str or Op
+        One of ``multireduce.OPS``: sum, prod, max, min, mean, var, std, count_nonzero, any,
+        all, argmin, argmax, nansum, nanmax, nanmin, nanmean.
+    axis : None, int or tuple of int, optional
+        Axes to reduce (negative counts from the end); None reduces all. argmin and argmax
+        take None or one int; None indexes the C-order flattening, as in NumPy.
     keepdims : bool, optional
-        If true, the result has ``x.ndim`` axes of length one.
+        If true, the reduced axes stay as axes of length one.
     dtype : dtype, optional
-        Result dtype, for ``"sum"`` only (as ``numpy.sum``).
+        Result dtype, for sum, prod and nansum only. Elements are converted to it first.
+    correction : float, optional
+        For var and std: the divisor is ``N - correction`` (``ddof`` in NumPy).
 
     Returns
     -------
     numpy.generic, numpy.ndarray or cupy.ndarray
-        For NumPy input a NumPy scalar (an ndarray with ``keepdims``); for CuPy input a 0-d
-        CuPy array (``x.ndim``-d with ``keepdims``). The dtype follows NumPy: sums of bool
-        and signed integers are int64, of unsigned integers uint64, of floats the input's
-        dtype; max and min keep the input's dtype.
+        For NumPy input a NumPy scalar when every axis is reduced without ``keepdims``, else
+        an ndarray; for CuPy input a CuPy array. Result dtypes: sum, prod, nansum: int64 for
+        bool and signed integers, uint64 for unsigned integers, the input's dtype for floats;
+        max, min, nanmax, nanmin: the input's; mean, var, std, nanmean: the input's float
+        dtype, float64 for bool and integers; any, all: bool; count_nonzero, argmin, argmax:
+        int64.
 
     Raises
     ------
     TypeError
-        For an unsupported input type or dtype (object, str, complex, ...), or ``dtype=``
-        given to max/min.
+        For an unsupported input type or dtype, ``dtype=`` given to an op that does not take
+        it, ``correction=`` given to an op other than var/std, or a tuple axis for argmin/argmax.
     ValueError
-        For an unknown op, or max/min of an empty array (as NumPy).
+        For an unknown op, a repeated axis, or max, min, nanmax, nanmin, argmin, argmax over
+        zero elements (NumPy's messages).
+    numpy.exceptions.AxisError
+        For an axis out of range.
     NotImplementedError
-        For an ``axis`` that leaves some axes unreduced.
+        For CuPy input, anything but a full sum, max or min: the GPU kernels for axis
+        reductions and the other ops do not exist yet (docs/axis-kernels.md).
 
     Notes
     -----
-    Integer sums wrap modulo 2**64 (then to the result dtype) exactly as NumPy's do.
-    float16 sums accumulate in float32 and float32 sums in float64, each rounded once at the
-    end; float64 sums accumulate in float64. max/min propagate NaN as NumPy does and follow
-    IEEE 754-2019 for signed zeros (+0.0 is larger than -0.0), so that the result does not
-    depend on element order. On the GPU the same input always gives the same bits.
+    Integer sums and products wrap modulo 2**64 (then to the result dtype) exactly as NumPy's
+    do. float16 sums accumulate in float32 and float32 sums in float64, each rounded once at
+    the end. max/min propagate NaN as NumPy does and follow IEEE 754-2019 for signed zeros
+    (+0.0 is larger than -0.0), so that the result does not depend on element order; nanmax
+    and nanmin ignore NaN and return NaN only where every element is NaN. Sums of zeros are
+    +0.0. mean, var and std accumulate in float64 from one pass (Chan et al.'s update); the
+    mean of zero elements is NaN, and var/std are NaN where ``N - correction <= 0`` (the
+    standard's rule; NumPy gives inf there). argmin/argmax return the first index of the
+    extreme in the same order as min/max, NaN first.
 
     Examples
     --------
@@ -138,50 +213,243 @@ def reduce(x: Any, op: str | Op, *, axis: Any = None, keepdims: bool = False, dt
     np.int64(45)
     >>> multireduce.reduce(np.array([1.0, np.nan, 3.0]), "max")
     np.float64(nan)
+    >>> multireduce.reduce(np.arange(6).reshape(2, 3), "sum", axis=0)
+    array([3, 5, 7])
     """
     backend, arr = _backend_and_array(x)
     op, result, acc = _plan(arr, op, dtype)
-    _check_axis(axis, arr.ndim)
-    if arr.size == 0:
-        if not op.empty_allowed:
-            raise op.empty_error()
-        value = backend.constant(op.identity(acc), result)
+    corr = _check_correction(op, correction)
+    ndim = arr.ndim
+    if op.kind == "arg":
+        arg_axis = _arg_axis(axis, ndim, op)
+        axes = tuple(range(ndim)) if arg_axis is None else (arg_axis,)
     else:
-        value = backend.reduce_full(arr, op, acc, result)
+        axes = normalize_axis_tuple(axis, ndim) if axis is not None else tuple(range(ndim))
+        axes = tuple(sorted(axes))
+    if math.prod(arr.shape[a] for a in axes) == 0 and not op.empty_allowed:
+        raise op.empty_error()
+    full = len(axes) == ndim
+    if op.kind == "fold":
+        if full and arr.size == 0 and op.functor is not None:
+            value = backend.constant(op.identity(acc), result)
+        else:
+            value = backend.reduce(arr, op, acc, result, axes)
+    elif op.kind == "moments":
+        value = _stats.finalize_moments(backend.moments(arr, axes, op), op, result, corr)
+    else:
+        state = backend.arg(arr, None if full and (axis is None or ndim <= 1) else axes[0], op)
+        value = _stats.arg_finalize(state, op)
     if keepdims:
-        value = value.reshape((1,) * arr.ndim)
+        value = _keep(value, arr.shape, axes)
     return value
 
 
-def partial(x: Any, op: str | Op):
-    """Reduce ``x`` to a partial result in the op's accumulator dtype.
+def partial(x: Any, op: str | Op, *, axis: Any = None, keepdims: bool = False):
+    """Reduce ``x`` to a partial result: what the distributed layers exchange and combine.
 
-    This is what the distributed layers exchange: float32 sums travel in float64, integer
-    sums in int64/uint64, float16 in float32. An empty ``x`` gives the op's identity (also
-    for max/min), so that empty shards and chunks combine correctly.
+    Fold ops give values in the op's accumulator dtype (float32 sums as float64, integer
+    sums as int64/uint64, float16 as float32). An empty ``x`` gives the op's identity (also
+    for max/min), so that empty shards and chunks combine correctly. Moments ops (mean,
+    nanmean, var, std) give a :class:`multireduce._stats.Moments` state, arg ops an
+    :class:`multireduce._stats.ArgState` (indices relative to ``x``'s C-order flattening for
+    ``axis=None``).
 
     Returns
     -------
-    numpy.generic or cupy.ndarray
-        A scalar of ``op.accumulator_dtype(...)`` on the input's device.
+    numpy.generic, numpy.ndarray, cupy.ndarray, Moments or ArgState
+        With the shape of the kept axes (kept as length one with ``keepdims``).
+
+    Raises
+    ------
+    NotImplementedError
+        For CuPy input, anything but a full sum, max or min partial.
     """
     backend, arr = _backend_and_array(x)
     op, _, acc = _plan(arr, op, None)
-    if arr.size == 0:
-        return backend.constant(op.identity(acc), acc)
-    return backend.reduce_full(arr, op, acc, acc)
+    ndim = arr.ndim
+    if op.kind == "arg":
+        arg_axis = _arg_axis(axis, ndim, op)
+        axes = tuple(range(ndim)) if arg_axis is None else (arg_axis,)
+    else:
+        axes = normalize_axes(axis, ndim)
+    full = len(axes) == ndim
+    if op.kind == "fold":
+        if arr.size == 0 and full:
+            value = backend.constant(op.identity(acc), acc)
+        elif math.prod(arr.shape[a] for a in axes) == 0:
+            # Empty along the reduced axes: the identity (max/min have one here too).
+            kshape = tuple(n for i, n in enumerate(arr.shape) if i not in axes)
+            value = backend.constant(op.identity(acc), acc, kshape)
+        else:
+            value = backend.reduce(arr, op, acc, acc, axes)
+        return _keep(value, arr.shape, axes) if keepdims else value
+    if op.kind == "moments":
+        state = backend.moments(arr, axes, op)
+    elif math.prod(arr.shape[a] for a in axes) == 0:
+        kshape = tuple(n for i, n in enumerate(arr.shape) if i not in axes)
+        state = _stats.empty_arg_state(acc, kshape)
+    else:
+        state = backend.arg(arr, None if full and (axis is None or ndim <= 1) else axes[0], op)
+    if keepdims:
+        state = state.map(lambda a: _keep(np.asarray(a), arr.shape, axes))
+    return state
+
+
+# ----------------------------------------------------------------------------------------
+# The public functions, one per op. Their parameters are those of the Array API standard
+# (2023.12), plus dtype= for nansum as for sum.
 
 
 def sum(x: Any, *, axis: Any = None, keepdims: bool = False, dtype: Any = None):  # noqa: A001
-    """Sum of all elements; :func:`reduce` with ``op="sum"``."""
+    """Sum of the elements over ``axis``; :func:`reduce` with ``op="sum"``.
+
+    Bool and signed integers sum to int64, unsigned integers to uint64, floats keep their
+    dtype (or ``dtype=``). The sum of zero elements is 0, and a sum of zeros is +0.0.
+    """
     return reduce(x, "sum", axis=axis, keepdims=keepdims, dtype=dtype)
 
 
+def prod(x: Any, *, axis: Any = None, keepdims: bool = False, dtype: Any = None):
+    """Product of the elements over ``axis``; :func:`reduce` with ``op="prod"``.
+
+    Result dtypes as :func:`sum`; the product of zero elements is 1.
+    """
+    return reduce(x, "prod", axis=axis, keepdims=keepdims, dtype=dtype)
+
+
 def max(x: Any, *, axis: Any = None, keepdims: bool = False):  # noqa: A001
-    """Largest element (NaN if any element is NaN); :func:`reduce` with ``op="max"``."""
+    """Largest element over ``axis`` (NaN if any element is NaN; +0.0 > -0.0); :func:`reduce` with ``op="max"``."""
     return reduce(x, "max", axis=axis, keepdims=keepdims)
 
 
 def min(x: Any, *, axis: Any = None, keepdims: bool = False):  # noqa: A001
-    """Smallest element (NaN if any element is NaN); :func:`reduce` with ``op="min"``."""
+    """Smallest element over ``axis`` (NaN if any element is NaN; -0.0 < +0.0); :func:`reduce` with ``op="min"``."""
     return reduce(x, "min", axis=axis, keepdims=keepdims)
+
+
+def mean(x: Any, *, axis: Any = None, keepdims: bool = False):
+    """Arithmetic mean over ``axis``; :func:`reduce` with ``op="mean"``.
+
+    Accumulates in float64; the result has the input's float dtype (float64 for bool and
+    integers). The mean of zero elements is NaN (with NumPy's RuntimeWarning).
+    """
+    return reduce(x, "mean", axis=axis, keepdims=keepdims)
+
+
+def var(x: Any, *, axis: Any = None, correction: float = 0.0, keepdims: bool = False):
+    """Variance over ``axis`` with divisor ``N - correction``; :func:`reduce` with ``op="var"``.
+
+    One pass, merged with Chan et al.'s update in float64. NaN where ``N - correction <= 0``
+    (the Array API rule; NumPy returns inf or NaN there), or where any element is NaN.
+    """
+    return reduce(x, "var", axis=axis, keepdims=keepdims, correction=correction)
+
+
+def std(x: Any, *, axis: Any = None, correction: float = 0.0, keepdims: bool = False):
+    """Standard deviation, ``sqrt(var(x, ...))``; :func:`reduce` with ``op="std"``."""
+    return reduce(x, "std", axis=axis, keepdims=keepdims, correction=correction)
+
+
+def count_nonzero(x: Any, *, axis: Any = None, keepdims: bool = False):
+    """Number of nonzero elements over ``axis`` as int64 (NaN counts as nonzero)."""
+    return reduce(x, "count_nonzero", axis=axis, keepdims=keepdims)
+
+
+def any(x: Any, *, axis: Any = None, keepdims: bool = False):  # noqa: A001
+    """Whether any element over ``axis`` is nonzero (NaN is nonzero); False for zero elements."""
+    return reduce(x, "any", axis=axis, keepdims=keepdims)
+
+
+def all(x: Any, *, axis: Any = None, keepdims: bool = False):  # noqa: A001
+    """Whether every element over ``axis`` is nonzero (NaN is nonzero); True for zero elements."""
+    return reduce(x, "all", axis=axis, keepdims=keepdims)
+
+
+def argmax(x: Any, *, axis: int | None = None, keepdims: bool = False):
+    """Index (int64) of the first maximum along ``axis``, or of the C-order flattening.
+
+    The maximum is :func:`max`'s: a NaN wins (the first NaN), and +0.0 beats -0.0.
+
+    Raises
+    ------
+    ValueError
+        Over zero elements (NumPy's message).
+    """
+    return reduce(x, "argmax", axis=axis, keepdims=keepdims)
+
+
+def argmin(x: Any, *, axis: int | None = None, keepdims: bool = False):
+    """Index (int64) of the first minimum along ``axis``, or of the C-order flattening.
+
+    The minimum is :func:`min`'s: a NaN wins (the first NaN), and -0.0 beats +0.0.
+
+    Raises
+    ------
+    ValueError
+        Over zero elements (NumPy's message).
+    """
+    return reduce(x, "argmin", axis=axis, keepdims=keepdims)
+
+
+def nansum(x: Any, *, axis: Any = None, keepdims: bool = False, dtype: Any = None):
+    """Sum treating NaN as zero; :func:`sum`'s dtypes. ``inf + -inf`` is still NaN."""
+    return reduce(x, "nansum", axis=axis, keepdims=keepdims, dtype=dtype)
+
+
+def nanmax(x: Any, *, axis: Any = None, keepdims: bool = False):
+    """Largest non-NaN element over ``axis`` (NaN where all are NaN; +0.0 > -0.0)."""
+    return reduce(x, "nanmax", axis=axis, keepdims=keepdims)
+
+
+def nanmin(x: Any, *, axis: Any = None, keepdims: bool = False):
+    """Smallest non-NaN element over ``axis`` (NaN where all are NaN; -0.0 < +0.0)."""
+    return reduce(x, "nanmin", axis=axis, keepdims=keepdims)
+
+
+def nanmean(x: Any, *, axis: Any = None, keepdims: bool = False):
+    """Mean of the non-NaN elements over ``axis`` (NaN where there are none)."""
+    return reduce(x, "nanmean", axis=axis, keepdims=keepdims)
+
+
+def stats(x: Any, *, axis: Any = None, correction: float = 0.0) -> _stats.Stats:
+    """count, NaN count, sum, min, max, mean and variance of ``x`` over ``axis``, from one pass.
+
+    Parameters
+    ----------
+    x : numpy.ndarray
+        As for :func:`reduce`.
+    axis : None, int or tuple of int, optional
+    correction : float, optional
+        For the variance, as in :func:`var`.
+
+    Returns
+    -------
+    Stats
+        Fields ``count``, ``nan_count``, ``sum``, ``min``, ``max``, ``mean``, ``var`` (and the
+        property ``std``), each with the value and dtype that the single op would give, so
+        NaN propagates into all but the counts.
+
+    Raises
+    ------
+    ValueError
+        Over zero elements (min and max are undefined there).
+    NotImplementedError
+        For CuPy input: the fused GPU kernel does not exist yet.
+
+    Notes
+    -----
+    The state behind it (:class:`multireduce._stats.Moments`) is the one the MPI layer
+    (``multireduce.mpi.stats``) and the Dask layer (``treereduce(x, "stats")``) merge.
+
+    Examples
+    --------
+    >>> import numpy as np, multireduce
+    >>> s = multireduce.stats(np.array([1.0, 2.0, 4.0]))
+    >>> s.count, s.sum, s.min, s.max, s.mean
+    (np.int64(3), np.float64(7.0), np.float64(1.0), np.float64(4.0), np.float64(2.3333333333333335))
+    """
+    backend, arr = _backend_and_array(x)
+    check_dtype(arr.dtype)
+    _check_correction(OPS["var"], correction)
+    axes = normalize_axes(axis, arr.ndim)
+    return _stats.finalize_stats(backend.moments(arr, axes, OPS["mean"]), arr.dtype, float(correction))

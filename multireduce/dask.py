@@ -33,10 +33,10 @@ import dask.array as da
 import numpy as np
 from numpy.lib.array_utils import normalize_axis_tuple
 
-from . import _partials
-from .ops import Op, get_op
+from . import _partials, _stats, core
+from .ops import Op, check_dtype, get_op
 
-__all__ = ["treereduce"]
+__all__ = ["stats", "treereduce"]
 
 
 def _chunk(x, axis, keepdims, *, op: Op, acc: np.dtype, computing_meta: bool = False):
@@ -59,18 +59,11 @@ def _aggregate(parts, axis, keepdims, *, op: Op, result: np.dtype, computing_met
     return _partials.finalize(parts, op, result, keepdims_ndim=len(axis) if keepdims else None)
 
 
-def _full_axes(axis: Any, ndim: int) -> tuple[int, ...]:
-    """The normalized axes; only full reductions are accepted until the core has axes."""
-    axes = tuple(range(ndim)) if axis is None else normalize_axis_tuple(axis, ndim)
-    if sorted(axes) != list(range(ndim)):
-        raise NotImplementedError(
-            f"axis={axis!r} reduces only some axes of a {ndim}-d array; multireduce's core supports full "
-            "reductions only (axis=None, or a tuple of every axis), and treereduce follows it"
-        )
-    return axes
+def _normalized_axes(axis: Any, ndim: int) -> tuple[int, ...]:
+    return tuple(range(ndim)) if axis is None else tuple(sorted(normalize_axis_tuple(axis, ndim)))
 
 
-def _plan(x: Any, op: str | Op, dtype: Any) -> tuple[Op, np.dtype, np.dtype]:
+def _plan(x: Any, op: str | Op, dtype: Any, axes: tuple[int, ...] | None = None) -> tuple[Op, np.dtype, np.dtype]:
     if not isinstance(x, da.Array):
         raise TypeError(
             f"treereduce takes a dask.array.Array, not {type(x).__module__}.{type(x).__qualname__}; "
@@ -79,7 +72,9 @@ def _plan(x: Any, op: str | Op, dtype: Any) -> tuple[Op, np.dtype, np.dtype]:
     op = get_op(op)
     result = op.result_dtype(x.dtype, None if dtype is None else np.dtype(dtype))
     acc = op.accumulator_dtype(result)
-    if not op.empty_allowed and not math.isnan(x.size) and x.size == 0:
+    axes = tuple(range(x.ndim)) if axes is None else axes
+    reduced = math.prod(x.shape[a] for a in axes)
+    if not op.empty_allowed and not math.isnan(reduced) and reduced == 0:
         raise op.empty_error()
     return op, result, acc
 
@@ -99,7 +94,7 @@ def _reduction(
 
     Shared with :mod:`multireduce.stream`.
     """
-    axes = _full_axes(axis, x.ndim)
+    axes = _normalized_axes(axis, x.ndim)
     return da.reduction(
         x,
         chunk=chunk,
@@ -117,6 +112,181 @@ def _reduction(
     )
 
 
+# -- partial-axis fold ops: partials are arrays in the accumulator dtype --------------------
+
+
+def _fold_chunk(x, axis, keepdims, *, op: Op, acc: np.dtype, requested: bool, computing_meta: bool = False):
+    if computing_meta:
+        return x
+    if requested:
+        # dtype= changes the accumulator; the partial is a reduction to it (as the full path).
+        if math.prod(x.shape[a] for a in axis) == 0:
+            return core.partial(x, op, axis=axis, keepdims=True).astype(acc)
+        return core.reduce(x, op, axis=axis, keepdims=True, dtype=acc)
+    return core.partial(x, op, axis=axis, keepdims=True)
+
+
+def _fold_combine(x, axis, keepdims, *, op: Op, computing_meta: bool = False):
+    if computing_meta:
+        return x
+    return core.partial(x, op.combiner, axis=axis, keepdims=True)
+
+
+def _fold_aggregate(x, axis, keepdims, *, op: Op, result: np.dtype, computing_meta: bool = False):
+    if computing_meta:
+        return x
+    requested = result if op.accepts_dtype else None
+    return np.asarray(core.reduce(x, op.combiner, axis=axis, keepdims=keepdims, dtype=requested)).astype(result)
+
+
+# -- moments and arg ops: partials are the structured-array form of their _stats state ------
+
+
+def _leaves(parts) -> list:
+    out = []
+    stack = [parts]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, list | tuple):
+            stack.extend(reversed(item))
+        else:
+            out.append(item)
+    return out
+
+
+def _moments_chunk(x, axis, keepdims, *, op: Op, computing_meta: bool = False):
+    if computing_meta:
+        return x
+    return _stats.to_structured(core.partial(x, op, axis=axis, keepdims=True))
+
+
+def _moments_merged(parts) -> _stats.Moments:
+    return _stats.merge_all([_stats.moments_from_structured(p) for p in _leaves(parts)])
+
+
+def _moments_combine(parts, axis, keepdims, *, computing_meta: bool = False):
+    if computing_meta:
+        return parts
+    return _stats.to_structured(_moments_merged(parts))
+
+
+def _kept(value, shape: tuple[int, ...], keepdims: bool):
+    if keepdims:
+        return value
+    value = np.asarray(value).reshape(shape)
+    return value[()] if value.ndim == 0 else value
+
+
+def _moments_aggregate(
+    parts, axis, keepdims, *, op: Op | None, result: np.dtype, correction: float, computing_meta: bool = False
+):
+    if computing_meta:
+        return parts
+    merged = _moments_merged(parts)
+    if op is None:  # stats: the merged state itself, finalized by stats()
+        return _stats.to_structured(merged)
+    value = _stats.finalize_moments(merged, op, result, correction)
+    kshape = tuple(n for i, n in enumerate(merged.shape) if i not in axis)
+    return _kept(value, kshape, keepdims)
+
+
+def _arg_block(block, *, op: Op, axis: int | None, shape: tuple[int, ...], block_info=None):
+    location = block_info[0]["array-location"]
+    axes = tuple(range(block.ndim)) if axis is None else (axis,)
+    if math.prod(block.shape[a] for a in axes) == 0:
+        kshape = tuple(1 if i in axes else n for i, n in enumerate(block.shape))
+        acc = op.accumulator_dtype(op.result_dtype(block.dtype))
+        return _stats.to_structured(_stats.empty_arg_state(acc, kshape))
+    state = core.partial(block, op, axis=axis, keepdims=True)
+    if axis is None:
+        # The chunk's flat index -> the global C-order flat index, in int64 throughout.
+        local = np.unravel_index(int(state.index.reshape(())), block.shape)
+        index = np.ravel_multi_index(tuple(int(i) + lo for i, (lo, _) in zip(local, location, strict=True)), shape)
+        state = _stats.ArgState(state.value, np.full(state.index.shape, index, np.int64))
+    else:
+        state = _stats.ArgState(state.value, state.index + np.int64(location[axis][0]))
+    return _stats.to_structured(state)
+
+
+def _arg_chunk(x, axis, keepdims, computing_meta: bool = False):
+    return x
+
+
+def _arg_merged(parts, op: Op) -> _stats.ArgState:
+    states = [_stats.arg_from_structured(p) for p in _leaves(parts)]
+    return _stats.arg_merge_all(states, largest=op.name == "argmax")
+
+
+def _arg_combine(parts, axis, keepdims, *, op: Op, computing_meta: bool = False):
+    if computing_meta:
+        return parts
+    return _stats.to_structured(_arg_merged(parts, op))
+
+
+def _arg_aggregate(parts, axis, keepdims, *, op: Op, computing_meta: bool = False):
+    if computing_meta:
+        return parts
+    merged = _arg_merged(parts, op)
+    kshape = tuple(n for i, n in enumerate(merged.index.shape) if i not in axis)
+    return _kept(_stats.to_structured(merged), kshape, keepdims)
+
+
+def _arg_finalize(states, *, op: Op):
+    # Dask's reduction keeps the states' dtype up to here; this step turns them into indices.
+    return _stats.arg_finalize(_stats.arg_from_structured(np.asarray(states)), op)
+
+
+def _composite_reduction(x, op: Op, result, axes, keepdims, split_every, correction) -> da.Array:
+    name = f"treereduce-{op.name}"
+    if op.kind == "moments":
+        return da.reduction(
+            x,
+            chunk=functools.partial(_moments_chunk, op=op),
+            combine=_moments_combine,
+            aggregate=functools.partial(_moments_aggregate, op=op, result=result, correction=correction),
+            axis=axes,
+            keepdims=keepdims,
+            dtype=result,
+            split_every=split_every,
+            name=name,
+            concatenate=False,
+        )
+    # argmin/argmax: each chunk's state carries global int64 indices, which need the chunk's
+    # position; map_blocks knows it (block_info), a reduction's chunk function does not.
+    if len(axes) not in (1, x.ndim):
+        raise TypeError(f"{op.name} takes axis=None or a single int, not {axes!r}")
+    axis = None if len(axes) == x.ndim and x.ndim != 1 else axes[0]
+    acc = op.accumulator_dtype(result)
+    sdt = np.dtype([("value", acc), ("index", np.int64)])
+    states = x.map_blocks(
+        _arg_block,
+        op=op,
+        axis=axis,
+        shape=x.shape,
+        dtype=sdt,
+        chunks=tuple(tuple(1 for _ in c) if i in axes else c for i, c in enumerate(x.chunks)),
+        meta=np.empty((0,) * x.ndim, dtype=sdt),
+        name=f"{name}-chunk",
+    )
+    merged = da.reduction(
+        states,
+        chunk=_arg_chunk,
+        combine=functools.partial(_arg_combine, op=op),
+        aggregate=functools.partial(_arg_aggregate, op=op),
+        axis=axes,
+        keepdims=keepdims,
+        dtype=sdt,
+        split_every=split_every,
+        name=f"{name}-merge",
+        concatenate=False,
+    )
+    return merged.map_blocks(
+        _arg_finalize, op=op, dtype=np.int64, meta=np.empty((0,) * merged.ndim, np.int64), name=name
+    )
+
+
+
+
 def treereduce(
     x: da.Array,
     op: str | Op = "sum",
@@ -125,8 +295,9 @@ def treereduce(
     keepdims: bool = False,
     dtype: Any = None,
     split_every: int | dict | None = None,
+    correction: float = 0.0,
 ) -> da.Array:
-    """Reduce every element of the Dask array ``x`` with ``op``, as a lazy Dask tree reduction.
+    """Reduce the Dask array ``x`` with ``op`` over ``axis``, as a lazy Dask tree reduction.
 
     Every chunk is reduced with :func:`multireduce.core.partial` on the CPU (NumPy chunks) or on
     its GPU (CuPy chunks), the partials are combined in the op's accumulator dtype, and the
@@ -141,24 +312,30 @@ def treereduce(
     ----------
     x : dask.array.Array
         Chunks must be NumPy or CuPy arrays of a supported dtype (see :func:`multireduce.reduce`).
-    op : {"sum", "max", "min"} or Op
-        The reduction.
-    axis : None or tuple of int, optional
-        Only full reductions are supported, as in the core: ``None`` or a tuple naming every axis.
+    op : str or Op
+        Any of ``multireduce.OPS``. Fold ops (sum, prod, max, min, count_nonzero, any, all,
+        nansum, nanmax, nanmin) combine partials in the accumulator dtype; mean, nanmean,
+        var and std merge :class:`multireduce._stats.Moments` states with Chan et al.'s
+        update; argmin and argmax merge (value, int64 global index) states.
+    axis : None, int or tuple of int, optional
+        Axes to reduce, as in :func:`multireduce.reduce` (argmin/argmax: None or one int).
+        Only full reductions of fold ops run on CuPy chunks.
     keepdims : bool, optional
-        If true, the result has ``x.ndim`` axes of length one.
+        If true, the reduced axes stay as axes of length one.
     dtype : dtype, optional
-        Result dtype, for ``"sum"`` only (as ``numpy.sum``).
+        Result dtype, for sum, prod and nansum only (as ``numpy.sum``).
     split_every : int or dict, optional
         How many partials one combine step takes, as in ``dask.array.reduction``: with at least
         as many as there are chunks, no combine step runs and one aggregate takes every partial.
         ``None`` uses Dask's default (``dask.config`` key ``split_every``, else 4).
+    correction : float, optional
+        For var and std, as in :func:`multireduce.var`.
 
     Returns
     -------
     dask.array.Array
-        A lazy 0-d array (``x.ndim``-d with ``keepdims``). Computed, it is a NumPy scalar
-        (NumPy chunks) or a 0-d CuPy array on the chunks' GPU (CuPy chunks).
+        A lazy array with the kept axes (0-d for a full reduction). A computed full reduction
+        is a NumPy scalar (NumPy chunks) or a 0-d CuPy array on the chunks' GPU (CuPy chunks).
 
     Raises
     ------
@@ -168,8 +345,8 @@ def treereduce(
         For an unknown op, or max/min of an array with no elements: at once when the size is
         known, else when computed (as NumPy).
     NotImplementedError
-        For an ``axis`` that leaves some axes unreduced, and when computed, if CuPy chunks of
-        one array live on several GPUs of one process.
+        When computed: for CuPy chunks, anything but a full sum, max or min (no GPU kernel
+        yet), and CuPy chunks of one array on several GPUs of one process.
 
     Notes
     -----
@@ -192,10 +369,96 @@ def treereduce(
     >>> multireduce.dask.treereduce(x, "max", split_every=2).compute()
     np.int8(9)
     """
-    op, result, acc = _plan(x, op, dtype)
-    chunk = functools.partial(_chunk, op=op, acc=acc)
-    name = f"treereduce-{op.name}"
-    return _reduction(x, op, result, chunk, axis=axis, keepdims=keepdims, split_every=split_every, name=name)
+    if not isinstance(x, da.Array):
+        _plan(x, op, dtype)  # raises the TypeError
+    resolved = get_op(op)
+    if resolved.kind == "arg" and isinstance(axis, tuple | list):
+        raise TypeError(f"{resolved.name} takes axis=None or a single int (as numpy.{resolved.name}), not {axis!r}")
+    axes = _normalized_axes(axis, x.ndim)
+    op, result, acc = _plan(x, resolved, dtype, axes)
+    correction = core._check_correction(op, correction)
+    if op.kind != "fold":
+        return _composite_reduction(x, op, result, axes, keepdims, split_every, correction)
+    if len(axes) == x.ndim:
+        chunk = functools.partial(_chunk, op=op, acc=acc)
+        name = f"treereduce-{op.name}"
+        return _reduction(x, op, result, chunk, axis=axes, keepdims=keepdims, split_every=split_every, name=name)
+    return da.reduction(
+        x,
+        chunk=functools.partial(_fold_chunk, op=op, acc=acc, requested=dtype is not None),
+        combine=functools.partial(_fold_combine, op=op),
+        aggregate=functools.partial(_fold_aggregate, op=op, result=result),
+        axis=axes,
+        keepdims=keepdims,
+        dtype=result,
+        split_every=split_every,
+        name=f"treereduce-{op.name}",
+    )
+
+
+def stats(x: da.Array, *, axis: Any = None, correction: float = 0.0, split_every: int | dict | None = None):
+    """:func:`multireduce.stats` of a Dask array, from one pass over its chunks.
+
+    Each chunk is reduced to a :class:`multireduce._stats.Moments` state, and states are
+    merged up the tree with :func:`multireduce._stats.merge` (Chan et al.'s update), the same
+    merge as the core's and the MPI layer's.
+
+    Parameters
+    ----------
+    x : dask.array.Array
+        NumPy chunks (CuPy chunks raise NotImplementedError when computed: no GPU kernel yet).
+    axis : None, int or tuple of int, optional
+    correction : float, optional
+        For the variance, as in :func:`multireduce.var`.
+    split_every : int or dict, optional
+        As in :func:`treereduce`.
+
+    Returns
+    -------
+    dask.delayed.Delayed
+        Computes to a :class:`multireduce.Stats`.
+
+    Raises
+    ------
+    TypeError
+        If ``x`` is not a Dask array, or for an unsupported dtype.
+    ValueError
+        When computed, over zero elements (min and max are undefined).
+
+    Examples
+    --------
+    >>> import dask.array as da, numpy as np
+    >>> import multireduce.dask
+    >>> s = multireduce.dask.stats(da.from_array(np.arange(10.0), chunks=3)).compute()
+    >>> s.count, s.mean, s.var
+    (np.int64(10), np.float64(4.5), np.float64(8.25))
+    """
+    import dask
+
+    if not isinstance(x, da.Array):
+        _plan(x, "sum", None)  # raises the TypeError
+    dtype = check_dtype(x.dtype)
+    correction = core._check_correction(get_op("var"), correction)
+    axes = _normalized_axes(axis, x.ndim)
+    kshape = tuple(n for i, n in enumerate(x.shape) if i not in axes)
+    states = da.reduction(
+        x,
+        chunk=functools.partial(_moments_chunk, op=get_op("mean")),
+        combine=_moments_combine,
+        aggregate=functools.partial(_moments_aggregate, op=None, result=None, correction=correction),
+        axis=axes,
+        keepdims=True,
+        dtype=_stats.moments_dtype(dtype),
+        split_every=split_every,
+        name="treereduce-stats",
+        concatenate=False,
+    )
+    return dask.delayed(_finalize_stats)(states, dtype, correction, kshape)
+
+
+def _finalize_stats(states: np.ndarray, dtype: np.dtype, correction: float, kshape: tuple[int, ...]) -> _stats.Stats:
+    state = _stats.moments_from_structured(states).map(lambda a: a.reshape(kshape))
+    return _stats.finalize_stats(state, dtype, correction)
 
 
 def _treereduce_method(
@@ -206,8 +469,11 @@ def _treereduce_method(
     keepdims: bool = False,
     dtype: Any = None,
     split_every: int | dict | None = None,
+    correction: float = 0.0,
 ) -> da.Array:
-    return treereduce(self, op, axis=axis, keepdims=keepdims, dtype=dtype, split_every=split_every)
+    return treereduce(
+        self, op, axis=axis, keepdims=keepdims, dtype=dtype, split_every=split_every, correction=correction
+    )
 
 
 _treereduce_method.__doc__ = treereduce.__doc__

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from . import core
+from . import _stats, core
 from ._shards import FileLayout, inspect_file, shard_counts, shard_range
 from ._shards import read_shard as _read_layout_shard
 from ._transport import (
@@ -54,6 +54,7 @@ __all__ = [
     "read_shard",
     "select_device",
     "shard",
+    "stats",
     "shard_counts",
     "shard_range",
     "transport_counts",
@@ -205,6 +206,14 @@ def _static(op: Op, in_dtype: np.dtype, requested: np.dtype | None) -> _Static:
     return _Static(op, np.dtype(in_dtype), requested, result, acc, sum_wire_dtype(acc), op.mpi_name == "MAX", codes)
 
 
+# Fold ops whose partials travel as numbers; the others (MAX/MIN) travel as ordered keys.
+_MPI_ARITH = {"SUM": MPI.SUM, "PROD": MPI.PROD}
+
+
+def _arith(st: _Static) -> bool:
+    return st.op.mpi_name in _MPI_ARITH
+
+
 @dataclass
 class _Plan:
     static: _Static
@@ -234,26 +243,36 @@ def _local_partial(x: Any, plan: _Plan):
     return core.reduce(x, plan.op, dtype=plan.static.acc)
 
 
-def allreduce(x_local: Any, op: str | Op, *, comm=None, dtype: Any = None):
+def allreduce(x_local: Any, op: str | Op, *, comm=None, dtype: Any = None, correction: float = 0.0):
     """Reduce the shards of all ranks with ``op``; every rank gets the global result.
 
     Each rank reduces its own shard with :func:`multireduce.core.partial` (on its GPU for a
-    CuPy array), and the partials are combined by one ``MPI_Allreduce`` (two for sums, whose
-    partials cannot share the buffer of the error agreement). The result equals
-    :func:`multireduce.reduce` of the concatenation of all shards, up to the order of
-    floating-point additions for sums.
+    CuPy array), and the partials are combined by one ``MPI_Allreduce`` (two for sums and
+    products, whose partials cannot share the buffer of the error agreement). The result
+    equals :func:`multireduce.reduce` of the concatenation of all shards (each flattened in
+    C order, in rank order), up to the order of floating-point additions.
+
+    Fold ops (sum, prod, max, min, count_nonzero, any, all, nansum, nanmax, nanmin) combine
+    their partials inside the Allreduce. Moments ops (mean, nanmean, var, std) and arg ops
+    (argmin, argmax) agree in the same first Allreduce, then gather their small states
+    (:mod:`multireduce._stats`) and merge them in rank order with the core's merge: Chan et
+    al.'s update for moments, and (value, int64 global index) pairs for argmin/argmax, whose
+    indices count elements of the concatenation.
 
     Parameters
     ----------
     x_local : numpy.ndarray or cupy.ndarray
         This rank's shard, of any shape, possibly empty. All ranks must pass the same dtype.
-    op : {"sum", "max", "min"} or Op
-        The same on every rank.
+    op : str or Op
+        Any of ``multireduce.OPS``, the same on every rank. CuPy shards support sum, max
+        and min (the ops with a GPU kernel).
     comm : mpi4py.MPI.Comm, optional
         Defaults to ``MPI.COMM_WORLD``.
     dtype : dtype, optional
-        Result dtype, for ``"sum"`` only (as :func:`multireduce.reduce`); the same on every
-        rank.
+        Result dtype, for sum, prod and nansum only (as :func:`multireduce.reduce`); the
+        same on every rank.
+    correction : float, optional
+        For var and std, as in :func:`multireduce.var`.
 
     Returns
     -------
@@ -268,8 +287,11 @@ def allreduce(x_local: Any, op: str | Op, *, comm=None, dtype: Any = None):
         On every rank if the ranks' dtypes (or ``dtype=``) differ; on a rank with an
         unsupported dtype.
     ValueError
-        On every rank for max/min when all shards are empty (NumPy's message); on a rank
-        given an unknown op, or on every rank if the ranks' ops differ.
+        On every rank for max, min, nanmax, nanmin, argmin, argmax when all shards are empty
+        (NumPy's message); on a rank given an unknown op, or on every rank if the ranks' ops
+        differ.
+    NotImplementedError
+        On a rank with a CuPy shard and an op without a GPU kernel.
     RankError
         On the other ranks when some rank raised.
 
@@ -294,10 +316,93 @@ def allreduce(x_local: Any, op: str | Op, *, comm=None, dtype: Any = None):
     plan = partial = error = None
     try:
         plan, x = _plan(x_local, op, dtype)
-        partial = _local_partial(x, plan)
+        correction = core._check_correction(plan.op, correction)
+        if plan.op.kind != "fold":
+            state = core.partial(x, plan.op)
+    except Exception as exc:  # agreed with the other ranks in _combine, then re-raised
+        error = exc
+    if error is None and plan.op.kind != "fold":
+        return _combine_states(comm, plan, state, correction)
+    try:
+        if error is None:
+            partial = _local_partial(x, plan)
     except Exception as exc:  # agreed with the other ranks in _combine, then re-raised
         error = exc
     return _combine(comm, plan, partial, error)
+
+
+def stats(x_local: Any, *, comm=None, correction: float = 0.0) -> _stats.Stats:
+    """:func:`multireduce.stats` of the concatenation of all ranks' shards (collective).
+
+    Each rank computes the :class:`multireduce._stats.Moments` state of its shard in one
+    pass; the states are gathered and merged in rank order with the core's
+    :func:`multireduce._stats.merge` (Chan et al.'s update), so that every rank gets the same
+    bits.
+
+    Parameters
+    ----------
+    x_local : numpy.ndarray
+        This rank's shard, possibly empty. All ranks must pass the same dtype.
+    comm : mpi4py.MPI.Comm, optional
+    correction : float, optional
+        For the variance, as in :func:`multireduce.var`.
+
+    Returns
+    -------
+    multireduce.Stats
+
+    Raises
+    ------
+    ValueError
+        On every rank if all shards are empty.
+    NotImplementedError
+        On every rank if a rank passes a CuPy array (no GPU kernel yet).
+    RankError
+        On the other ranks when some rank raised.
+    """
+    comm = _comm(comm)
+    plan = state = error = None
+    try:
+        plan, x = _plan(x_local, "mean", None)
+        correction = core._check_correction(get_op("var"), correction)
+        state = core.partial(x, "mean")
+    except Exception as exc:  # agreed with the other ranks in _combine, then re-raised
+        error = exc
+    if error is not None:
+        return _combine(comm, plan, None, error)
+    merged = _combine_states(comm, plan, state, correction, finalize=False)
+    return _stats.finalize_stats(merged, plan.static.in_dtype, correction)
+
+
+def _combine_states(comm, plan: _Plan, state, correction: float, *, finalize: bool = True):
+    """Combine moments or arg states, merged in rank order on every rank.
+
+    One agreement Allreduce (the same as :func:`_combine`'s first), then an allgather of
+    the small states.
+    """
+    meta = _meta(plan, None)
+    comm.Allreduce(MPI.IN_PLACE, meta, op=MPI.MAX)
+    if meta[0]:
+        _raise_failures(comm, None)
+    _check_agreement(comm, plan, meta)
+    st = plan.static
+    if not meta[7] and not st.op.empty_allowed:
+        exc = st.op.empty_error()
+        raise _mark(exc, dict.fromkeys(range(comm.Get_size()), _describe(exc)))
+    _transport_counts["host"] += 1
+    gathered = comm.allgather((_stats.to_structured(state), plan.count))
+    if st.op.kind == "moments":
+        merged = _stats.merge_all([_stats.moments_from_structured(s) for s, _ in gathered])
+        return _stats.finalize_moments(merged, st.op, st.result, correction) if finalize else merged
+    # argmin/argmax: a rank's indices are into its own shard; the global index adds the
+    # number of elements on the ranks before it (shards concatenate in rank order).
+    states = []
+    offset = 0
+    for structured, count in gathered:
+        s = _stats.arg_from_structured(structured)
+        states.append(_stats.ArgState(s.value, np.where(s.index >= 0, s.index + np.int64(offset), s.index)))
+        offset += count
+    return _stats.arg_finalize(_stats.arg_merge_all(states, largest=st.op.name == "argmax"), st.op)
 
 
 def _timed_allreduce(x_local: Any, op: str | Op, comm=None) -> tuple[Any, float, float]:
@@ -380,8 +485,8 @@ def _combine(comm, plan: _Plan | None, partial, error):
             use_device = plan.on_gpu and cuda_aware().enabled
             if not use_device:
                 host = _to_host(partial, plan)
-                if plan.op.mpi_name != "SUM":
-                    meta[8] = encode_extreme_scalar(host, plan.static.positive)
+                if not _arith(plan.static):
+                    meta[8] = encode_extreme_scalar(host, plan.static.positive, plan.op.nan_wins)
         except Exception as exc:
             error = exc
     if error is not None:
@@ -396,12 +501,12 @@ def _combine(comm, plan: _Plan | None, partial, error):
         raise _mark(exc, dict.fromkeys(range(comm.Get_size()), _describe(exc)))
     if use_device:
         return _combine_on_device(comm, plan, partial)
-    if st.op.mpi_name == "SUM":
+    if _arith(st):
         buf = np.array([host], dtype=st.acc).view(st.wire)
-        comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+        comm.Allreduce(MPI.IN_PLACE, buf, op=_MPI_ARITH[st.op.mpi_name])
         value = buf.view(st.acc)[0]
     else:
-        value = decode_extreme_scalar(int(meta[8]), st.positive, st.acc)
+        value = decode_extreme_scalar(int(meta[8]), st.positive, st.acc, st.op.nan_wins)
     result = value.astype(st.result)
     if plan.on_gpu:
         import cupy
@@ -417,18 +522,18 @@ def _combine_on_device(comm, plan: _Plan, partial):
     st = plan.static
     _transport_counts["device"] += 1
     with cupy.cuda.Device(plan.device):
-        if st.op.mpi_name == "SUM":
+        if _arith(st):
             buf = partial.astype(st.acc).reshape(1).view(st.wire)
         else:
-            buf = encode_extreme(partial.reshape(1), st.positive, xp=cupy)
+            buf = encode_extreme(partial.reshape(1), st.positive, xp=cupy, nan_wins=st.op.nan_wins)
         # MPI reads the buffer outside CUDA's stream order: the kernels that wrote it must
         # have finished.
         cupy.cuda.get_current_stream().synchronize()
-        comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM if st.op.mpi_name == "SUM" else MPI.MAX)
-        if st.op.mpi_name == "SUM":
+        comm.Allreduce(MPI.IN_PLACE, buf, op=_MPI_ARITH[st.op.mpi_name] if _arith(st) else MPI.MAX)
+        if _arith(st):
             value = buf.view(st.acc)
         else:
-            value = decode_extreme(buf, st.positive, st.acc, xp=cupy)
+            value = decode_extreme(buf, st.positive, st.acc, xp=cupy, nan_wins=st.op.nan_wins)
         return value.astype(st.result).reshape(())
 
 

@@ -7,8 +7,12 @@ An :class:`Op` carries everything that every layer needs to know about one reduc
 * its **accumulator dtype**, the precision in which partials are formed and travel between
   ranks and chunks;
 * its **combine rule**: ``host_reduce`` on the CPU, and the C++ functor of the same name in
-  ``kernels/multireduce/reduce.cuh`` on the GPU;
+  ``kernels/multireduce/reduce.cuh`` on the GPU (sum, max and min so far);
 * the name of the matching predefined MPI operation.
+
+Ops of kind ``"fold"`` have one value per output element as their partial. The moments ops
+(mean, nanmean, var, std, and :func:`multireduce.stats`) and the arg ops (argmin, argmax)
+have a small state instead, defined once with its merge in :mod:`multireduce._stats`.
 
 The CPU backend, the GPU backend, and the MPI and Dask layers all read these objects; none of
 them spells out an identity or an accumulator rule of its own.
@@ -22,11 +26,14 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = [
+    "KERNEL_OPS",
+    "KINDS",
     "OPS",
     "SUPPORTED_DTYPES",
     "Op",
     "check_dtype",
     "get_op",
+    "ieee_zero_fix",
 ]
 
 #: Input dtypes every op accepts, in NumPy's canonical order.
@@ -77,7 +84,9 @@ def _float_accumulator(dt: np.dtype) -> np.dtype:
 
 
 def _sum_result(dt: np.dtype) -> np.dtype:
-    # NumPy's rule: bool and signed integers sum in int64, unsigned in uint64, floats in kind.
+    # The Array API (2023.12) rule for sum and prod, which NumPy follows on 64-bit platforms:
+    # bool and signed integers give the default integer (int64), unsigned integers uint64,
+    # floating-point inputs keep their dtype.
     if dt.kind in "bi":
         return np.dtype(np.int64)
     if dt.kind == "u":
@@ -87,7 +96,8 @@ def _sum_result(dt: np.dtype) -> np.dtype:
 
 def _sum_accumulator(result: np.dtype) -> np.dtype:
     # Integers accumulate in 64 bits of the result's signedness. Wrap-around modulo 2**64
-    # and a final cast give the same bits as NumPy's accumulation in a narrower result dtype.
+    # and a final cast give the same bits as NumPy's accumulation in a narrower result dtype
+    # (for products too: the low bits of a product depend only on the low bits of the factors).
     if result.kind == "i":
         return np.dtype(np.int64)
     if result.kind == "u":
@@ -99,35 +109,89 @@ def _extreme_accumulator(result: np.dtype) -> np.dtype:
     return np.dtype(np.float32) if result == np.float16 else result
 
 
-def _host_sum(x: np.ndarray, acc: np.dtype) -> np.generic:
-    return np.add.reduce(x, axis=None, dtype=acc)
+def _same(dt: np.dtype) -> np.dtype:
+    return dt
 
 
-def _ieee_extreme(x: np.ndarray, value: np.generic, positive_zero_wins: bool) -> np.generic:
-    # NumPy's maximum/minimum return either zero when +0.0 and -0.0 compare equal, so its
-    # answer depends on the order of the elements. IEEE 754-2019 maximum/minimum order
-    # -0.0 below +0.0, which is independent of order and so is what every backend and every
-    # combine step here implements. This costs a second pass only when the extreme is zero.
-    if value.dtype.kind != "f" or value != 0:
+def _always(dtype) -> Callable[[np.dtype], np.dtype]:
+    fixed = np.dtype(dtype)
+    return lambda dt: fixed
+
+
+def _mean_result(dt: np.dtype) -> np.dtype:
+    # NumPy's rule (the standard leaves integer input unspecified): floats keep their dtype,
+    # bool and integers give float64.
+    return dt if dt.kind == "f" else np.dtype(np.float64)
+
+
+def _positive_zero(x: np.ndarray) -> np.ndarray:
+    # Adding +0.0 turns -0.0 into +0.0 and changes nothing else: sums of zeros are +0.0.
+    return x + x.dtype.type(0) if x.dtype.kind == "f" else x
+
+
+def _host_sum(x: np.ndarray, acc: np.dtype, axes: tuple[int, ...] | None = None) -> np.ndarray:
+    return _positive_zero(np.add.reduce(x, axis=axes, dtype=acc))
+
+
+def _host_prod(x: np.ndarray, acc: np.dtype, axes: tuple[int, ...] | None = None) -> np.ndarray:
+    return np.multiply.reduce(x, axis=axes, dtype=acc)
+
+
+def _host_nansum(x: np.ndarray, acc: np.dtype, axes: tuple[int, ...] | None = None) -> np.ndarray:
+    if x.dtype.kind == "f":
+        x = np.where(np.isnan(x), x.dtype.type(0), x)
+    return _host_sum(x, acc, axes)
+
+
+def ieee_zero_fix(x: np.ndarray, value: np.ndarray, axes: tuple[int, ...], largest: bool) -> np.ndarray:
+    """Apply IEEE 754-2019's signed-zero order to a NumPy max/min ``value`` of ``x`` over ``axes``.
+
+    NumPy's maximum/minimum return either zero when +0.0 and -0.0 compare equal, so its answer
+    depends on the order of the elements. IEEE 754-2019 maximum/minimum (and maximumNumber /
+    minimumNumber, for the NaN-ignoring ops) order -0.0 below +0.0, which is independent of
+    order and so is what every backend and every combine step here implements. This costs
+    further passes only where some extreme is zero.
+    """
+    value = np.asarray(value)
+    if value.dtype.kind != "f" or not np.any(value == 0):
         return value
     zeros = x == 0
-    if positive_zero_wins:
-        has_positive = bool(np.any(zeros & ~np.signbit(x)))
-        return value.dtype.type(0.0) if has_positive else value.dtype.type(-0.0)
-    has_negative = bool(np.any(zeros & np.signbit(x)))
-    return value.dtype.type(-0.0) if has_negative else value.dtype.type(0.0)
+    wanted = zeros & (np.signbit(x) != largest)  # +0.0 for max, -0.0 for min
+    has_wanted = np.logical_or.reduce(wanted, axis=axes)
+    if largest:
+        fixed = np.where(has_wanted, value.dtype.type(0.0), value.dtype.type(-0.0))
+    else:
+        fixed = np.where(has_wanted, value.dtype.type(-0.0), value.dtype.type(0.0))
+    return np.where(value == 0, fixed, value)
 
 
-def _host_max(x: np.ndarray, acc: np.dtype) -> np.generic:
-    return _ieee_extreme(x, np.max(x).astype(acc), positive_zero_wins=True)
+def _extreme(ufunc, largest: bool):
+    def host(x: np.ndarray, acc: np.dtype, axes: tuple[int, ...] | None = None) -> np.ndarray:
+        value = ufunc.reduce(x, axis=axes)
+        return ieee_zero_fix(x, value, axes, largest).astype(acc)
+
+    return host
 
 
-def _host_min(x: np.ndarray, acc: np.dtype) -> np.generic:
-    return _ieee_extreme(x, np.min(x).astype(acc), positive_zero_wins=False)
+def _host_count_nonzero(x: np.ndarray, acc: np.dtype, axes: tuple[int, ...] | None = None) -> np.ndarray:
+    return np.add.reduce(x != 0, axis=axes, dtype=acc)
+
+
+def _host_any(x: np.ndarray, acc: np.dtype, axes: tuple[int, ...] | None = None) -> np.ndarray:
+    # NaN is nonzero, hence true, as in NumPy and the standard.
+    return np.logical_or.reduce(x != 0, axis=axes)
+
+
+def _host_all(x: np.ndarray, acc: np.dtype, axes: tuple[int, ...] | None = None) -> np.ndarray:
+    return np.logical_and.reduce(x != 0, axis=axes)
 
 
 def _zero(dt: np.dtype) -> np.generic:
     return dt.type(0)
+
+
+def _one(dt: np.dtype) -> np.generic:
+    return dt.type(1)
 
 
 def _lowest(dt: np.dtype) -> np.generic:
@@ -146,6 +210,21 @@ def _highest(dt: np.dtype) -> np.generic:
     return dt.type(np.iinfo(dt).max)
 
 
+def _nan_or(fallback: Callable[[np.dtype], np.generic]) -> Callable[[np.dtype], np.generic]:
+    # fmax/fmin ignore NaN, so NaN is their neutral element; an all-NaN (or empty) partial
+    # then stays NaN, and the global result is NaN only if every element was NaN.
+    return lambda dt: dt.type(np.nan) if dt.kind == "f" else fallback(dt)
+
+
+#: How an op's partials are formed and combined.
+#:
+#: ``"fold"``: one value per output element in the accumulator dtype, combined with
+#: ``combine_with``'s ``host_reduce`` (and, on the GPU, its C++ functor).
+#: ``"moments"``: a :class:`multireduce._stats.Moments` state, merged with Chan et al.'s update.
+#: ``"arg"``: a :class:`multireduce._stats.ArgState` (value, int64 index) pair.
+KINDS = ("fold", "moments", "arg")
+
+
 @dataclass(frozen=True, eq=False)
 class Op:
     """One reduction operator.
@@ -154,32 +233,46 @@ class Op:
     ----------
     name : str
         Public name, as accepted by :func:`multireduce.reduce`.
-    functor : str
-        The C++ functor in ``kernels/multireduce/reduce.cuh`` that implements ``combine`` on
-        the GPU.
-    mpi_name : str
-        Name of the predefined MPI operation with the same combine rule (``"SUM"``, ...).
+    kind : {"fold", "moments", "arg"}
+        How partials are formed and combined (see :data:`KINDS`).
+    functor : str or None
+        The C++ functor in ``kernels/multireduce/reduce.cuh`` that implements the op on the
+        GPU, or None where there is no GPU kernel yet.
+    mpi_name : str or None
+        For fold ops, how partials travel under MPI: ``"SUM"`` and ``"PROD"`` as numbers in
+        the accumulator dtype, ``"MAX"``/``"MIN"`` as ordered integer keys (see
+        :mod:`multireduce._transport`). None for moments and arg ops, whose states are merged
+        with :mod:`multireduce._stats`.
     numpy_name : str
         NumPy's name for the same reduction, used in error messages that mirror NumPy's.
     accepts_dtype : bool
-        Whether ``dtype=`` may be given (NumPy's ``sum`` takes it, ``max``/``min`` do not).
+        Whether ``dtype=`` may be given (sum, prod and nansum, as in the Array API).
     empty_allowed : bool
-        Whether the reduction of zero elements is defined (it is the identity).
-    host_reduce : callable
-        ``host_reduce(x, acc_dtype) -> np.generic``: the CPU reduction of a NumPy array to one
-        value of ``acc_dtype``. It is also the combine rule for partials.
+        Whether the reduction of zero elements is defined.
+    nan_wins : bool
+        For MAX/MIN keys: whether NaN beats every number (max, min, any, all) or loses to
+        every number (nanmax, nanmin).
+    combine_with : str
+        The fold op whose ``host_reduce`` combines this op's partials (``"sum"`` for
+        count_nonzero and nansum: a NaN partial of nansum comes from inf - inf and must stay).
+    host_reduce : callable or None
+        Fold ops: ``host_reduce(x, acc_dtype, axes) -> array``, the CPU reduction of ``x``
+        over ``axes`` (a tuple of non-negative ints) to values of ``acc_dtype``.
     """
 
     name: str
-    functor: str
-    mpi_name: str
+    kind: str
+    functor: str | None
+    mpi_name: str | None
     numpy_name: str
     accepts_dtype: bool
     empty_allowed: bool
-    host_reduce: Callable[[np.ndarray, np.dtype], np.generic]
+    host_reduce: Callable[[np.ndarray, np.dtype, tuple[int, ...]], np.ndarray] | None
     _result: Callable[[np.dtype], np.dtype]
     _accumulator: Callable[[np.dtype], np.dtype]
-    _identity: Callable[[np.dtype], np.generic]
+    _identity: Callable[[np.dtype], np.generic] | None
+    nan_wins: bool = True
+    combine_with: str = ""
 
     def result_dtype(self, dtype: np.dtype, requested: np.dtype | None = None) -> np.dtype:
         """The dtype of the result for input ``dtype`` and an optional ``dtype=`` request.
@@ -203,62 +296,121 @@ class Op:
         return req
 
     def accumulator_dtype(self, result: np.dtype) -> np.dtype:
-        """The dtype in which partials are formed and combined, for a given result dtype."""
+        """The dtype in which partials are formed and combined, for a given result dtype.
+
+        For moments ops this is float64 (the dtype of the mean and of M2); for arg ops it is
+        the dtype in which the extreme value travels next to its int64 index.
+        """
         return self._accumulator(np.dtype(result))
 
     def identity(self, acc: np.dtype) -> np.generic:
-        """The neutral element of this op, as a scalar of the accumulator dtype ``acc``."""
+        """The neutral element of this fold op, as a scalar of the accumulator dtype ``acc``.
+
+        Raises
+        ------
+        TypeError
+            For moments and arg ops, whose empty partial is a state, not a value.
+        """
+        if self._identity is None:
+            raise TypeError(f"op {self.name!r} is a {self.kind} op; its empty partial is a state (multireduce._stats)")
         return self._identity(np.dtype(acc))
+
+    @property
+    def combiner(self) -> Op:
+        """The fold op that combines this op's partials (itself for most ops)."""
+        return OPS[self.combine_with or self.name]
 
     def empty_error(self) -> ValueError:
         """The error NumPy raises for this op on a zero-size array."""
+        if self.kind == "arg":
+            return ValueError(f"attempt to get {self.numpy_name} of an empty sequence")
         return ValueError(f"zero-size array to reduction operation {self.numpy_name} which has no identity")
 
     def __repr__(self) -> str:
         return f"<multireduce op {self.name!r}>"
 
 
+def _fold(
+    name, functor, mpi_name, numpy_name, host, result, acc, identity, *,
+    accepts_dtype=False, empty_allowed=True, nan_wins=True, combine_with="",
+):
+    return Op(
+        name=name,
+        kind="fold",
+        functor=functor,
+        mpi_name=mpi_name,
+        numpy_name=numpy_name,
+        accepts_dtype=accepts_dtype,
+        empty_allowed=empty_allowed,
+        host_reduce=host,
+        _result=result,
+        _accumulator=acc,
+        _identity=identity,
+        nan_wins=nan_wins,
+        combine_with=combine_with,
+    )
+
+
+def _composite(name, kind, numpy_name, result, acc, *, empty_allowed):
+    return Op(
+        name=name,
+        kind=kind,
+        functor=None,
+        mpi_name=None,
+        numpy_name=numpy_name,
+        accepts_dtype=False,
+        empty_allowed=empty_allowed,
+        host_reduce=None,
+        _result=result,
+        _accumulator=acc,
+        _identity=None,
+    )
+
+
+_F64 = _always(np.float64)
+
 OPS: dict[str, Op] = {
     op.name: op
     for op in (
-        Op(
-            name="sum",
-            functor="Sum",
-            mpi_name="SUM",
-            numpy_name="add",
-            accepts_dtype=True,
-            empty_allowed=True,
-            host_reduce=_host_sum,
-            _result=_sum_result,
-            _accumulator=_sum_accumulator,
-            _identity=_zero,
-        ),
-        Op(
-            name="max",
-            functor="Max",
-            mpi_name="MAX",
-            numpy_name="maximum",
-            accepts_dtype=False,
+        _fold("sum", "Sum", "SUM", "add", _host_sum, _sum_result, _sum_accumulator, _zero, accepts_dtype=True),
+        _fold(
+            "max", "Max", "MAX", "maximum", _extreme(np.maximum, True), _same, _extreme_accumulator, _lowest,
             empty_allowed=False,
-            host_reduce=_host_max,
-            _result=lambda dt: dt,
-            _accumulator=_extreme_accumulator,
-            _identity=_lowest,
         ),
-        Op(
-            name="min",
-            functor="Min",
-            mpi_name="MIN",
-            numpy_name="minimum",
-            accepts_dtype=False,
+        _fold(
+            "min", "Min", "MIN", "minimum", _extreme(np.minimum, False), _same, _extreme_accumulator, _highest,
             empty_allowed=False,
-            host_reduce=_host_min,
-            _result=lambda dt: dt,
-            _accumulator=_extreme_accumulator,
-            _identity=_highest,
         ),
+        _fold("prod", None, "PROD", "multiply", _host_prod, _sum_result, _sum_accumulator, _one, accepts_dtype=True),
+        _fold(
+            "count_nonzero", None, "SUM", "count_nonzero", _host_count_nonzero, _always(np.int64), _same, _zero,
+            combine_with="sum",
+        ),
+        _fold("any", None, "MAX", "logical_or", _host_any, _always(np.bool_), _same, _lowest),
+        _fold("all", None, "MIN", "logical_and", _host_all, _always(np.bool_), _same, _highest),
+        _fold(
+            "nansum", None, "SUM", "add", _host_nansum, _sum_result, _sum_accumulator, _zero,
+            accepts_dtype=True, combine_with="sum",
+        ),
+        _fold(
+            "nanmax", None, "MAX", "fmax", _extreme(np.fmax, True), _same, _extreme_accumulator, _nan_or(_lowest),
+            empty_allowed=False, nan_wins=False,
+        ),
+        _fold(
+            "nanmin", None, "MIN", "fmin", _extreme(np.fmin, False), _same, _extreme_accumulator, _nan_or(_highest),
+            empty_allowed=False, nan_wins=False,
+        ),
+        _composite("mean", "moments", "mean", _mean_result, _F64, empty_allowed=True),
+        _composite("nanmean", "moments", "nanmean", _mean_result, _F64, empty_allowed=True),
+        _composite("var", "moments", "var", _mean_result, _F64, empty_allowed=True),
+        _composite("std", "moments", "std", _mean_result, _F64, empty_allowed=True),
+        _composite("argmax", "arg", "argmax", _always(np.int64), _extreme_accumulator, empty_allowed=False),
+        _composite("argmin", "arg", "argmin", _always(np.int64), _extreme_accumulator, empty_allowed=False),
     )
 }
+
+#: The ops with a GPU kernel (a C++ functor in ``kernels/multireduce/reduce.cuh``).
+KERNEL_OPS: tuple[str, ...] = tuple(name for name, op in OPS.items() if op.functor is not None)
 
 
 def get_op(op: str | Op) -> Op:

@@ -203,8 +203,8 @@ def test_unsupported_dtype_is_type_error(bad):
 
 
 def test_unknown_op_lists_ops():
-    with pytest.raises(ValueError, match=r"unknown op 'mean'; expected one of: 'sum', 'max', 'min'"):
-        multireduce.reduce(np.ones(3), "mean")
+    with pytest.raises(ValueError, match=r"unknown op 'median'; expected one of: 'sum', 'max', 'min', 'prod', "):
+        multireduce.reduce(np.ones(3), "median")
 
 
 def test_empty_max_min_raise_like_numpy():
@@ -220,8 +220,6 @@ def test_bad_arguments():
         multireduce.reduce(np.ones(3), "max", dtype=np.float64)
     with pytest.raises(TypeError, match="dtype=bool is not accepted"):
         multireduce.sum(np.ones(3), dtype=bool)
-    with pytest.raises(NotImplementedError, match="full reductions only"):
-        multireduce.sum(np.ones((2, 2)), axis=0)
     with pytest.raises(np.exceptions.AxisError):
         multireduce.sum(np.ones((2, 2)), axis=2)
     with pytest.raises(ValueError, match="repeated axis"):

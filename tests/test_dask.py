@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+import zlib
 
 import numpy as np
 import pytest
@@ -43,7 +44,8 @@ def _dask_own(x, op):
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("chunks", [1000, 333, 64, 7])
 def test_1d_against_reference_and_dask(op, dtype, chunks):
-    x = make_data(dtype, 1000, np.random.default_rng(hash((op, dtype, chunks)) % 2**32))
+    # crc32, not hash(): str hashes change with every process (PYTHONHASHSEED).
+    x = make_data(dtype, 1000, np.random.default_rng(zlib.crc32(repr((op, dtype, chunks)).encode())))
     d = da.from_array(x, chunks=chunks)
     got = mdask.treereduce(d, op).compute(scheduler="sync")
     check(x, op, got)
@@ -52,7 +54,9 @@ def test_1d_against_reference_and_dask(op, dtype, chunks):
         # Dask accumulates float32/float16 sums in their own dtype, we in a wider one: compare
         # to Dask within its own error, and exactly for max/min.
         if op == "sum":
-            assert math.isclose(float(got), float(theirs), rel_tol=1e-2 if dtype == "float16" else 1e-5, abs_tol=1e-3)
+            # Dask's float16 partials round at every step: up to ~n * eps16 / 2 of |x| <= 1.
+            rel_tol, abs_tol = (1e-2, 0.5) if dtype == "float16" else (1e-5, 1e-3)
+            assert math.isclose(float(got), float(theirs), rel_tol=rel_tol, abs_tol=abs_tol)
         else:
             assert same_float(got, theirs)
     else:
@@ -168,10 +172,12 @@ def test_unknown_chunk_sizes_empty_raises_when_computed():
 
 def test_errors():
     d = da.ones((4, 4), chunks=2)
-    with pytest.raises(NotImplementedError, match="full reductions"):
-        d.treereduce("sum", axis=0)
-    with pytest.raises(NotImplementedError):
-        d.treereduce("sum", axis=(1,))
+    with pytest.raises(TypeError, match="argmax takes axis=None or a single int"):
+        d.treereduce("argmax", axis=(0, 1))
+    with pytest.raises(TypeError, match="does not take correction"):
+        d.treereduce("mean", correction=1)
+    with pytest.raises(ValueError, match="attempt to get argmin of an empty sequence"):
+        da.ones((3, 0), chunks=2).treereduce("argmin", axis=1)
     with pytest.raises(np.exceptions.AxisError):
         d.treereduce("sum", axis=(0, 5))
     with pytest.raises(TypeError, match="dask.array.Array"):
@@ -181,7 +187,7 @@ def test_errors():
     with pytest.raises(TypeError, match="complex128"):
         da.ones(3, dtype=np.complex128, chunks=1).treereduce("sum")
     with pytest.raises(ValueError, match="unknown op"):
-        d.treereduce("prod")
+        d.treereduce("median")
 
 
 def test_importing_multireduce_does_not_import_dask_and_the_import_registers_the_method():

@@ -1,10 +1,19 @@
 """Backends: ``numpy`` (the CPU reference path) and ``cupy`` (multireduce's CUDA kernels).
 
-Each backend module provides the same two functions:
+Each backend module provides the same functions:
 
+``reduce(x, op, acc, result, axes)``
+    Reduce ``x`` over ``axes`` (sorted, non-negative) with the fold op ``op``, forming
+    partials in the accumulator dtype ``acc`` and returning values of dtype ``result`` on
+    ``x``'s device, with the shape of the kept axes.
 ``reduce_full(x, op, acc, result)``
-    Reduce every element of a non-empty array ``x`` with ``op``, forming partials in the
-    accumulator dtype ``acc`` and returning one value of dtype ``result`` on ``x``'s device.
+    The same over every axis of a non-empty array.
+``moments(x, axes, op)`` and ``arg(x, axis, op)``
+    The mergeable states of :mod:`multireduce._stats` (moments ops; argmin/argmax).
 ``constant(value, dtype)``
     A result holding ``value``, for empty inputs.
+
+The CuPy backend implements only what its kernels do (full sum, max and min) and raises
+NotImplementedError, naming what is missing, for the rest: it never falls back silently to
+CuPy's own reductions or to the host.
 """

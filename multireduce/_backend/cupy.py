@@ -16,6 +16,7 @@ import numpy as np
 from cupy.cuda import runtime as _runtime
 
 from .. import _kernels
+from .._axes import axis_layout
 from ..ops import Op
 
 _log = logging.getLogger("multireduce")
@@ -29,8 +30,10 @@ _workspaces: dict[tuple[int, int], tuple] = {}
 
 
 def _launcher(device: int, op: Op, dtype: np.dtype, acc: np.dtype, result: np.dtype, config: tuple[int, int, int]):
-    """(kernel function, largest useful grid, identity argument) for one kernel on one
-    device, compiled on first use and cached. ``config`` is (block, unroll, load)."""
+    """(kernel function, largest useful grid, identity argument) for one kernel on one device.
+
+    Compiled on first use and cached. ``config`` is (block, unroll, load).
+    """
     key = (device, op, dtype, acc, result, config)
     found = _launchers.get(key)
     if found is not None:
@@ -54,8 +57,11 @@ def _launcher(device: int, op: Op, dtype: np.dtype, acc: np.dtype, result: np.dt
 
 
 def _workspace(device: int, stream: int, max_grid: int):
-    """Per-(device, stream) partials and counter. The counter starts at zero and every launch
-    leaves it at zero. Partials are 8 bytes wide, enough for every accumulator type."""
+    """Per-(device, stream) partials and counter.
+
+    The counter starts at zero and every launch leaves it at zero. Partials are 8 bytes
+    wide, enough for every accumulator type.
+    """
     key = (device, stream)
     ws = _workspaces.get(key)
     if ws is None or ws[0].size < max_grid:
@@ -65,10 +71,12 @@ def _workspace(device: int, stream: int, max_grid: int):
 
 
 def _dense_base(x: cupy.ndarray):
-    """A 1-d array over ``x``'s memory if ``x`` covers one dense block of memory (any
-    permutation or reversal of the axes of a contiguous array), else ``None``.
+    """A 1-d array over ``x``'s memory if ``x`` covers one dense block of memory, else ``None``.
 
-    A full reduction does not depend on element order, so such views need no copy."""
+    Dense blocks are any permutation or reversal of the axes of a contiguous array.
+
+    A full reduction does not depend on element order, so such views need no copy.
+    """
     if x.ndim == 1 and x.strides[0] == x.itemsize:
         return x
     if x.flags.c_contiguous:
@@ -76,7 +84,7 @@ def _dense_base(x: cupy.ndarray):
     itemsize = x.itemsize
     extent = itemsize
     offset = 0
-    for length, stride in sorted(zip(x.shape, x.strides), key=lambda p: abs(p[1])):
+    for length, stride in sorted(zip(x.shape, x.strides, strict=True), key=lambda p: abs(p[1])):
         if length == 1:
             continue
         if abs(stride) != extent:
@@ -91,7 +99,14 @@ _DEFAULT_CONFIG = (_kernels.DEFAULT_BLOCK, _kernels.DEFAULT_UNROLL, _kernels.DEF
 
 
 def reduce_full(
-    x: cupy.ndarray, op: Op, acc: np.dtype, result: np.dtype, *, block: int | None = None, unroll: int | None = None, load: int | None = None
+    x: cupy.ndarray,
+    op: Op,
+    acc: np.dtype,
+    result: np.dtype,
+    *,
+    block: int | None = None,
+    unroll: int | None = None,
+    load: int | None = None,
 ) -> cupy.ndarray:
     """Reduce all of the non-empty CuPy array ``x`` on its device with one kernel launch.
 
@@ -125,6 +140,46 @@ def _launch(x: cupy.ndarray, op: Op, acc: np.dtype, result: np.dtype, config: tu
     return out
 
 
-def constant(value: np.generic, dtype: np.dtype) -> cupy.ndarray:
-    """A 0-d CuPy array holding ``value`` on the current device."""
-    return cupy.full((), value, dtype=dtype)
+def constant(value: np.generic, dtype: np.dtype, shape: tuple[int, ...] = ()) -> cupy.ndarray:
+    """A CuPy array of ``shape`` (0-d by default) holding ``value`` on the current device."""
+    return cupy.full(shape, value, dtype=dtype)
+
+
+def _missing(what: str) -> NotImplementedError:
+    return NotImplementedError(
+        f"{what} on CuPy arrays needs a multireduce GPU kernel that does not exist yet; only full "
+        "(axis=None) sum, max and min run on the GPU so far (design: docs/axis-kernels.md). "
+        "multireduce does not fall back to CuPy's reductions or to the host; convert with "
+        "cupy.asnumpy(x) to reduce on the CPU."
+    )
+
+
+def reduce(x: cupy.ndarray, op: Op, acc: np.dtype, result: np.dtype, axes: tuple[int, ...]) -> cupy.ndarray:
+    """Reduce ``x`` over ``axes`` with the fold op ``op``: only full reductions with a kernel.
+
+    Raises
+    ------
+    NotImplementedError
+        For an op without a GPU kernel, or for an axis set that leaves an axis of length > 1
+        unreduced (those need the row/column kernels of docs/axis-kernels.md).
+    """
+    if op.functor is None:
+        raise _missing(f"op {op.name!r}")
+    if any(x.shape[i] != 1 for i in range(x.ndim) if i not in axes):
+        layout = axis_layout(x.shape, axes)
+        shape = "" if layout is None else f" (viewed as (outer, reduced, inner) = {layout})"
+        raise _missing(f"{op.name} over axis={axes} of a {x.ndim}-d array{shape}")
+    kept = tuple(n for i, n in enumerate(x.shape) if i not in axes)
+    if x.size == 0:
+        return cupy.full(kept, op.identity(acc), dtype=result)
+    return reduce_full(x, op, acc, result).reshape(kept)
+
+
+def moments(x: cupy.ndarray, axes: tuple[int, ...], op: Op):
+    """Not yet on the GPU: the fused one-pass moments kernel is the next step."""
+    raise _missing(f"{op.name} (one-pass moments: mean/var/std/nanmean/stats)")
+
+
+def arg(x: cupy.ndarray, axis: int | None, op: Op):
+    """Not yet on the GPU: argmin/argmax need a (value, index) kernel."""
+    raise _missing(f"{op.name} (a (value, int64 index) reduction)")

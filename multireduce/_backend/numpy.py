@@ -7,18 +7,47 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import _stats
 from ..ops import Op
+
+
+def _as_result(value, result: np.dtype):
+    out = np.asarray(value).astype(result)
+    return out[()] if out.ndim == 0 else out
+
+
+def reduce(x: np.ndarray, op: Op, acc: np.dtype, result: np.dtype, axes: tuple[int, ...]):
+    """Reduce ``x`` over ``axes`` with the fold op ``op`` on the CPU.
+
+    Partials are formed in ``acc``; the result has dtype ``result`` and the shape of the kept
+    axes (a NumPy scalar when every axis is reduced).
+    """
+    if op.accepts_dtype and result.kind in "iu" and x.dtype.kind == "f":
+        # NumPy's sum(dtype=int) converts each element first; the accumulator must see
+        # the converted values, not the floats. nansum drops NaN before converting.
+        if op.name == "nansum":
+            x = np.where(np.isnan(x), x.dtype.type(0), x)
+        x = x.astype(result)
+    return _as_result(op.host_reduce(x, acc, axes), result)
 
 
 def reduce_full(x: np.ndarray, op: Op, acc: np.dtype, result: np.dtype) -> np.generic:
     """Reduce all of ``x`` on the CPU; see the package docstring for the contract."""
-    if result.kind in "iu" and x.dtype.kind == "f":
-        # NumPy's sum(dtype=int) converts each element first; the accumulator must see
-        # the converted values, not the floats.
-        x = x.astype(result)
-    return op.host_reduce(x, acc).astype(result)
+    return reduce(x, op, acc, result, tuple(range(x.ndim)))
 
 
-def constant(value: np.generic, dtype: np.dtype) -> np.generic:
-    """``value`` as a NumPy scalar of ``dtype``."""
+def moments(x: np.ndarray, axes: tuple[int, ...], op: Op) -> _stats.Moments:
+    """The moments state of ``x`` over ``axes`` (:func:`multireduce._stats.moments`)."""
+    return _stats.moments(x, axes)
+
+
+def arg(x: np.ndarray, axis: int | None, op: Op) -> _stats.ArgState:
+    """The argmin/argmax state of the non-empty ``x`` along ``axis`` (None: flattened)."""
+    return _stats.arg_state(x, axis, largest=op.name == "argmax")
+
+
+def constant(value: np.generic, dtype: np.dtype, shape: tuple[int, ...] = ()):
+    """``value`` as a NumPy scalar of ``dtype`` (an array of ``shape`` if one is given)."""
+    if shape:
+        return np.full(shape, value, dtype=dtype)
     return np.dtype(dtype).type(value)

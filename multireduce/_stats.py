@@ -1,0 +1,462 @@
+"""Mergeable partial states for the ops that are not a single fold: moments and arg ops.
+
+Defined once here and used by the CPU core, the MPI layer and the Dask layer, which all
+combine partial states with the same :func:`merge` / :func:`arg_merge`:
+
+:class:`Moments`
+    Count of non-NaN elements, NaN count, their sum (in the sum accumulator dtype of the input,
+    so integer sums stay exact), mean and sum of squared deviations M2 (float64), and minimum
+    and maximum. It serves mean, nanmean, var, std and :func:`multireduce.stats`. Two states
+    merge with Chan, Golub and LeVeque's pairwise update::
+
+        n = na + nb;  d = mean_b - mean_a
+        mean = mean_a + d * nb / n
+        M2 = M2_a + M2_b + d**2 * na * nb / n
+
+    which keeps the variance accurate where the textbook ``E[x**2] - E[x]**2`` cancels.
+
+:class:`ArgState`
+    The extreme value and its int64 index, for argmin and argmax. The index is global (the
+    distributed layers add each shard's offset), and it is never packed into a float.
+
+The CPU computes a state in one pass over memory: blocks of about :data:`BLOCK_BYTES` along the
+reduced axes are read once into cache, reduced there, and merged into the running state.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+import numpy as np
+
+from ._transport import encode_extreme
+from .ops import OPS, Op
+
+__all__ = [
+    "BLOCK_BYTES",
+    "ArgState",
+    "Moments",
+    "Stats",
+    "arg_finalize",
+    "arg_merge",
+    "arg_state",
+    "empty_arg_state",
+    "empty_moments",
+    "finalize_moments",
+    "finalize_stats",
+    "merge",
+    "merge_all",
+    "moments",
+]
+
+#: Bytes of float64 work per block of the CPU's one-pass moments.
+BLOCK_BYTES = 1 << 20
+_BLOCK_ELEMENTS = BLOCK_BYTES // 8
+
+
+def _sum_acc(dtype: np.dtype) -> np.dtype:
+    op = OPS["sum"]
+    return op.accumulator_dtype(op.result_dtype(dtype))
+
+
+def _extreme_acc(dtype: np.dtype) -> np.dtype:
+    op = OPS["max"]
+    return op.accumulator_dtype(op.result_dtype(dtype))
+
+
+@dataclass(frozen=True)
+class Moments:
+    """Partial state of the moments ops; every field has the shape of the kept axes.
+
+    Attributes
+    ----------
+    n : numpy.ndarray of int64
+        Elements that are not NaN.
+    nan : numpy.ndarray of int64
+        NaN elements.
+    total : numpy.ndarray
+        Sum of the non-NaN elements in the sum accumulator dtype of the input.
+    mean, m2 : numpy.ndarray of float64
+        Mean of the non-NaN elements, and the sum of their squared deviations from it
+        (0 where ``n == 0``).
+    lo, hi : numpy.ndarray
+        Minimum and maximum of the non-NaN elements (IEEE 754-2019: -0.0 < +0.0), in the
+        max/min accumulator dtype; the op's identity where ``n == 0``.
+    """
+
+    n: np.ndarray
+    nan: np.ndarray
+    total: np.ndarray
+    mean: np.ndarray
+    m2: np.ndarray
+    lo: np.ndarray
+    hi: np.ndarray
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.n.shape
+
+    def map(self, func) -> Moments:
+        """Apply ``func`` to every field (reshaping, indexing)."""
+        return Moments(*(func(getattr(self, f.name)) for f in fields(self)))
+
+
+def empty_moments(dtype: np.dtype, shape: tuple[int, ...] = ()) -> Moments:
+    """The state of zero elements of ``dtype``: the neutral element of :func:`merge`."""
+    dtype = np.dtype(dtype)
+    ext = _extreme_acc(dtype)
+    return Moments(
+        n=np.zeros(shape, np.int64),
+        nan=np.zeros(shape, np.int64),
+        total=np.zeros(shape, _sum_acc(dtype)),
+        mean=np.zeros(shape, np.float64),
+        m2=np.zeros(shape, np.float64),
+        lo=np.full(shape, OPS["min"].identity(ext), ext),
+        hi=np.full(shape, OPS["max"].identity(ext), ext),
+    )
+
+
+def _ieee_pair(a: np.ndarray, b: np.ndarray, largest: bool) -> np.ndarray:
+    # Neither holds NaN (states keep NaN out of lo/hi), so fmax/fmin only need the zero rule.
+    value = np.fmax(a, b) if largest else np.fmin(a, b)
+    if value.dtype.kind != "f":
+        return value
+    both_zero = (a == 0) & (b == 0)
+    if not np.any(both_zero):
+        return value
+    sa, sb = np.signbit(a), np.signbit(b)
+    negative = (sa & sb) if largest else (sa | sb)
+    zero = np.where(negative, value.dtype.type(-0.0), value.dtype.type(0.0))
+    return np.where(both_zero, zero, value)
+
+
+def merge(a: Moments, b: Moments) -> Moments:
+    """Merge two moments states of the same shape (Chan et al.'s pairwise update).
+
+    Merging with :func:`empty_moments` returns the other state unchanged, bit for bit.
+    """
+    n = a.n + b.n
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        nf = n.astype(np.float64)
+        wa = a.n.astype(np.float64)
+        wb = b.n.astype(np.float64)
+        delta = b.mean - a.mean
+        mean = a.mean + delta * (wb / nf)
+        m2 = a.m2 + b.m2 + delta * delta * (wa * wb / nf)
+        total = a.total + b.total
+    # Where one side is empty, the other is taken as it is: the update above would turn an
+    # infinite mean into NaN (inf - 0) for nothing.
+    only_a = b.n == 0
+    only_b = a.n == 0
+    mean = np.where(only_a, a.mean, np.where(only_b, b.mean, mean))
+    m2 = np.where(only_a, a.m2, np.where(only_b, b.m2, m2))
+    return Moments(
+        n=n,
+        nan=a.nan + b.nan,
+        total=total,
+        mean=mean,
+        m2=m2,
+        lo=_ieee_pair(a.lo, b.lo, largest=False),
+        hi=_ieee_pair(a.hi, b.hi, largest=True),
+    )
+
+
+def merge_all(states: Sequence[Moments]) -> Moments:
+    """Merge states pairwise in a balanced tree, in the given order (deterministic bits)."""
+    states = list(states)
+    if not states:
+        raise ValueError("no moments states to merge")
+    while len(states) > 1:
+        paired = [merge(states[i], states[i + 1]) for i in range(0, len(states) - 1, 2)]
+        if len(states) % 2:
+            paired.append(states[-1])
+        states = paired
+    return states[0]
+
+
+def _split_axes(x: np.ndarray, axes: tuple[int, ...]) -> tuple[np.ndarray, tuple[int, ...]]:
+    """``x`` with the kept axes first and the reduced axes flattened into one last axis."""
+    kept = [a for a in range(x.ndim) if a not in axes]
+    kshape = tuple(x.shape[a] for a in kept)
+    reduced = math.prod(x.shape[a] for a in axes)
+    return np.transpose(x, kept + list(axes)).reshape(kshape + (reduced,)), kshape
+
+
+def _block_moments(b: np.ndarray) -> Moments:
+    m = b.shape[-1]
+    nanmask = np.isnan(b) if b.dtype.kind == "f" else None
+    if nanmask is not None and nanmask.any():
+        nan = np.add.reduce(nanmask, axis=-1, dtype=np.int64)
+        clean = np.where(nanmask, b.dtype.type(0), b)
+    else:
+        nanmask = None
+        nan = np.zeros(b.shape[:-1], np.int64)
+        clean = b
+    n = m - nan
+    total = np.add.reduce(clean, axis=-1, dtype=_sum_acc(b.dtype))
+    f = clean.astype(np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = np.add.reduce(f, axis=-1) / n
+        mean = np.where(n > 0, mean, 0.0)
+        d = f - mean[..., None]
+        if nanmask is not None:
+            d = np.where(nanmask, 0.0, d)
+        m2 = np.add.reduce(d * d, axis=-1)
+    ext = _extreme_acc(b.dtype)
+    lo = OPS["nanmin"].host_reduce(b, ext, (b.ndim - 1,))
+    hi = OPS["nanmax"].host_reduce(b, ext, (b.ndim - 1,))
+    if nanmask is not None:  # slices that were all NaN hold NaN: make them the identity
+        lo = np.where(n > 0, lo, OPS["min"].identity(ext))
+        hi = np.where(n > 0, hi, OPS["max"].identity(ext))
+    return Moments(n=n, nan=nan, total=total, mean=mean, m2=m2, lo=np.asarray(lo), hi=np.asarray(hi))
+
+
+def moments(x: np.ndarray, axes: tuple[int, ...]) -> Moments:
+    """The moments state of the NumPy array ``x`` over ``axes`` (normalized, non-negative).
+
+    One pass over ``x``: blocks of about :data:`BLOCK_BYTES` of float64 work are reduced in
+    cache and merged (a view that cannot be reshaped without copying is copied first).
+    """
+    y, kshape = _split_axes(x, axes)
+    kept = math.prod(kshape)
+    reduced = y.shape[-1]
+    state = empty_moments(x.dtype, kshape)
+    step = max(1, _BLOCK_ELEMENTS // max(kept, 1))
+    for start in range(0, reduced, step):
+        state = merge(state, _block_moments(y[..., start : start + step]))
+    return state
+
+
+def _nan_where(mask: np.ndarray, value: np.ndarray) -> np.ndarray:
+    return np.where(mask, np.float64(np.nan), value) if np.any(mask) else value
+
+
+def _as_result(value: np.ndarray, dtype: np.dtype) -> Any:
+    out = np.asarray(value).astype(dtype)
+    return out[()] if out.ndim == 0 else out
+
+
+def finalize_moments(state: Moments, op: Op, result: np.dtype, correction: float = 0.0) -> Any:
+    """The value of the moments op ``op`` (mean, nanmean, var, std) from a state.
+
+    NaN propagates (except for nanmean). Following the Array API, the mean of zero elements
+    is NaN, and var/std are NaN where ``N - correction <= 0`` (NumPy divides by the
+    non-positive count instead, giving inf or NaN). NumPy's RuntimeWarnings for these cases
+    are emitted too.
+    """
+    skipna = op.name == "nanmean"
+    n = state.n
+    nan = state.nan
+    if op.name in ("mean", "nanmean"):
+        count = n if skipna else n + nan
+        if np.any(count == 0):
+            warnings.warn("Mean of empty slice", RuntimeWarning, stacklevel=3)
+        value = np.where(n > 0, state.mean, np.float64(np.nan))
+        if not skipna:
+            value = _nan_where(nan > 0, value)
+        return _as_result(value, result)
+    dof = n - correction
+    if np.any(dof <= 0):
+        warnings.warn("Degrees of freedom <= 0 for slice", RuntimeWarning, stacklevel=3)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        value = state.m2 / np.where(dof > 0, dof, 1.0)
+    value = _nan_where((dof <= 0) | (nan > 0), value)
+    if op.name == "std":
+        value = np.sqrt(value)
+    return _as_result(value, result)
+
+
+@dataclass(frozen=True)
+class Stats:
+    """What :func:`multireduce.stats` returns: several statistics from one pass.
+
+    Every field is a NumPy scalar (axis=None) or an array with the shape of the kept axes.
+
+    Attributes
+    ----------
+    count : int64
+        Number of elements reduced (NaN included).
+    nan_count : int64
+        Number of NaN elements.
+    sum : dtype of :func:`multireduce.sum`
+    min, max : the input's dtype
+        IEEE 754-2019 order for signed zeros.
+    mean : dtype of :func:`multireduce.mean`
+    var : dtype of :func:`multireduce.var`
+        With the ``correction`` given to :func:`multireduce.stats`.
+
+    NaN propagates into sum, min, max, mean and var exactly as in the single ops; the counts
+    say how many elements were NaN (``count - nan_count`` are numbers).
+    """
+
+    count: Any
+    nan_count: Any
+    sum: Any
+    min: Any
+    max: Any
+    mean: Any
+    var: Any
+
+    @property
+    def std(self) -> Any:
+        """The standard deviation, ``sqrt(var)``."""
+        return np.sqrt(self.var)
+
+
+def finalize_stats(state: Moments, dtype: np.dtype, correction: float = 0.0) -> Stats:
+    """A :class:`Stats` from a moments state of input dtype ``dtype``.
+
+    Raises
+    ------
+    ValueError
+        If some output covers zero elements: min and max have no identity (as NumPy's).
+    """
+    dtype = np.dtype(dtype)
+    count = state.n + state.nan
+    if np.any(count == 0):
+        raise ValueError("zero-size array to stats: min and max of zero elements are undefined (as numpy.min/max)")
+    nan = state.nan > 0
+    total = state.total
+    if total.dtype.kind == "f":
+        total = _nan_where(nan, total + total.dtype.type(0))  # sums of zeros are +0.0
+    lo, hi = state.lo, state.hi
+    if dtype.kind == "f":
+        lo, hi = _nan_where(nan, lo), _nan_where(nan, hi)
+    mean_dt = OPS["mean"].result_dtype(dtype)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # NaN where N - correction <= 0, as var
+        var = finalize_moments(state, OPS["var"], mean_dt, correction)
+    return Stats(
+        count=_as_result(count, np.int64),
+        nan_count=_as_result(state.nan, np.int64),
+        sum=_as_result(total, OPS["sum"].result_dtype(dtype)),
+        min=_as_result(lo, dtype),
+        max=_as_result(hi, dtype),
+        mean=finalize_moments(state, OPS["mean"], mean_dt),
+        var=var,
+    )
+
+
+# ----------------------------------------------------------------------------------------
+# argmin / argmax
+
+
+@dataclass(frozen=True)
+class ArgState:
+    """Partial state of argmin/argmax: the extreme value and its int64 index (-1: none yet)."""
+
+    value: np.ndarray
+    index: np.ndarray
+
+    def map(self, func) -> ArgState:
+        return ArgState(func(self.value), func(self.index))
+
+
+def empty_arg_state(acc: np.dtype, shape: tuple[int, ...] = ()) -> ArgState:
+    """The state of zero elements: the neutral element of :func:`arg_merge`."""
+    return ArgState(np.zeros(shape, acc), np.full(shape, -1, np.int64))
+
+
+def _arg_keys(value: np.ndarray, largest: bool) -> np.ndarray:
+    # Ordered int64 keys: IEEE total order (-0.0 < +0.0), complemented for argmin, with NaN
+    # the largest key for both, so that the first NaN wins as in NumPy.
+    return encode_extreme(np.asarray(value), largest)
+
+
+def arg_state(x: np.ndarray, axis: int | None, largest: bool, offset: int = 0) -> ArgState:
+    """The state of argmax (``largest``) or argmin of the non-empty NumPy array ``x``.
+
+    ``axis=None`` indexes the C-order flattening of ``x``; ``offset`` is added to the
+    indices (a shard's position in the global flattening).
+    """
+    if axis is None:
+        x = x.reshape(-1)
+        axis = 0
+    find = np.argmax if largest else np.argmin
+    index = find(x, axis=axis)
+    value = np.take_along_axis(x, np.expand_dims(index, axis), axis).squeeze(axis)
+    if x.dtype.kind == "f" and np.any(value == 0):
+        # NumPy takes the first of -0.0 and +0.0; the IEEE order of max/min picks +0.0 for
+        # argmax (and -0.0 for argmin) wherever both occur. Only then are the keys formed.
+        index = np.argmax(_arg_keys(x, largest), axis=axis)
+        value = np.take_along_axis(x, np.expand_dims(index, axis), axis).squeeze(axis)
+    acc = _extreme_acc(x.dtype)
+    return ArgState(np.asarray(value).astype(acc), np.asarray(index, dtype=np.int64) + np.int64(offset))
+
+
+def arg_merge(a: ArgState, b: ArgState, largest: bool) -> ArgState:
+    """Merge two states: the extreme wins, NaN first, equal values go to the smaller index."""
+    ka = _arg_keys(a.value, largest)
+    kb = _arg_keys(b.value, largest)
+    b_wins = (a.index < 0) | ((b.index >= 0) & ((kb > ka) | ((kb == ka) & (b.index < a.index))))
+    return ArgState(np.where(b_wins, b.value, a.value), np.where(b_wins, b.index, a.index))
+
+
+def arg_merge_all(states: Iterable[ArgState], largest: bool) -> ArgState:
+    """Merge states in order (the result does not depend on the order)."""
+    it = iter(states)
+    try:
+        out = next(it)
+    except StopIteration:
+        raise ValueError("no arg states to merge") from None
+    for s in it:
+        out = arg_merge(out, s, largest)
+    return out
+
+
+def arg_finalize(state: ArgState, op: Op) -> Any:
+    """The int64 index (array or scalar) from a state.
+
+    Raises
+    ------
+    ValueError
+        If some output covers zero elements (NumPy's message).
+    """
+    if np.any(state.index < 0):
+        raise op.empty_error()
+    return _as_result(state.index, np.int64)
+
+
+# ----------------------------------------------------------------------------------------
+# States as NumPy structured arrays: how they travel through MPI and Dask.
+
+
+def moments_dtype(dtype: np.dtype) -> np.dtype:
+    """The structured dtype of a :class:`Moments` state for input dtype ``dtype``."""
+    dtype = np.dtype(dtype)
+    ext = _extreme_acc(dtype)
+    return np.dtype(
+        [
+            ("n", np.int64),
+            ("nan", np.int64),
+            ("total", _sum_acc(dtype)),
+            ("mean", np.float64),
+            ("m2", np.float64),
+            ("lo", ext),
+            ("hi", ext),
+        ]
+    )
+
+
+def to_structured(state: Moments | ArgState) -> np.ndarray:
+    """A state as one structured array (fields named as the dataclass's)."""
+    names = [f.name for f in fields(state)]
+    parts = [np.asarray(getattr(state, name)) for name in names]
+    out = np.empty(parts[0].shape, dtype=[(name, p.dtype) for name, p in zip(names, parts, strict=True)])
+    for name, p in zip(names, parts, strict=True):
+        out[name] = p
+    return out
+
+
+def moments_from_structured(a: np.ndarray) -> Moments:
+    """Invert :func:`to_structured` for a moments state."""
+    return Moments(*(np.array(a[f.name]) for f in fields(Moments)))
+
+
+def arg_from_structured(a: np.ndarray) -> ArgState:
+    """Invert :func:`to_structured` for an arg state."""
+    return ArgState(np.array(a["value"]), np.array(a["index"]))
