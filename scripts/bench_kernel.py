@@ -271,7 +271,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--variants",
         default="",
         metavar="BxU,...",
-        help="extra launch configurations of our kernel to time, e.g. 256x8,512x4p (threads x unroll, p: L2 prefetch loads)",
+        help="extra launch configurations of our kernel, e.g. 256x8,512x4p (threads x unroll; p: L2-prefetch loads)",
     )
     parser.add_argument(
         "--quick",

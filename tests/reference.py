@@ -93,7 +93,10 @@ def check(x: np.ndarray, op: str, got) -> None:
         largest = float(np.finfo(dt).max)
         if abs(ref) + tol >= largest:
             # Near or past the top of the range, rounding may overflow to infinity.
-            assert float(got) == math.copysign(math.inf, ref) or abs(float(got) - ref) <= tol + ulp(largest, dt), (got, ref)
+            assert float(got) == math.copysign(math.inf, ref) or abs(float(got) - ref) <= tol + ulp(largest, dt), (
+                got,
+                ref,
+            )
             return
         tol += ulp(ref, dt)
         assert abs(float(got) - ref) <= tol, (float(got), ref, tol)

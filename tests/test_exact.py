@@ -39,7 +39,9 @@ def fraction_sum(x) -> Fraction:
 def assert_bits(got, expected):
     got, expected = np.asarray(got), np.asarray(expected)
     assert got.dtype == expected.dtype
-    assert got.view(UINT[got.itemsize]) == expected.view(UINT[got.itemsize]) or (np.isnan(got) and np.isnan(expected)), (
+    assert got.view(UINT[got.itemsize]) == expected.view(UINT[got.itemsize]) or (
+        np.isnan(got) and np.isnan(expected)
+    ), (
         got,
         expected,
     )

@@ -11,9 +11,9 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
+from reference import check, make_data, same_float
 
 import multireduce
-from reference import check, make_data, same_float
 
 pytestmark = pytest.mark.gpu
 
@@ -93,7 +93,20 @@ def test_result_on_device_and_launch_is_ours():
 
 def test_gpu_matches_cpu_bitwise_where_exact():
     rng = np.random.default_rng(5)
-    for dtype in ["int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "bool", "float16", "float32", "float64"]:
+    for dtype in [
+        "int8",
+        "int16",
+        "int32",
+        "int64",
+        "uint8",
+        "uint16",
+        "uint32",
+        "uint64",
+        "bool",
+        "float16",
+        "float32",
+        "float64",
+    ]:
         x = make_data(dtype, 1_000_003, rng)
         ops = ["max", "min"] + (["sum"] if np.dtype(dtype).kind != "f" else [])
         for op in ops:

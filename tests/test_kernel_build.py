@@ -36,7 +36,19 @@ def test_nvcc_sm90_no_spills(tmp_path):
         "void* const multireduce_instances[] = {\n" + ",\n".join(f"    (void*)&{name}" for name in names) + "\n};\n"
     )
     proc = subprocess.run(
-        [nvcc, "-arch=sm_90", "-std=c++17", "-Xptxas", "-v", "-I", str(kernels.kernel_dir()), "-cubin", "-o", str(tmp_path / "k.cubin"), str(unit)],
+        [
+            nvcc,
+            "-arch=sm_90",
+            "-std=c++17",
+            "-Xptxas",
+            "-v",
+            "-I",
+            str(kernels.kernel_dir()),
+            "-cubin",
+            "-o",
+            str(tmp_path / "k.cubin"),
+            str(unit),
+        ],
         capture_output=True,
         text=True,
         timeout=600,

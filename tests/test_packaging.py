@@ -27,7 +27,18 @@ def test_source_checkout_finds_top_level_kernels():
 def test_wheel_carries_kernels_inside_the_package(tmp_path):
     wheel_dir = tmp_path / "wheels"
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheel_dir), str(REPO)],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(wheel_dir),
+            str(REPO),
+        ],
         check=True,
         timeout=300,
     )
