@@ -200,10 +200,11 @@ def finalize(parts: Any, op: Op, result: np.dtype, *, keepdims_ndim: int | None 
     total = sum(p.n for p in parts)
     if total == 0 and not op.empty_allowed:
         raise op.empty_error()
-    requested = result if op.accepts_dtype else None
-    # max/min of float16 travel as float32 partials; converting back is exact.
+    # The partials are combined in their own (accumulator) dtype and converted once at the
+    # end: dtype= would convert each partial first. max/min of float16 travel as float32
+    # partials; converting back is exact.
     combiner = op.combiner
-    value, _ = _gathered(parts, lambda stacked: _as_dtype(core.reduce(stacked, combiner, dtype=requested), result))
+    value, _ = _gathered(parts, lambda stacked: _as_dtype(core.reduce(stacked, combiner), result))
     if keepdims_ndim is not None:
         value = value.reshape((1,) * keepdims_ndim)
     return value

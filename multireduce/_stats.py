@@ -46,6 +46,7 @@ __all__ = [
     "arg_state",
     "empty_arg_state",
     "empty_moments",
+    "empty_stats_error",
     "finalize_moments",
     "finalize_stats",
     "merge",
@@ -148,6 +149,12 @@ def merge(a: Moments, b: Moments) -> Moments:
         mean = a.mean + delta * (wb / nf)
         m2 = a.m2 + b.m2 + delta * delta * (wa * wb / nf)
         total = a.total + b.total
+        # With an infinite mean the update computes inf - inf; the weighted mean gives inf
+        # (or NaN for inf and -inf), as NumPy's mean does, and the variance is NaN.
+        finite = np.isfinite(a.mean) & np.isfinite(b.mean)
+        if not np.all(finite):
+            mean = np.where(finite, mean, (wa * a.mean + wb * b.mean) / nf)
+            m2 = np.where(finite, m2, np.float64(np.nan))
     # Where one side is empty, the other is taken as it is: the update above would turn an
     # infinite mean into NaN (inf - 0) for nothing.
     only_a = b.n == 0
@@ -307,6 +314,11 @@ class Stats:
         return np.sqrt(self.var)
 
 
+def empty_stats_error() -> ValueError:
+    """The error of :func:`multireduce.stats` over zero elements."""
+    return ValueError("zero-size array to stats: min and max of zero elements are undefined (as numpy.min/max)")
+
+
 def finalize_stats(state: Moments, dtype: np.dtype, correction: float = 0.0) -> Stats:
     """A :class:`Stats` from a moments state of input dtype ``dtype``.
 
@@ -318,7 +330,7 @@ def finalize_stats(state: Moments, dtype: np.dtype, correction: float = 0.0) -> 
     dtype = np.dtype(dtype)
     count = state.n + state.nan
     if np.any(count == 0):
-        raise ValueError("zero-size array to stats: min and max of zero elements are undefined (as numpy.min/max)")
+        raise empty_stats_error()
     nan = state.nan > 0
     total = state.total
     if total.dtype.kind == "f":

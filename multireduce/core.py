@@ -452,4 +452,6 @@ def stats(x: Any, *, axis: Any = None, correction: float = 0.0) -> _stats.Stats:
     check_dtype(arr.dtype)
     _check_correction(OPS["var"], correction)
     axes = normalize_axes(axis, arr.ndim)
+    if math.prod(arr.shape[a] for a in axes) == 0:
+        raise _stats.empty_stats_error()
     return _stats.finalize_stats(backend.moments(arr, axes, OPS["mean"]), arr.dtype, float(correction))

@@ -135,8 +135,8 @@ def _fold_combine(x, axis, keepdims, *, op: Op, computing_meta: bool = False):
 def _fold_aggregate(x, axis, keepdims, *, op: Op, result: np.dtype, computing_meta: bool = False):
     if computing_meta:
         return x
-    requested = result if op.accepts_dtype else None
-    return np.asarray(core.reduce(x, op.combiner, axis=axis, keepdims=keepdims, dtype=requested)).astype(result)
+    # Combined in the partials' dtype, converted once at the end (as _partials.finalize).
+    return np.asarray(core.reduce(x, op.combiner, axis=axis, keepdims=keepdims)).astype(result)
 
 
 # -- moments and arg ops: partials are the structured-array form of their _stats state ------
@@ -440,6 +440,9 @@ def stats(x: da.Array, *, axis: Any = None, correction: float = 0.0, split_every
     dtype = check_dtype(x.dtype)
     correction = core._check_correction(get_op("var"), correction)
     axes = _normalized_axes(axis, x.ndim)
+    reduced = math.prod(x.shape[a] for a in axes)
+    if not math.isnan(reduced) and reduced == 0:
+        raise _stats.empty_stats_error()
     kshape = tuple(n for i, n in enumerate(x.shape) if i not in axes)
     states = da.reduction(
         x,

@@ -414,3 +414,81 @@ def test_dask_config_split_every_is_honoured():
     with dask.config.set(split_every=16):
         graph = dict(d.treereduce("sum").__dask_graph__())
     assert not any("partial" in str(k) for k in graph)
+
+
+# -- every op over any axes: the same merges as the core -------------------------------------
+
+from test_semantics import ALL_OPS, _bits_equal, axes_for, cases, close  # noqa: E402
+
+
+def _core_or_error(x, op, **kw):
+    try:
+        return multireduce.reduce(x, op, **kw), None
+    except ValueError as exc:
+        return None, exc
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@settings(max_examples=150, deadline=None)
+@given(data=st.data(), op=st.sampled_from(ALL_OPS))
+def test_every_op_over_axes_matches_the_core(data, op):
+    x = data.draw(cases(max_side=6))
+    axis = data.draw(axes_for(x.ndim, single=op in ("argmin", "argmax")))
+    keepdims = data.draw(st.booleans())
+    chunks = tuple(data.draw(st.integers(1, 3)) for _ in range(x.ndim))
+    d = da.from_array(x, chunks=chunks or ())
+    kw = {"correction": 1} if op in ("var", "std") else {}
+    expected, error = _core_or_error(x, op, axis=axis, keepdims=keepdims, **kw)
+    if error is not None:
+        with pytest.raises(ValueError):
+            d.treereduce(op, axis=axis, keepdims=keepdims, split_every=data.draw(st.sampled_from([None, 2])), **kw)
+        return
+    got = d.treereduce(op, axis=axis, keepdims=keepdims, split_every=data.draw(st.sampled_from([None, 2])), **kw)
+    got = got.compute(scheduler="sync")
+    assert np.shape(got) == np.shape(expected)
+    if op in ("mean", "var", "std", "nanmean"):
+        # Another merge tree rounds differently; both are float64 to the last step.
+        dt = np.asarray(expected).dtype
+        eps = float(np.finfo(dt).eps)
+        scale = 1 + float(np.nanmax(np.abs(np.where(np.isinf(x), 0, x)), initial=0)) ** 2
+        close(got, expected, dt, atol=1e-12 * scale, rtol=2 * eps)
+        assert np.asarray(got).dtype == dt
+    else:
+        _bits_equal(np.asarray(got), np.asarray(expected))
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_stats_matches_the_core(data):
+    x = data.draw(cases(max_side=6))
+    axis = data.draw(axes_for(x.ndim))
+    chunks = tuple(data.draw(st.integers(1, 3)) for _ in range(x.ndim))
+    d = da.from_array(x, chunks=chunks or ())
+    try:
+        expected = multireduce.stats(x, axis=axis)
+    except ValueError:
+        with pytest.raises(ValueError):
+            mdask.stats(d, axis=axis).compute(scheduler="sync")
+        return
+    got = mdask.stats(d, axis=axis).compute(scheduler="sync")
+    for name in ("count", "nan_count", "sum", "min", "max"):
+        _bits_equal(np.asarray(getattr(got, name)), np.asarray(getattr(expected, name)))
+    for name in ("mean", "var"):
+        dt = np.asarray(getattr(expected, name)).dtype
+        scale = 1 + float(np.nanmax(np.abs(np.where(np.isinf(x), 0, x)), initial=0)) ** 2
+        close(getattr(got, name), getattr(expected, name), dt, atol=1e-12 * scale, rtol=2 * float(np.finfo(dt).eps))
+
+
+def test_argmax_global_index_is_int64_across_chunks():
+    x = np.zeros((3, 5, 4), dtype=np.float32)
+    x[2, 4, 1] = 7
+    x[1, 0, 3] = np.nan
+    d = da.from_array(x, chunks=(2, 2, 3))
+    assert d.treereduce("argmax").compute(scheduler="sync") == np.ravel_multi_index((1, 0, 3), x.shape)
+    x[1, 0, 3] = 0
+    d = da.from_array(x, chunks=(2, 2, 3))
+    got = d.treereduce("argmax").compute(scheduler="sync")
+    assert got == np.ravel_multi_index((2, 4, 1), x.shape) and got.dtype == np.int64
+    along = d.treereduce("argmax", axis=1).compute(scheduler="sync")
+    assert along.dtype == np.int64 and along[2, 1] == 4

@@ -22,12 +22,14 @@ def reduce(x: np.ndarray, op: Op, acc: np.dtype, result: np.dtype, axes: tuple[i
     Partials are formed in ``acc``; the result has dtype ``result`` and the shape of the kept
     axes (a NumPy scalar when every axis is reduced).
     """
-    if op.accepts_dtype and result.kind in "iu" and x.dtype.kind == "f":
-        # NumPy's sum(dtype=int) converts each element first; the accumulator must see
-        # the converted values, not the floats. nansum drops NaN before converting.
-        if op.name == "nansum":
+    if op.accepts_dtype and result != op.result_dtype(x.dtype) and result != x.dtype:
+        # dtype= converts each element first (the Array API's rule, and NumPy's): the
+        # accumulator must see the converted values, e.g. 1.7 -> 1 for dtype=int32, or
+        # 1e5 -> inf for dtype=float16. nansum drops NaN before converting.
+        if op.name == "nansum" and x.dtype.kind == "f":
             x = np.where(np.isnan(x), x.dtype.type(0), x)
-        x = x.astype(result)
+        with np.errstate(invalid="ignore", over="ignore"):
+            x = x.astype(result)
     return _as_result(op.host_reduce(x, acc, axes), result)
 
 

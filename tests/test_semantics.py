@@ -1,0 +1,554 @@
+"""Array API semantics of every op against NumPy and independent references (hypothesis).
+
+Shapes up to 4-D (empty axes included), every axis combination, keepdims, every supported
+dtype, NaN/inf/signed zeros, non-contiguous and transposed views. References:
+
+* integer, bool and counting results: NumPy's own, which must match exactly (both wrap
+  modulo 2**64 the same way);
+* float sums and products: values drawn so that the float64 reference is exact (small
+  multiples of 1/2; powers of two for products), so the result must match bit for bit;
+* max/min (and nan*, arg*): a total-order integer key of the float64 bits, which orders
+  -0.0 < +0.0 as IEEE 754-2019 does, independently of the ufunc-plus-fix-up the library uses;
+* mean/var/std: NumPy in float64, within rounding to the result dtype; where N - correction
+  <= 0 the standard's NaN replaces NumPy's inf.
+
+The GPU variants (marked gpu) check that full sum/max/min match and that everything else
+raises NotImplementedError rather than falling back.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import warnings
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+from reference import same_float
+
+import multireduce
+from multireduce import _axes, _stats
+from multireduce.ops import OPS, SUPPORTED_DTYPES
+
+DTYPES = [dt.name for dt in SUPPORTED_DTYPES]
+FOLD_EXACT = ["sum", "prod", "nansum", "count_nonzero", "any", "all"]
+EXTREMES = ["max", "min", "nanmax", "nanmin"]
+MOMENTS = ["mean", "var", "std", "nanmean"]
+ARGS = ["argmax", "argmin"]
+ALL_OPS = FOLD_EXACT + EXTREMES + MOMENTS + ARGS
+SPECIALS = [np.nan, np.inf, -np.inf, -0.0, 0.0]
+_MAGNITUDE = np.int64(0x7FFF_FFFF_FFFF_FFFF)
+
+
+# -- strategies ------------------------------------------------------------------------------
+
+
+@st.composite
+def cases(draw, *, powers_of_two: bool = False, max_side: int = 5):
+    """(array view, its dtype) with planted specials, a random view and layout."""
+    dtype = np.dtype(draw(st.sampled_from(DTYPES)))
+    shape = draw(hnp.array_shapes(min_dims=0, max_dims=4, min_side=0, max_side=max_side))
+    if dtype.kind == "f":
+        if powers_of_two:
+            elements = st.sampled_from([0.5, -0.5, 1.0, -1.0, 2.0, -2.0, 0.0, -0.0])
+        else:
+            # Small multiples of 1/2: every sum of up to 625 of them is exact in float32
+            # accumulation and in float64, so references are exact too.
+            elements = st.integers(-16, 16).map(lambda k: k / 2.0)
+    elif dtype.kind == "b":
+        elements = None
+    elif draw(st.booleans()):
+        info = np.iinfo(dtype)
+        elements = st.integers(max(info.min, -20), min(info.max, 20))
+    else:
+        elements = None  # the full range: sums and products wrap
+    base = draw(hnp.arrays(dtype, shape, elements=elements))
+    if dtype.kind == "f" and base.size and draw(st.booleans()):
+        flat = base.reshape(-1)
+        for _ in range(draw(st.integers(1, 3))):
+            flat[draw(st.integers(0, flat.size - 1))] = draw(st.sampled_from(SPECIALS))
+    if base.ndim:
+        index = tuple(slice(None, None, draw(st.sampled_from([1, 1, 2, -1]))) for _ in range(base.ndim))
+        base = base[index]
+        if base.ndim > 1 and draw(st.booleans()):
+            base = base.transpose(draw(st.permutations(range(base.ndim))))
+    return base
+
+
+@st.composite
+def axes_for(draw, ndim: int, single: bool = False):
+    """None, an int or a tuple of (possibly negative) axes: every combination reachable."""
+    if single:
+        if ndim == 0 or draw(st.booleans()):
+            return None
+        return draw(st.integers(-ndim, ndim - 1))
+    choice = draw(st.integers(0, 2))
+    if choice == 0 or ndim == 0:
+        return None
+    subset = draw(st.lists(st.integers(0, ndim - 1), unique=True, max_size=ndim))
+    subset = [a - ndim if draw(st.booleans()) else a for a in subset]
+    if choice == 1 and len(subset) == 1:
+        return subset[0]
+    return tuple(subset)
+
+
+# -- references ------------------------------------------------------------------------------
+
+
+def _norm_axes(axis, ndim):
+    if axis is None:
+        return tuple(range(ndim))
+    axis = (axis,) if isinstance(axis, int) else axis
+    return tuple(sorted(a % ndim for a in axis))
+
+
+def _keys(f: np.ndarray) -> np.ndarray:
+    """float64 -> int64 whose integer order is IEEE 754's total order (-0.0 < +0.0)."""
+    bits = f.view(np.int64)
+    return np.where(bits < 0, bits ^ _MAGNITUDE, bits)
+
+
+def _unkey(k: np.ndarray) -> np.ndarray:
+    return np.where(k < 0, k ^ _MAGNITUDE, k).astype(np.int64).view(np.float64)
+
+
+def ref_extreme(x: np.ndarray, op: str, axes: tuple[int, ...]) -> np.ndarray:
+    f = np.ascontiguousarray(x, dtype=np.float64)
+    nan = np.isnan(f)
+    largest = op in ("max", "nanmax")
+    k = _keys(f)
+    k = np.where(nan, np.iinfo(np.int64).min if largest else np.iinfo(np.int64).max, k)
+    best = np.max(k, axis=axes) if largest else np.min(k, axis=axes)
+    value = _unkey(np.asarray(best))
+    if op in ("max", "min"):
+        value = np.where(np.any(nan, axis=axes), np.nan, value)
+    else:
+        value = np.where(np.all(nan, axis=axes), np.nan, value)
+    return value.astype(x.dtype)
+
+
+def ref_arg(x: np.ndarray, op: str, axis) -> np.ndarray:
+    f = np.array(x, dtype=np.float64)
+    if axis is None:
+        f = f.reshape(-1)
+        axis = 0
+    k = _keys(f)
+    if op == "argmin":
+        k = ~k
+    k = np.where(np.isnan(f), np.iinfo(np.int64).max, k)  # NaN wins, first NaN first
+    return np.argmax(k, axis=axis)
+
+
+def close(got, ref, dtype: np.dtype, atol: float, rtol: float) -> None:
+    got = np.asarray(got, dtype=np.float64)
+    ref = np.asarray(ref, dtype=np.float64)
+    assert got.shape == ref.shape, (got.shape, ref.shape)
+    both_nan = np.isnan(got) & np.isnan(ref)
+    same_inf = np.isinf(ref) & (got == ref)
+    with np.errstate(invalid="ignore"):
+        near = np.abs(got - ref) <= atol + rtol * np.abs(ref)
+    ok = both_nan | same_inf | (np.isfinite(ref) & near)
+    assert np.all(ok), (got[~ok], ref[~ok])
+
+
+def _bits_equal(got, ref) -> None:
+    got, ref = np.asarray(got), np.asarray(ref)
+    assert got.dtype == ref.dtype and got.shape == ref.shape, (got.dtype, ref.dtype, got.shape, ref.shape)
+    if got.dtype.kind == "f":
+        same = (got.view(f"u{got.itemsize}") == ref.view(f"u{ref.itemsize}")) | (np.isnan(got) & np.isnan(ref))
+        assert np.all(same), (got, ref)
+    else:
+        assert np.array_equal(got, ref), (got, ref)
+
+
+def numpy_result(x, op, axis, keepdims, **kw):
+    fn = {"count_nonzero": np.count_nonzero}.get(op, getattr(np, op))
+    with _quiet_ctx():
+        return fn(x, axis=axis, keepdims=keepdims, **kw)
+
+
+class _quiet_ctx:
+    def __enter__(self):
+        self._ctx = warnings.catch_warnings()
+        self._ctx.__enter__()
+        warnings.simplefilter("ignore", RuntimeWarning)
+        self._err = np.errstate(all="ignore")
+        self._err.__enter__()
+
+    def __exit__(self, *exc):
+        self._err.__exit__(*exc)
+        return self._ctx.__exit__(*exc)
+
+
+def check_op(x: np.ndarray, op: str, axis, keepdims: bool, correction: float = 0.0) -> None:
+    """Assert multireduce.reduce(x, op, axis, keepdims) against the references above."""
+    kw = {"correction": correction} if op in ("var", "std") else {}
+    axes = _norm_axes(axis, x.ndim)
+    reduced = math.prod(x.shape[a] for a in axes)
+    if reduced == 0 and not OPS[op].empty_allowed:
+        with pytest.raises(ValueError):
+            multireduce.reduce(x, op, axis=axis, keepdims=keepdims)
+        with pytest.raises(ValueError):  # NumPy raises too
+            numpy_result(x, op, axis, keepdims)
+        return
+    with _quiet_ctx():
+        got = multireduce.reduce(x, op, axis=axis, keepdims=keepdims, **kw)
+    np_kw = {"ddof": correction} if kw else {}
+    theirs = numpy_result(x, op, axis, keepdims, **np_kw)
+    # Shape, dtype and scalar-ness as NumPy's.
+    assert np.shape(got) == np.shape(theirs), (op, axis, np.shape(got), np.shape(theirs))
+    assert got.dtype == np.asarray(theirs).dtype, (op, x.dtype, got.dtype, np.asarray(theirs).dtype)
+    assert isinstance(got, np.generic) == isinstance(theirs, np.generic), (type(got), type(theirs))
+    kept_shape = np.shape(theirs)
+    if op in ("count_nonzero", "any", "all") or (op in ("sum", "prod", "nansum") and x.dtype.kind in "biu"):
+        _bits_equal(got, theirs)
+    elif op in ("sum", "prod", "nansum"):
+        f = np.asarray(x, dtype=np.float64)
+        if op == "nansum":
+            f = np.where(np.isnan(f), 0.0, f)
+        with _quiet_ctx():
+            ref = (np.sum if op != "prod" else np.prod)(f, axis=axis, keepdims=keepdims)
+            ref = np.asarray(ref + 0.0 if op != "prod" else ref).astype(x.dtype)  # sums of zeros: +0.0
+        _bits_equal(got, ref)
+    elif op in EXTREMES:
+        if x.dtype.kind in "biu":
+            _bits_equal(got, theirs)
+        else:
+            ref = ref_extreme(x, op, axes).reshape(kept_shape)
+            _bits_equal(got, ref)
+            # NumPy agrees wherever no zero of either sign decides the result.
+            mask = np.asarray(ref) != 0
+            _bits_equal(np.asarray(got)[mask], np.asarray(theirs, dtype=x.dtype)[mask])
+    elif op in ARGS:
+        ref = ref_arg(x, op, axis)
+        if keepdims:
+            ref = ref.reshape(kept_shape)
+        _bits_equal(np.asarray(got), np.asarray(ref))
+        if x.dtype.kind in "biu":
+            _bits_equal(got, theirs)
+    else:
+        f = np.asarray(x, dtype=np.float64)
+        with _quiet_ctx():
+            if op == "mean":
+                ref = np.mean(f, axis=axis, keepdims=keepdims)
+            elif op == "nanmean":
+                ref = np.nanmean(f, axis=axis, keepdims=keepdims)
+            else:
+                ref = np.var(f, axis=axis, keepdims=keepdims, ddof=correction)
+                ref = np.where(reduced - correction <= 0, np.nan, ref)  # the standard's rule
+                if op == "std":
+                    ref = np.sqrt(ref)
+        dt = np.asarray(got).dtype
+        eps = float(np.finfo(dt).eps)
+        finite = np.abs(f[np.isfinite(f)])
+        scale = float(finite.max()) if finite.size else 1.0
+        atol = (1e-13 + eps) * (scale * scale if op == "var" else scale) + float(np.finfo(dt).smallest_subnormal)
+        close(got, ref, dt, atol=atol, rtol=2 * eps)
+
+
+# -- CPU property tests ------------------------------------------------------------------------
+
+_SETTINGS = settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@_SETTINGS
+@given(data=st.data(), op=st.sampled_from([o for o in ALL_OPS if o != "prod"]))
+def test_ops_against_numpy(data, op):
+    x = data.draw(cases())
+    axis = data.draw(axes_for(x.ndim, single=op in ARGS))
+    keepdims = data.draw(st.booleans())
+    correction = data.draw(st.sampled_from([0, 1, 0.5, 2])) if op in ("var", "std") else 0.0
+    check_op(x, op, axis, keepdims, correction)
+
+
+@settings(max_examples=100, deadline=None)
+@given(data=st.data())
+def test_prod_against_numpy(data):
+    x = data.draw(cases(powers_of_two=True, max_side=3))
+    check_op(x, "prod", data.draw(axes_for(x.ndim)), data.draw(st.booleans()))
+
+
+@settings(max_examples=100, deadline=None)
+@given(data=st.data(), op=st.sampled_from(["sum", "prod", "nansum"]), requested=st.sampled_from(DTYPES[1:]))
+def test_dtype_argument_against_numpy(data, op, requested):
+    x = data.draw(cases(powers_of_two=True, max_side=3))
+    axis = data.draw(axes_for(x.ndim))
+    with _quiet_ctx():
+        got = multireduce.reduce(x, op, axis=axis, dtype=requested)
+        # Elements are converted first; NumPy's answer is exact for these values except where
+        # NaN reaches an integer (unspecified), so compare only where NumPy's is finite.
+        converted = np.where(np.isnan(x), 0, x) if op == "nansum" and x.dtype.kind == "f" else x
+        theirs = (np.prod if op == "prod" else np.sum)(converted.astype(requested), axis=axis, dtype=requested)
+    assert got.dtype == np.dtype(requested)
+    assert np.shape(got) == np.shape(theirs)
+    if np.dtype(requested).kind == "f" or not (x.dtype.kind == "f" and np.isnan(x).any()):
+        if np.dtype(requested).kind == "f":
+            ok = np.isnan(theirs) | np.isclose(got, theirs, rtol=0, atol=0)
+            assert np.all(ok | (np.isnan(got) & np.isnan(theirs))), (got, theirs)
+        else:
+            _bits_equal(got, theirs)
+
+
+def test_every_axis_combination_4d():
+    # Exhaustively: every subset and order of the axes of a 4-d view, with and without keepdims.
+    rng = np.random.default_rng(7)
+    base = rng.integers(-8, 8, (3, 4, 2, 5)).astype(np.float64) / 2
+    base[1, 2, 0, 3] = -0.0
+    x = base.transpose(2, 0, 3, 1)[:, ::-1]
+    for r in range(0, 5):
+        for axes in itertools.permutations(range(4), r):
+            for op in ("sum", "max", "nanmin", "mean", "var", "count_nonzero", "all"):
+                for keepdims in (False, True):
+                    check_op(x, op, axes, keepdims)
+    for axis in (None, 0, 1, 2, 3, -1, -4):
+        for op in ARGS:
+            check_op(x, op, axis, keepdims=False)
+            check_op(x, op, axis, keepdims=True)
+
+
+# -- explicit rules ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("op", ALL_OPS)
+def test_bad_axes_raise_numpys_exceptions(op):
+    x = np.ones((2, 3))
+    for axis in (2, -3):
+        with pytest.raises(np.exceptions.AxisError):
+            multireduce.reduce(x, op, axis=axis)
+    if op in ARGS:
+        with pytest.raises(TypeError, match="axis=None or a single int"):
+            multireduce.reduce(x, op, axis=(0, 1))
+    else:
+        with pytest.raises(ValueError, match="repeated axis"):
+            multireduce.reduce(x, op, axis=(0, -2))
+        with pytest.raises(ValueError):
+            np.sum(x, axis=(0, -2))
+
+
+def test_zero_d_inputs():
+    for op in ALL_OPS:
+        x = np.array(3.0, dtype=np.float32)
+        kw = {"axis": None}
+        got = multireduce.reduce(x, op, **kw)
+        assert isinstance(got, np.generic)
+        assert np.shape(multireduce.reduce(x, op, keepdims=True)) == ()
+    assert multireduce.argmax(np.array(5)) == 0
+    assert multireduce.var(np.array(5.0)) == 0.0
+    assert math.isnan(multireduce.var(np.array(5.0), correction=1))
+    assert multireduce.sum(np.array(5.0), axis=()) == 5.0
+
+
+def test_empty_results_follow_the_standard():
+    with pytest.warns(RuntimeWarning, match="Mean of empty slice"):
+        assert math.isnan(multireduce.mean(np.zeros(0)))
+    assert multireduce.sum(np.zeros(0, np.float32)).dtype == np.float32
+    assert multireduce.prod(np.zeros((2, 0)), axis=1).tolist() == [1.0, 1.0]
+    assert multireduce.any(np.zeros(0)) == np.False_ and multireduce.all(np.zeros(0)) == np.True_
+    assert multireduce.count_nonzero(np.zeros((0, 3)), axis=0).tolist() == [0, 0, 0]
+    assert multireduce.max(np.zeros((0, 3)), axis=1).shape == (0,)  # nothing to reduce
+    for op, message in [("max", "maximum"), ("nanmin", "fmin")]:
+        with pytest.raises(ValueError, match=f"zero-size array to reduction operation {message} which has no identity"):
+            multireduce.reduce(np.zeros((3, 0)), op, axis=1)
+    with pytest.raises(ValueError, match="attempt to get argmax of an empty sequence"):
+        multireduce.argmax(np.zeros((3, 0)), axis=1)
+    with pytest.raises(ValueError, match="zero-size array to stats"):
+        multireduce.stats(np.zeros(0))
+
+
+def test_var_correction_follows_the_standard_not_numpy():
+    x = np.array([1.0, 2.0])
+    with pytest.warns(RuntimeWarning, match="Degrees of freedom"):
+        assert math.isnan(multireduce.var(x, correction=2))
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        assert np.var(x, ddof=2) == np.inf  # NumPy's answer, which the standard replaces
+    assert multireduce.var(x, correction=1) == 0.5
+    assert multireduce.std(x, correction=0.5) == math.sqrt(0.5 / 1.5)  # M2 = 0.5
+    with pytest.raises(TypeError, match="does not take correction"):
+        multireduce.reduce(x, "mean", correction=1)
+    with pytest.raises(TypeError, match="correction must be a real number"):
+        multireduce.var(x, correction="1")
+
+
+def test_signed_zeros_and_nan_rules():
+    x = np.array([0.0, -0.0, 1.0, -1.0])[[1, 0, 1]]  # -0.0, +0.0, -0.0
+    assert same_float(multireduce.max(x), 0.0) and same_float(multireduce.min(x), -0.0)
+    assert multireduce.argmax(x) == 1 and multireduce.argmin(x) == 0
+    assert np.argmax(x) == 0  # NumPy takes the first zero of either sign
+    assert multireduce.argmax(x[::-1]) == 1 and multireduce.argmin(x[::-1]) == 0
+    assert same_float(multireduce.sum(np.array([-0.0, -0.0])), 0.0)
+    assert same_float(multireduce.prod(np.array([-0.0])), -0.0)
+    y = np.array([1.0, np.nan, 3.0, np.nan])
+    assert multireduce.argmax(y) == 1 and multireduce.argmin(y) == 1  # first NaN, as NumPy
+    assert multireduce.nanmax(y) == 3.0 and multireduce.nanmin(y) == 1.0
+    assert multireduce.nansum(y) == 4.0 and multireduce.nanmean(y) == 2.0
+    assert math.isnan(multireduce.nanmax(np.array([np.nan, np.nan])))
+    assert math.isnan(multireduce.nansum(np.array([np.inf, -np.inf, np.nan])))
+    assert multireduce.count_nonzero(y) == 4 and multireduce.all(y)
+    assert same_float(multireduce.nanmax(np.array([np.nan, -0.0, 0.0])), 0.0)
+
+
+def test_integer_and_bool_inputs():
+    b = np.array([[True, False, True], [True, True, True]])
+    assert multireduce.sum(b, axis=1).tolist() == [2, 3] and multireduce.sum(b).dtype == np.int64
+    assert multireduce.prod(b).dtype == np.int64
+    assert multireduce.mean(b).dtype == np.float64 and multireduce.mean(b) == 5 / 6
+    assert multireduce.max(b).dtype == np.bool_
+    assert multireduce.argmin(b) == 1
+    u = np.array([2**63, 2**63, 3], dtype=np.uint64)
+    assert multireduce.sum(u) == 3 and multireduce.sum(u).dtype == np.uint64  # wraps as NumPy
+    assert multireduce.prod(np.array([2**32, 2**32 + 1], np.int64)) == np.prod(np.array([2**32, 2**32 + 1]))
+    big = np.array([2**62, 2**62, 2**62], dtype=np.int64)
+    s = multireduce.stats(big)
+    assert s.sum == -(2**62) and s.sum.dtype == np.int64  # the sum field is multireduce.sum's
+
+
+# -- stats -----------------------------------------------------------------------------------
+
+
+@settings(max_examples=400, deadline=None)
+@given(data=st.data())
+def test_stats_fields_equal_the_single_ops(data):
+    x = data.draw(cases())
+    axis = data.draw(axes_for(x.ndim))
+    correction = data.draw(st.sampled_from([0, 1]))
+    axes = _norm_axes(axis, x.ndim)
+    if math.prod(x.shape[a] for a in axes) == 0:
+        with pytest.raises(ValueError):
+            multireduce.stats(x, axis=axis)
+        return
+    with _quiet_ctx():
+        s = multireduce.stats(x, axis=axis, correction=correction)
+        expected = {
+            "sum": multireduce.sum(x, axis=axis),
+            "min": multireduce.min(x, axis=axis),
+            "max": multireduce.max(x, axis=axis),
+        }
+    for name in ("sum", "min", "max"):
+        _bits_equal(getattr(s, name), expected[name])
+    n = math.prod(x.shape[a] for a in axes)
+    assert np.all(s.count == n) and s.count.dtype == np.int64
+    nan_ref = np.sum(np.isnan(x), axis=axis) if x.dtype.kind == "f" else np.zeros(np.shape(s.count), np.int64)
+    _bits_equal(np.asarray(s.nan_count), np.asarray(nan_ref, dtype=np.int64))
+    check_stats_moments(x, axis, s, correction)
+
+
+def check_stats_moments(x, axis, s, correction):
+    f = np.asarray(x, dtype=np.float64)
+    with _quiet_ctx():
+        mean = np.mean(f, axis=axis)
+        var = np.var(f, axis=axis, ddof=correction)
+    n = np.asarray(s.count)
+    var = np.where(n - correction <= 0, np.nan, var)
+    dt = np.asarray(s.mean).dtype
+    eps = float(np.finfo(dt).eps)
+    finite = np.abs(f[np.isfinite(f)])
+    scale = float(finite.max()) if finite.size else 1.0
+    close(s.mean, mean, dt, atol=(1e-13 + eps) * scale, rtol=2 * eps)
+    close(s.var, var, dt, atol=(1e-13 + eps) * scale * scale + 1e-300, rtol=2 * eps)
+
+
+def test_stats_variance_is_accurate_where_the_textbook_formula_cancels():
+    # Mean 1e9, spread 1: E[x^2] - E[x]^2 loses every digit in float64; Chan's merge of
+    # 1 MiB blocks keeps ~1e-7 relative accuracy or better.
+    rng = np.random.default_rng(3)
+    x = 1e9 + rng.standard_normal(3 * _stats.BLOCK_BYTES // 8 + 17)
+    s = multireduce.stats(x)
+    values = x.tolist()
+    mean = math.fsum(values) / x.size
+    exact = math.fsum((v - mean) ** 2 for v in values) / x.size
+    assert abs(float(s.var) - exact) <= 1e-6 * exact
+    assert abs(float(multireduce.var(x)) - exact) <= 1e-6 * exact
+    textbook = float(np.mean(x * x) - np.mean(x) ** 2)
+    assert abs(textbook - exact) > 1e-3 * exact  # the case is one where cancellation bites
+
+
+def test_moments_merge_is_chan_and_empty_is_neutral():
+    rng = np.random.default_rng(5)
+    a, b = rng.standard_normal(1000) * 3 + 7, rng.standard_normal(37) - 2
+    merged = _stats.merge(_stats.moments(a, (0,)), _stats.moments(b, (0,)))
+    both = np.concatenate([a, b])
+    assert int(merged.n) == both.size
+    assert math.isclose(float(merged.mean), math.fsum(both.tolist()) / both.size, rel_tol=1e-14)
+    m2 = math.fsum((v - float(np.mean(both))) ** 2 for v in both.tolist())
+    assert math.isclose(float(merged.m2), m2, rel_tol=1e-12)
+    empty = _stats.empty_moments(np.float64)
+    for s in (_stats.merge(empty, merged), _stats.merge(merged, empty)):
+        for f in s.__dataclass_fields__:
+            assert np.asarray(getattr(s, f)).tobytes() == np.asarray(getattr(merged, f)).tobytes(), f
+    inf_state = _stats.moments(np.array([np.inf, 1.0]), (0,))
+    assert float(_stats.merge(inf_state, empty).mean) == np.inf  # not inf - 0 * ... = NaN
+
+
+def test_arg_merge_is_order_independent():
+    x = np.array([3.0, -0.0, 7.0, 0.0, 7.0, np.nan, 1.0, np.nan])
+    for largest in (True, False):
+        parts = [_stats.arg_state(x[i : i + 3], None, largest, offset=i) for i in range(0, x.size, 3)]
+        for order in itertools.permutations(parts):
+            assert int(_stats.arg_merge_all(order, largest).index) == 5
+        y = x[~np.isnan(x)]
+        parts = [_stats.arg_state(y[i : i + 2], None, largest, offset=i) for i in range(0, y.size, 2)]
+        expected = 2 if largest else 1  # 7.0 first at 2; -0.0 (below +0.0) at 1
+        for order in itertools.permutations(parts):
+            assert int(_stats.arg_merge_all(order, largest).index) == expected
+
+
+def test_axis_layout():
+    assert _axes.axis_layout((4, 5, 6), (2,)) == (20, 6, 1)  # rows
+    assert _axes.axis_layout((4, 5, 6), (0,)) == (1, 4, 30)  # columns
+    assert _axes.axis_layout((4, 5, 6), (0, 1)) == (1, 20, 6)
+    assert _axes.axis_layout((4, 1, 6), (0, 2)) == (1, 24, 1)  # length-1 axes do not count
+    assert _axes.axis_layout((4, 5, 6), (0, 2)) is None
+    assert _axes.axis_layout((4, 5, 6), ()) == (120, 1, 1)
+
+
+def test_public_functions_and_docstrings():
+    for name in ALL_OPS + ["stats"]:
+        fn = getattr(multireduce, name)
+        assert name in multireduce.__all__
+        assert fn.__doc__ and fn.__module__ == "multireduce.core"
+
+
+# -- GPU: full sum/max/min match; everything else refuses -----------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", ALL_OPS)
+def test_gpu_ops(op):
+    import cupy
+
+    host = np.arange(24, dtype=np.float32).reshape(2, 3, 4) - 11.5
+    dev = cupy.asarray(host)
+    if op in ("sum", "max", "min"):
+        got = multireduce.reduce(dev, op)
+        assert isinstance(got, cupy.ndarray) and got.shape == ()
+        _bits_equal(got.get(), np.asarray(multireduce.reduce(host, op)))
+        with pytest.raises(NotImplementedError, match="docs/axis-kernels.md"):
+            multireduce.reduce(dev, op, axis=1)
+        with pytest.raises(NotImplementedError, match=r"\(outer, reduced, inner\) = \(2, 3, 4\)"):
+            multireduce.reduce(dev, op, axis=1)
+        # A kept axis of length one needs no axis kernel.
+        got = multireduce.reduce(dev[:1], op, axis=(1, 2))
+        assert got.shape == (1,)
+        _bits_equal(got.get(), multireduce.reduce(host[:1], op, axis=(1, 2)))
+    else:
+        with pytest.raises(NotImplementedError, match=op if op not in ("std",) else "std"):
+            multireduce.reduce(dev, op)
+    with pytest.raises(NotImplementedError):
+        multireduce.stats(dev)
+
+
+@pytest.mark.gpu
+@settings(max_examples=60, deadline=None)
+@given(x=cases(), op=st.sampled_from(["sum", "max", "min"]))
+def test_gpu_full_reductions_property(x, op):
+    import cupy
+
+    assume(x.size > 0 or op == "sum")
+    dev = cupy.asarray(x)
+    host = dev.get()  # what is on the device (CuPy's transfer may turn a 0-d -0.0 into +0.0)
+    got = multireduce.reduce(dev, op, keepdims=True)
+    _bits_equal(got.get(), np.asarray(multireduce.reduce(host, op, keepdims=True)))
