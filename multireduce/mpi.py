@@ -370,11 +370,11 @@ def stats(x_local: Any, *, comm=None, correction: float = 0.0) -> _stats.Stats:
         error = exc
     if error is not None:
         return _combine(comm, plan, None, error)
-    merged = _combine_states(comm, plan, state, correction, finalize=False)
+    merged = _combine_states(comm, plan, state, correction, finalize=False, stats=True)
     return _stats.finalize_stats(merged, plan.static.in_dtype, correction)
 
 
-def _combine_states(comm, plan: _Plan, state, correction: float, *, finalize: bool = True):
+def _combine_states(comm, plan: _Plan, state, correction: float, *, finalize: bool = True, stats: bool = False):
     """Combine moments or arg states, merged in rank order on every rank.
 
     One agreement Allreduce (the same as :func:`_combine`'s first), then an allgather of
@@ -386,8 +386,8 @@ def _combine_states(comm, plan: _Plan, state, correction: float, *, finalize: bo
         _raise_failures(comm, None)
     _check_agreement(comm, plan, meta)
     st = plan.static
-    if not meta[7] and not st.op.empty_allowed:
-        exc = st.op.empty_error()
+    if not meta[7] and (stats or not st.op.empty_allowed):
+        exc = _stats.empty_stats_error() if stats else st.op.empty_error()
         raise _mark(exc, dict.fromkeys(range(comm.Get_size()), _describe(exc)))
     _transport_counts["host"] += 1
     gathered = comm.allgather((_stats.to_structured(state), plan.count))

@@ -13,10 +13,12 @@ import argparse
 import math
 import os
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
 
+import multireduce
 from multireduce import _cli, mpi
 from multireduce.mpi import MPI
 
@@ -119,6 +121,149 @@ def check(g: np.ndarray, op: str, dtype=None, *, exact_floats: bool) -> None:
     else:
         ref = ref_extreme(g, op)
         assert bits_equal(got, ref, result_dt), (op, g.dtype, g.size, got, ref)
+
+
+# -- the ops beyond sum/max/min, and stats -------------------------------------------------------
+
+
+def _ieee_key(v: float):
+    return (v, math.copysign(1.0, v))  # -0.0 sorts below +0.0
+
+
+def _ref_new(g: np.ndarray, op: str, correction: float = 0.0):
+    """A reference from the whole global array, in Python numbers."""
+    vals = g.tolist()
+    fl = g.dtype.kind == "f"
+    nan = [v for v in vals if fl and math.isnan(v)]
+    num = [v for v in vals if not (fl and math.isnan(v))]
+    if op == "count_nonzero":
+        return sum(1 for v in vals if v != 0)
+    if op == "any":
+        return any(v != 0 for v in vals)
+    if op == "all":
+        return all(v != 0 for v in vals)
+    if op in ("nanmax", "nanmin"):
+        if not num:
+            return float("nan")
+        return (max if op == "nanmax" else min)(num, key=_ieee_key)
+    if op in ("argmax", "argmin"):
+        if nan:
+            return next(i for i, v in enumerate(vals) if fl and math.isnan(v))
+        best = (max if op == "argmax" else min)(vals, key=_ieee_key if fl else None)
+        return next(i for i, v in enumerate(vals) if v == best and (not fl or _ieee_key(v) == _ieee_key(best)))
+    if op == "nansum":
+        return ref_sum(np.array(num, dtype=g.dtype), np.sum(g[:0]).dtype)
+    if op == "prod":
+        if g.dtype.kind in "biu":
+            p = 1
+            for v in vals:
+                p = p * int(v) % (1 << 64)
+            return p
+        p = 1.0
+        for v in vals:
+            p *= v
+        return p
+    use = num if op == "nanmean" else vals
+    if nan and op != "nanmean":
+        return float("nan")
+    n = len(use)
+    if op in ("mean", "nanmean"):
+        return math.fsum(use) / n if n else float("nan")
+    mean = math.fsum(use) / n if n else 0.0
+    if n - correction <= 0:
+        return float("nan")
+    var = math.fsum((v - mean) ** 2 for v in use) / (n - correction)
+    return math.sqrt(var) if op == "std" else var
+
+
+def check_new(g: np.ndarray, op: str, correction: float = 0.0) -> None:
+    global CASES
+    CASES += 1
+    local = to_device(g[mpi.shard(g.size)])
+    kw = {"correction": correction} if op in ("var", "std") else {}
+    if g.size == 0 and op in ("nanmax", "nanmin", "argmax", "argmin"):
+        try:
+            mpi.allreduce(local, op)
+        except ValueError as exc:
+            assert "zero-size array" in str(exc) or "empty sequence" in str(exc), str(exc)
+            return
+        raise AssertionError(f"{op} of an empty global array did not raise on rank {RANK}")
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        got = to_host(mpi.allreduce(local, op, **kw))
+    same_everywhere(got)
+    expected_dtype = multireduce.get_op(op).result_dtype(g.dtype)
+    assert got.dtype == expected_dtype, (op, g.dtype, got.dtype, expected_dtype)
+    ref = _ref_new(g, op, correction)
+    if op in ("count_nonzero", "any", "all", "argmax", "argmin") or g.dtype.kind in "biu" and op in ("prod", "nansum"):
+        want = np.asarray(ref if op != "prod" else np.uint64(ref)).astype(got.dtype)
+        assert bits_equal(got, want, got.dtype), (op, g.dtype, g.size, got, ref)
+    elif op in ("nanmax", "nanmin"):
+        assert bits_equal(got, ref, got.dtype), (op, g.dtype, g.size, got, ref)
+    elif op in ("prod", "nansum"):
+        assert bits_equal(got, got.dtype.type(ref), got.dtype), (op, g.dtype, g.size, got, ref)  # exact data
+    else:
+        if math.isnan(ref):
+            assert math.isnan(float(got)), (op, got, ref)
+        else:
+            eps = float(np.finfo(got.dtype).eps)
+            scale = max([abs(float(v)) for v in g.tolist() if not math.isnan(v)] + [1.0])
+            tol = 1e-12 * scale * (scale if op == "var" else 1) + 2 * eps * abs(ref)
+            assert abs(float(got) - ref) <= tol, (op, g.dtype, g.size, got, ref, tol)
+
+
+def check_new_ops() -> None:
+    rng = np.random.default_rng(42)
+    for dt in ("bool", "int8", "int64", "uint16", "uint64", "float16", "float32", "float64"):
+        for n in (0, 1, 2, 3, 5, 7, 1000):
+            dtype = np.dtype(dt)
+            if dtype.kind == "f":
+                g = (rng.integers(-8, 9, n) / 2).astype(dtype)  # exact sums in every order
+                if n > 2:
+                    g[rng.integers(0, n)] = -0.0
+                    g[rng.integers(0, n)] = 0.0
+            else:
+                g = global_data(dt, n, "full", n)
+            for op in ("count_nonzero", "any", "all", "nansum", "nanmax", "nanmin", "argmax", "argmin"):
+                check_new(g, op)
+            for op in ("mean", "var", "std", "nanmean"):
+                for correction in (0, 1):
+                    check_new(g, op, correction)
+            # Products: powers of two (exact for floats), and wrapping integers.
+            p = g if dtype.kind in "biu" else rng.choice(np.array([0.5, -0.5, 1.0, -1.0, 2.0], dtype=dtype), n)
+            check_new(p, "prod")
+            if dtype.kind == "f" and n > 1:
+                h = g.copy()
+                h[n // 2] = np.nan
+                for op in ("nansum", "nanmax", "nanmin", "nanmean", "mean", "var", "argmax", "argmin", "count_nonzero"):
+                    check_new(h, op)
+                check_new(np.full(n, np.nan, dtype=dtype), "nanmax")  # all NaN: NaN
+
+
+def check_stats() -> None:
+    global CASES
+    rng = np.random.default_rng(9)
+    for n in (1, 2, 3, 1001):
+        g = 1e6 + rng.standard_normal(n)
+        g[n // 2] = -0.0 if n < 3 else g[n // 2]
+        s = mpi.stats(to_device(g[mpi.shard(g.size)]), correction=1)
+        CASES += 1
+        same_everywhere([s.count, s.nan_count, s.sum, s.min, s.max, s.mean, s.var])
+        assert s.count == n and s.nan_count == 0
+        assert bits_equal(s.min, ref_extreme(g, "min"), g.dtype) and bits_equal(s.max, ref_extreme(g, "max"), g.dtype)
+        vals = g.tolist()
+        mean = math.fsum(vals) / n
+        assert abs(float(s.mean) - mean) <= 1e-15 * abs(mean) * 4
+        if n > 1:
+            var = math.fsum((v - mean) ** 2 for v in vals) / (n - 1)
+            assert abs(float(s.var) - var) <= 1e-9 * var, (s.var, var)  # no cancellation at 1e6
+        else:
+            assert math.isnan(s.var)
+    h = np.arange(7, dtype=np.float32)
+    h[3] = np.nan
+    s = mpi.stats(to_device(h[mpi.shard(h.size)]))
+    assert s.count == 7 and s.nan_count == 1 and math.isnan(s.sum) and math.isnan(s.max) and math.isnan(s.var)
+    expect_everywhere(lambda: mpi.stats(to_device(np.zeros(0))), ValueError, "zero-size array to stats")
 
 
 def _numpy_empty_message(op: str) -> str:
@@ -291,6 +436,9 @@ def main() -> int:
     check_values()
     check_special_floats()
     check_dtype_argument()
+    if XP is np:  # the other ops have no GPU kernel yet
+        check_new_ops()
+        check_stats()
     check_errors()
     if RANK == 0:
         args.tmp.mkdir(parents=True, exist_ok=True)
