@@ -135,9 +135,13 @@ class ExactSum:
         packed = np.asarray(packed, dtype=np.int64)
         return cls(packed[:LIMBS].copy(), packed[LIMBS : LIMBS + 3].copy(), int(packed[LIMBS + 3]))
 
-    def result(self, dtype: np.dtype, divide_by: int = 1) -> np.generic:
-        """The sum (or the sum divided by ``divide_by``, for the mean), rounded once to ``dtype``."""
+    def result(self, dtype: np.dtype, *, mean: bool = False) -> np.generic:
+        """The sum, or with ``mean=True`` the sum divided by the count (NaN for no elements),
+        rounded once to ``dtype``."""
         dt = np.dtype(dtype)
+        if mean and self.count == 0:
+            return dt.type(np.nan)
+        divide_by = self.count if mean else 1
         nan, pos_inf, neg_inf = (int(f) for f in self.flags)
         if nan or (pos_inf and neg_inf):
             return dt.type(np.nan)

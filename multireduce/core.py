@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 from numpy.lib.array_utils import normalize_axis_index, normalize_axis_tuple
 
-from . import _stats
+from . import _exact, _stats
 from .ops import OPS, Op, check_dtype, get_op
 
 __all__ = [
@@ -142,7 +142,14 @@ def _keep(value, shape: tuple[int, ...], axes: tuple[int, ...]):
 
 
 def reduce(
-    x: Any, op: str | Op, *, axis: Any = None, keepdims: bool = False, dtype: Any = None, correction: float = 0.0
+    x: Any,
+    op: str | Op,
+    *,
+    axis: Any = None,
+    keepdims: bool = False,
+    dtype: Any = None,
+    correction: float = 0.0,
+    reproducible: bool = False,
 ):
     """Reduce ``x`` with ``op`` over ``axis``.
 
@@ -169,6 +176,11 @@ def reduce(
         Result dtype, for sum, prod and nansum only. Elements are converted to it first.
     correction : float, optional
         For var and std: the divisor is ``N - correction`` (``ddof`` in NumPy).
+    reproducible : bool, optional
+        For float sum and mean: the correctly rounded result of the exact sum, the same bits
+        whatever the order, chunking, rank count or device (see :mod:`multireduce._exact`).
+        Ops whose results never depend on order (integer sums, max, min, nanmax, nanmin,
+        any, all, count_nonzero, argmin, argmax) accept it and are unchanged.
 
     Returns
     -------
@@ -192,7 +204,9 @@ def reduce(
         For an axis out of range.
     NotImplementedError
         For CuPy input, anything but a full sum, max or min: the GPU kernels for axis
-        reductions and the other ops do not exist yet (docs/axis-kernels.md).
+        reductions and the other ops do not exist yet (docs/axis-kernels.md). With
+        ``reproducible=True``: prod, var, std, nansum and nanmean, an ``axis`` that leaves
+        axes unreduced, and float sums or means of CuPy input (no GPU kernel yet).
 
     Notes
     -----
@@ -229,6 +243,9 @@ def reduce(
     if math.prod(arr.shape[a] for a in axes) == 0 and not op.empty_allowed:
         raise op.empty_error()
     full = len(axes) == ndim
+    if reproducible and _needs_exact(arr, op, result, full, backend):
+        value = _exact.exact_sum(arr).result(result, mean=op.name == "mean")
+        return _keep(np.asarray(value), arr.shape, axes) if keepdims else value
     if op.kind == "fold":
         if full and arr.size == 0 and op.functor is not None:
             value = backend.constant(op.identity(acc), result)
@@ -244,7 +261,35 @@ def reduce(
     return value
 
 
-def partial(x: Any, op: str | Op, *, axis: Any = None, keepdims: bool = False):
+#: Ops whose result does not depend on the order of the elements: reproducible already.
+_ORDER_FREE = frozenset({"max", "min", "nanmax", "nanmin", "any", "all", "count_nonzero", "argmin", "argmax"})
+
+
+def _needs_exact(arr, op: Op, result: np.dtype, full: bool, backend) -> bool:
+    """Whether ``reproducible=True`` needs the exact accumulator here; raise where it is
+    asked for and cannot be given."""
+    if op.name in _ORDER_FREE or (op.name == "sum" and result.kind in "iu"):
+        return False  # exact or order-free already: the ordinary path is reproducible
+    if op.name not in ("sum", "mean"):
+        raise NotImplementedError(
+            f"reproducible=True is not available for op {op.name!r}; it covers sum and mean, "
+            f"and the order-free ops {', '.join(sorted(_ORDER_FREE))}"
+        )
+    if op.name == "mean" and arr.dtype.kind != "f":
+        raise NotImplementedError(
+            f"reproducible mean takes float16, float32 or float64 input, not {arr.dtype}; "
+            "integer sums are exact already (use sum and divide)"
+        )
+    if not full:
+        raise NotImplementedError("reproducible=True supports full reductions only (axis=None or every axis)")
+    if backend.__name__.endswith(".cupy"):
+        raise NotImplementedError(
+            "reproducible=True has no GPU kernel yet; reduce a NumPy array (cupy.asnumpy(x)) for the exact result"
+        )
+    return True
+
+
+def partial(x: Any, op: str | Op, *, axis: Any = None, keepdims: bool = False, reproducible: bool = False):
     """Reduce ``x`` to a partial result: what the distributed layers exchange and combine.
 
     Fold ops give values in the op's accumulator dtype (float32 sums as float64, integer
@@ -259,14 +304,20 @@ def partial(x: Any, op: str | Op, *, axis: Any = None, keepdims: bool = False):
     numpy.generic, numpy.ndarray, cupy.ndarray, Moments or ArgState
         With the shape of the kept axes (kept as length one with ``keepdims``).
 
+    With ``reproducible=True``, float sums and means give an
+    :class:`multireduce._exact.ExactSum` (exact, mergeable in any order) instead.
+
     Raises
     ------
     NotImplementedError
-        For CuPy input, anything but a full sum, max or min partial.
+        For CuPy input, anything but a full sum, max or min partial; with
+        ``reproducible=True``, as :func:`reduce`.
     """
     backend, arr = _backend_and_array(x)
-    op, _, acc = _plan(arr, op, None)
+    op, result, acc = _plan(arr, op, None)
     ndim = arr.ndim
+    if reproducible and _needs_exact(arr, op, result, axis is None or len(normalize_axes(axis, ndim)) == ndim, backend):
+        return _exact.exact_sum(arr)
     if op.kind == "arg":
         arg_axis = _arg_axis(axis, ndim, op)
         axes = tuple(range(ndim)) if arg_axis is None else (arg_axis,)
@@ -300,13 +351,15 @@ def partial(x: Any, op: str | Op, *, axis: Any = None, keepdims: bool = False):
 # (2023.12), plus dtype= for nansum as for sum.
 
 
-def sum(x: Any, *, axis: Any = None, keepdims: bool = False, dtype: Any = None):  # noqa: A001
+def sum(x: Any, *, axis: Any = None, keepdims: bool = False, dtype: Any = None, reproducible: bool = False):  # noqa: A001
     """Sum of the elements over ``axis``; :func:`reduce` with ``op="sum"``.
 
     Bool and signed integers sum to int64, unsigned integers to uint64, floats keep their
-    dtype (or ``dtype=``). The sum of zero elements is 0, and a sum of zeros is +0.0.
+    dtype (or ``dtype=``). The sum of zero elements is 0, and a sum of zeros is +0.0. With
+    ``reproducible=True`` a float sum is the correctly rounded exact sum: the same bits for
+    any order, chunking, rank count or device.
     """
-    return reduce(x, "sum", axis=axis, keepdims=keepdims, dtype=dtype)
+    return reduce(x, "sum", axis=axis, keepdims=keepdims, dtype=dtype, reproducible=reproducible)
 
 
 def prod(x: Any, *, axis: Any = None, keepdims: bool = False, dtype: Any = None):
@@ -327,13 +380,15 @@ def min(x: Any, *, axis: Any = None, keepdims: bool = False):  # noqa: A001
     return reduce(x, "min", axis=axis, keepdims=keepdims)
 
 
-def mean(x: Any, *, axis: Any = None, keepdims: bool = False):
+def mean(x: Any, *, axis: Any = None, keepdims: bool = False, reproducible: bool = False):
     """Arithmetic mean over ``axis``; :func:`reduce` with ``op="mean"``.
 
     Accumulates in float64; the result has the input's float dtype (float64 for bool and
-    integers). The mean of zero elements is NaN (with NumPy's RuntimeWarning).
+    integers). The mean of zero elements is NaN (with NumPy's RuntimeWarning). With
+    ``reproducible=True`` (float input) it is the exact sum divided by the count, rounded
+    once.
     """
-    return reduce(x, "mean", axis=axis, keepdims=keepdims)
+    return reduce(x, "mean", axis=axis, keepdims=keepdims, reproducible=reproducible)
 
 
 def var(x: Any, *, axis: Any = None, correction: float = 0.0, keepdims: bool = False):

@@ -116,7 +116,7 @@ def test_large_input_blocks_and_mean():
     acc = exact_sum(x)
     exact = Fraction(acc.value(), 2**1074)
     assert exact == fraction_sum(x[: 2**20]) + fraction_sum(x[2**20 :])
-    assert_bits(acc.result(np.dtype(np.float32), divide_by=x.size), correctly_rounded(exact / x.size, np.float32))
+    assert_bits(acc.result(np.dtype(np.float32), mean=True), correctly_rounded(exact / x.size, np.float32))
 
 
 def test_normalized_limbs_survive_many_merges():
