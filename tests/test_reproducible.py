@@ -1,0 +1,116 @@
+"""Reproducible sums and means: the same bits for any order, split or layout (CPU).
+
+The MPI (1-8 ranks) and Dask variants live in test_mpi.py / test_dask.py next to their layers'
+other tests; the GPU kernel does not exist yet and must say so.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+import multireduce
+from test_exact import assert_bits, correctly_rounded, fraction_sum
+
+FLOATS = ["float16", "float32", "float64"]
+
+
+def adversarial(dtype: str, n: int, rng: np.random.Generator) -> np.ndarray:
+    """Huge dynamic range, cancellation, subnormals, and ordinary values, shuffled."""
+    dt = np.dtype(dtype)
+    info = np.finfo(dt)
+    big = float(info.max) / 8
+    pieces = [
+        np.array([big, 1.0, -big] * 5),
+        np.full(7, float(info.smallest_subnormal)),
+        rng.standard_normal(n) * np.exp(rng.uniform(-8, 8, n)),
+    ]
+    if dt.itemsize >= 4:
+        pieces.append(np.array([1e30, 1.0, -1e30, 1e-30] * 5))
+    with np.errstate(over="ignore"):
+        x = np.concatenate(pieces).astype(dt)
+    x[~np.isfinite(x)] = 0
+    return rng.permutation(x)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_sum_is_correctly_rounded_and_order_free(dtype):
+    rng = np.random.default_rng(6)
+    x = adversarial(dtype, 5000, rng)
+    expected = correctly_rounded(fraction_sum(x), np.dtype(dtype).type)
+    assert_bits(multireduce.sum(x, reproducible=True), expected)
+    for _ in range(5):
+        assert_bits(multireduce.sum(rng.permutation(x), reproducible=True), expected)
+    assert_bits(multireduce.sum(x[::-1], reproducible=True), expected)
+    two_d = np.ascontiguousarray(np.resize(x, (x.size // 7, 7)))
+    assert_bits(multireduce.sum(two_d.T, reproducible=True), multireduce.sum(two_d.ravel(), reproducible=True))
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_mean_is_the_exact_sum_over_the_count(dtype):
+    rng = np.random.default_rng(7)
+    x = adversarial(dtype, 999, rng)
+    expected = correctly_rounded(fraction_sum(x) / x.size, np.dtype(dtype).type)
+    assert_bits(multireduce.mean(x, reproducible=True), expected)
+    assert_bits(multireduce.mean(rng.permutation(x), reproducible=True), expected)
+
+
+def test_cancellation_that_the_fast_path_gets_wrong():
+    x = np.array([1e30, 1.0, -1e30], dtype=np.float32)
+    assert float(multireduce.sum(x, reproducible=True)) == 1.0
+    assert float(multireduce.mean(x, reproducible=True)) == float(np.float32(1 / 3))
+
+
+def test_special_values_and_empty():
+    f = np.float64
+    assert multireduce.sum(np.array([1.0, np.inf]), reproducible=True) == np.inf
+    assert np.isnan(multireduce.sum(np.array([np.inf, -np.inf]), reproducible=True))
+    assert np.isnan(multireduce.sum(np.array([np.nan, 1.0]), reproducible=True))
+    empty = multireduce.sum(np.array([], dtype=np.float32), reproducible=True)
+    assert empty == 0 and empty.dtype == np.float32 and not np.signbit(empty)
+    assert np.isnan(multireduce.mean(np.array([], dtype=f), reproducible=True))
+    assert multireduce.sum(np.array([-0.0, -0.0]), reproducible=True) == 0
+
+
+def test_dtype_argument_rounds_once_to_the_requested_dtype():
+    x = np.array([1.0, 2.0**-30, 2.0**-30], dtype=np.float32)
+    got = multireduce.sum(x, dtype=np.float64, reproducible=True)
+    assert got.dtype == np.float64 and float(got) == 1.0 + 2.0**-29
+    assert float(multireduce.sum(x, reproducible=True)) == 1.0
+
+
+def test_order_free_ops_accept_it_unchanged():
+    x = np.array([3, 1, 2], dtype=np.int32)
+    assert multireduce.sum(x, reproducible=True) == 6
+    assert multireduce.reduce(x, "max", reproducible=True) == 3
+    assert multireduce.reduce(x, "argmin", reproducible=True) == 1
+
+
+def test_partial_is_mergeable():
+    rng = np.random.default_rng(8)
+    x = adversarial("float32", 3000, rng)
+    parts = np.array_split(x, 7)
+    acc = multireduce.partial(parts[0], "sum", reproducible=True)
+    for p in parts[1:]:
+        acc.merge(multireduce.partial(p, "sum", reproducible=True))
+    assert_bits(acc.result(np.dtype(np.float32)), multireduce.sum(x, reproducible=True))
+    assert Fraction(acc.value(), 2**1074) == fraction_sum(x)
+
+
+def test_unsupported_requests_are_explicit():
+    x = np.ones((2, 3), dtype=np.float32)
+    with pytest.raises(NotImplementedError, match="full reductions only"):
+        multireduce.sum(x, axis=0, reproducible=True)
+    with pytest.raises(NotImplementedError, match="not available for op 'var'"):
+        multireduce.reduce(x, "var", reproducible=True)
+    with pytest.raises(NotImplementedError, match="reproducible mean takes float16"):
+        multireduce.mean(np.arange(3), reproducible=True)
+
+
+@pytest.mark.gpu
+def test_gpu_says_it_has_no_kernel_yet():
+    cupy = pytest.importorskip("cupy")
+    with pytest.raises(NotImplementedError, match="no GPU kernel yet"):
+        multireduce.sum(cupy.ones(10, dtype=cupy.float32), reproducible=True)
