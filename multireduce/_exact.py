@@ -136,8 +136,10 @@ class ExactSum:
         return cls(packed[:LIMBS].copy(), packed[LIMBS : LIMBS + 3].copy(), int(packed[LIMBS + 3]))
 
     def result(self, dtype: np.dtype, *, mean: bool = False) -> np.generic:
-        """The sum, or with ``mean=True`` the sum divided by the count (NaN for no elements),
-        rounded once to ``dtype``."""
+        """The sum, or with ``mean=True`` the mean, rounded once to ``dtype``.
+
+        The mean of no elements is NaN.
+        """
         dt = np.dtype(dtype)
         if mean and self.count == 0:
             return dt.type(np.nan)

@@ -266,8 +266,10 @@ _ORDER_FREE = frozenset({"max", "min", "nanmax", "nanmin", "any", "all", "count_
 
 
 def _needs_exact(arr, op: Op, result: np.dtype, full: bool, backend) -> bool:
-    """Whether ``reproducible=True`` needs the exact accumulator here; raise where it is
-    asked for and cannot be given."""
+    """Whether ``reproducible=True`` needs the exact accumulator here.
+
+    Raises where it is asked for and cannot be given.
+    """
     if op.name in _ORDER_FREE or (op.name == "sum" and result.kind in "iu"):
         return False  # exact or order-free already: the ordinary path is reproducible
     if op.name not in ("sum", "mean"):

@@ -10,9 +10,9 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
+from test_exact import assert_bits, correctly_rounded, fraction_sum
 
 import multireduce
-from test_exact import assert_bits, correctly_rounded, fraction_sum
 
 FLOATS = ["float16", "float32", "float64"]
 
