@@ -194,6 +194,30 @@ def test_float_keys_combine_like_ieee_in_any_order(values, op, dt):
     assert _same(got, get_op(op).host_reduce(np.array(partials, dtype=dt), dt))
 
 
+@settings(max_examples=300)
+@given(
+    values=st.lists(st.one_of(_FLOATS, st.just(math.nan)), min_size=1, max_size=6),
+    op=st.sampled_from(["nanmax", "nanmin"]),
+    dt=st.sampled_from(["float64", "float32"]),
+)
+def test_nan_losing_keys_combine_like_fmax_in_any_order(values, op, dt):
+    # nanmax/nanmin partials: NaN takes the smallest key, so it loses to every number, and
+    # the combined key is NaN only if every rank's partial was NaN (all-NaN or empty shards).
+    dt = np.dtype(dt)
+    with np.errstate(over="ignore"):
+        partials = [dt.type(v) for v in values]
+    positive = op == "nanmax"
+    keys = [encode_extreme_scalar(p, positive, nan_wins=False) for p in partials]
+    got = decode_extreme_scalar(max(keys), positive, dt, nan_wins=False)
+    numbers = [float(p) for p in partials if not math.isnan(p)]
+    want = dt.type(_ieee_combine(numbers, op[3:]) if numbers else math.nan)
+    assert _same(got, want), (partials, got, want)
+    assert _same(got, get_op(op).host_reduce(np.array(partials, dtype=dt), dt))
+    array_keys = encode_extreme(np.array(partials, dtype=dt), positive, nan_wins=False)
+    assert array_keys.tolist() == keys
+    assert _same(decode_extreme(np.array([max(keys)]), positive, dt, nan_wins=False)[0], got)
+
+
 @given(values=st.lists(st.integers(-(2**63), 2**64 - 1), min_size=1, max_size=5), op=st.sampled_from(["max", "min"]))
 def test_integer_keys_combine_exactly(values, op):
     for dt in (np.dtype(np.int64), np.dtype(np.uint64)):
