@@ -775,6 +775,11 @@ def reduce(
     >>> stream.reduce("big.npy", "max", budget=1 << 30)  # doctest: +SKIP
     """
     op = get_op(op)
+    if op.kind != "fold":
+        raise NotImplementedError(
+            f"stream.reduce streams ops whose partial is one value (sum, max, min, ...); {op.name!r} has a "
+            "state (multireduce._stats) and no GPU kernel yet. Use multireduce.reduce or multireduce.stats on the host."
+        )
     if _is_dask_array(source):
         return _reduce_dask(source, op, dtype, device, budget, slot_bytes, threads, split_every, _device)
     a = _as_host_array(source)

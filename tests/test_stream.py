@@ -268,6 +268,28 @@ def test_bad_sources(tmp_path):
         sim_reduce(np.ones(4, dtype=np.complex64))
 
 
+@pytest.mark.parametrize("op", ["prod", "count_nonzero", "nanmax", "any"])
+def test_other_fold_ops_stream_on_the_stand_in(op):
+    # 5000 float64 over 4 KiB slots: many pieces, combined with the op's own rule.
+    x = np.random.default_rng(11).choice(np.array([0.5, 1.0, 2.0, -1.0]), 5000)
+    x[[7, 4000]] = np.nan if op != "prod" else 1.0
+    got, _ = sim_reduce(x, op)
+    if op == "prod":  # powers of two: exact in any order
+        assert got == math.prod(x.tolist())
+    elif op == "count_nonzero":
+        assert got == 5000
+    elif op == "nanmax":
+        assert got == 2.0
+    else:
+        assert got == np.True_
+
+
+@pytest.mark.parametrize("op", ["mean", "var", "argmax"])
+def test_state_ops_are_refused(op):
+    with pytest.raises(NotImplementedError, match="has a state"):
+        stream.reduce(np.ones(10), op)
+
+
 @pytest.mark.skipif(importlib.util.find_spec("cupy") is not None, reason="checks the error without CuPy")
 def test_without_cupy_nothing_falls_back():
     with pytest.raises(ModuleNotFoundError):
