@@ -136,6 +136,10 @@ def _check_correction(op: Op, correction: Any) -> float:
     return 0.0
 
 
+#: ``tuple(range(ndim))`` for every ndim NumPy allows.
+_ALL_AXES = tuple(tuple(range(n)) for n in range(65))
+
+
 def _keep(value, shape: tuple[int, ...], axes: tuple[int, ...]):
     kept = tuple(1 if i in axes else n for i, n in enumerate(shape))
     return value.reshape(kept)
@@ -232,15 +236,17 @@ def reduce(
     """
     backend, arr = _backend_and_array(x)
     op, result, acc = _plan(arr, op, dtype)
-    corr = _check_correction(op, correction)
+    corr = _check_correction(op, correction) if correction or op.kind == "moments" else 0.0
     ndim = arr.ndim
     if op.kind == "arg":
         arg_axis = _arg_axis(axis, ndim, op)
-        axes = tuple(range(ndim)) if arg_axis is None else (arg_axis,)
+        axes = _ALL_AXES[ndim] if arg_axis is None else (arg_axis,)
+    elif axis is None:
+        axes = _ALL_AXES[ndim]  # the common case, on the per-call path of tiny GPU reductions
     else:
-        axes = normalize_axis_tuple(axis, ndim) if axis is not None else tuple(range(ndim))
-        axes = tuple(sorted(axes))
-    if math.prod(arr.shape[a] for a in axes) == 0 and not op.empty_allowed:
+        axes = tuple(sorted(normalize_axis_tuple(axis, ndim)))
+    # A non-empty array has no empty axis: the product is only formed for empty ones.
+    if not op.empty_allowed and arr.size == 0 and math.prod(arr.shape[a] for a in axes) == 0:
         raise op.empty_error()
     full = len(axes) == ndim
     if reproducible and _needs_exact(arr, op, result, full, backend):

@@ -22,7 +22,7 @@ def reduce(x: np.ndarray, op: Op, acc: np.dtype, result: np.dtype, axes: tuple[i
     Partials are formed in ``acc``; the result has dtype ``result`` and the shape of the kept
     axes (a NumPy scalar when every axis is reduced).
     """
-    if op.accepts_dtype and result != op.result_dtype(x.dtype) and result != x.dtype:
+    if op.accepts_dtype and result != x.dtype and result != op._result(x.dtype):
         # dtype= converts each element first (the Array API's rule, and NumPy's): the
         # accumulator must see the converted values, e.g. 1.7 -> 1 for dtype=int32, or
         # 1e5 -> inf for dtype=float16. nansum drops NaN before converting.
