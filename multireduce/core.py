@@ -489,8 +489,9 @@ def stats(x: Any, *, axis: Any = None, correction: float = 0.0) -> _stats.Stats:
     -------
     Stats
         Fields ``count``, ``nan_count``, ``sum``, ``min``, ``max``, ``mean``, ``var`` (and the
-        property ``std``), each with the value and dtype that the single op would give, so
-        NaN propagates into all but the counts.
+        property ``std``), each with the dtype of the single op of that name and its value up
+        to the order of floating-point accumulation (integer sums, min and max are exact). NaN
+        propagates into all but the counts.
 
     Raises
     ------

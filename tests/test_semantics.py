@@ -466,6 +466,29 @@ def test_stats_variance_is_accurate_where_the_textbook_formula_cancels():
     assert abs(textbook - exact) > 1e-3 * exact  # the case is one where cancellation bites
 
 
+@pytest.mark.parametrize(("shape", "axis"), [((3, 200_003), 1), ((200_003, 3), 0), ((2, 70_001, 3), (0, 1))])
+def test_moments_over_many_blocks_along_any_axis(shape, axis):
+    # Several 1 MiB blocks per output element (and a transposing copy for axis 0).
+    rng = np.random.default_rng(17)
+    x = rng.standard_normal(shape) * 5 + 1e4
+    x[(0,) * x.ndim] = -0.0
+    # Exact references per output element (math.fsum), not NumPy's: NumPy sums along axis 0
+    # sequentially and is less accurate here than the blocked pairwise sums merged by Chan.
+    axes = _norm_axes(axis, x.ndim)
+    kept = [a for a in range(x.ndim) if a not in axes]
+    rows = np.transpose(x, kept + list(axes)).reshape(-1, math.prod(x.shape[a] for a in axes))
+    means = [math.fsum(r.tolist()) / r.size for r in rows]
+    vars_ = [math.fsum((v - m) ** 2 for v in r.tolist()) / (r.size - 1) for r, m in zip(rows, means, strict=True)]
+    ref_mean = np.array(means).reshape([x.shape[a] for a in kept])
+    close(multireduce.mean(x, axis=axis), ref_mean, np.dtype(np.float64), atol=0, rtol=1e-14)  # ~eps * log2(n)
+    ref_var = np.array(vars_).reshape(ref_mean.shape)
+    close(multireduce.var(x, axis=axis, correction=1), ref_var, np.dtype(np.float64), atol=0, rtol=1e-12)
+    s = multireduce.stats(x, axis=axis)
+    _bits_equal(s.min, ref_extreme(x, "min", _norm_axes(axis, x.ndim)))
+    _bits_equal(s.max, np.max(x, axis=axis))
+    assert np.all(s.count == x.size // np.asarray(ref_mean).size)
+
+
 def test_moments_merge_is_chan_and_empty_is_neutral():
     rng = np.random.default_rng(5)
     a, b = rng.standard_normal(1000) * 3 + 7, rng.standard_normal(37) - 2
