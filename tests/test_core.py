@@ -14,10 +14,10 @@ import zlib
 
 import numpy as np
 import pytest
+from reference import check, make_data, same_float
 
 import multireduce
 from multireduce.ops import SUPPORTED_DTYPES
-from reference import check, make_data, same_float
 
 SIZES = [0, 1, 3, 4, 5, 31, 32, 33, 255, 256, 257, 2**20 - 1, 2**20 + 1]
 OPS = ["sum", "max", "min"]
@@ -196,7 +196,9 @@ def test_partial_is_in_accumulator_dtype(xp):
     assert to_host(xp, multireduce.partial(to_device(xp, np.array([3], np.uint8)), "sum")).dtype == np.uint64
 
 
-@pytest.mark.parametrize("bad", [np.array([1 + 2j]), np.array(["a"]), np.array([object()]), np.array(["2020-01-01"], "M8[D]")])
+@pytest.mark.parametrize(
+    "bad", [np.array([1 + 2j]), np.array(["a"]), np.array([object()]), np.array(["2020-01-01"], "M8[D]")]
+)
 def test_unsupported_dtype_is_type_error(bad):
     with pytest.raises(TypeError, match=r"supported dtypes: bool, int8, .*float64"):
         multireduce.sum(bad)

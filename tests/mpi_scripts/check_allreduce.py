@@ -436,9 +436,15 @@ def main() -> int:
     check_values()
     check_special_floats()
     check_dtype_argument()
-    if XP is np:  # the other ops have no GPU kernel yet
+    if XP is np:
         check_new_ops()
         check_stats()
+    else:  # the other ops have no GPU kernel yet: every rank refuses, none waits
+        ones = to_device(np.ones(3, dtype=np.float32))
+        for op in ("prod", "mean", "var", "argmax", "nanmax"):
+            refuse = lambda op=op: mpi.allreduce(ones, op)  # noqa: E731
+            expect_everywhere(refuse, NotImplementedError, "needs a multireduce GPU kernel")
+        expect_everywhere(lambda: mpi.stats(ones), NotImplementedError, "needs a multireduce GPU kernel")
     check_errors()
     if RANK == 0:
         args.tmp.mkdir(parents=True, exist_ok=True)
