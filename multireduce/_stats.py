@@ -231,11 +231,20 @@ def moments(x: np.ndarray, axes: tuple[int, ...]) -> Moments:
     y, kshape = _split_axes(x, axes)
     kept = math.prod(kshape)
     reduced = y.shape[-1]
-    state = empty_moments(x.dtype, kshape)
-    step = max(1, _BLOCK_ELEMENTS // max(kept, 1))
-    for start in range(0, reduced, step):
-        state = merge(state, _block_moments(y[..., start : start + step]))
-    return state
+    y = y.reshape(kept, reduced)
+    out = empty_moments(x.dtype, (kept,))
+    # Tiles of at most about _BLOCK_ELEMENTS: whole rows when they are short, else one row
+    # in pieces, so that the float64 temporaries stay in cache whatever the shape.
+    rows = max(1, _BLOCK_ELEMENTS // max(reduced, 1))
+    cols = max(1, _BLOCK_ELEMENTS // rows)
+    for r0 in range(0, kept, rows):
+        r1 = min(kept, r0 + rows)
+        state = empty_moments(x.dtype, (r1 - r0,))
+        for c0 in range(0, reduced, cols):
+            state = merge(state, _block_moments(y[r0:r1, c0 : c0 + cols]))
+        for f in fields(Moments):
+            getattr(out, f.name)[r0:r1] = getattr(state, f.name)
+    return out.map(lambda a: a.reshape(kshape))
 
 
 def _nan_where(mask: np.ndarray, value: np.ndarray) -> np.ndarray:
