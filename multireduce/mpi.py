@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from . import _stats, core
+from . import _exact, _stats, core
 from ._shards import FileLayout, inspect_file, shard_counts, shard_range
 from ._shards import read_shard as _read_layout_shard
 from ._transport import (
@@ -243,7 +243,9 @@ def _local_partial(x: Any, plan: _Plan):
     return core.reduce(x, plan.op, dtype=plan.static.acc)
 
 
-def allreduce(x_local: Any, op: str | Op, *, comm=None, dtype: Any = None, correction: float = 0.0):
+def allreduce(
+    x_local: Any, op: str | Op, *, comm=None, dtype: Any = None, correction: float = 0.0, reproducible: bool = False
+):
     """Reduce the shards of all ranks with ``op``; every rank gets the global result.
 
     Each rank reduces its own shard with :func:`multireduce.core.partial` (on its GPU for a
@@ -273,6 +275,12 @@ def allreduce(x_local: Any, op: str | Op, *, comm=None, dtype: Any = None, corre
         same on every rank.
     correction : float, optional
         For var and std, as in :func:`multireduce.var`.
+    reproducible : bool, optional
+        The same on every rank. For float sum and mean: each rank forms the exact sum of its
+        shard (:class:`multireduce._exact.ExactSum`), the integer limbs are added by one
+        integer ``MPI_SUM`` (exact, so independent of rank count, split and combine order),
+        and the total is rounded once: the result is bitwise identical to
+        ``multireduce.sum(concatenation, reproducible=True)`` on one rank.
 
     Returns
     -------
@@ -314,13 +322,20 @@ def allreduce(x_local: Any, op: str | Op, *, comm=None, dtype: Any = None, corre
     """
     comm = _comm(comm)
     plan = partial = error = None
+    exact = False
     try:
         plan, x = _plan(x_local, op, dtype)
         correction = core._check_correction(plan.op, correction)
-        if plan.op.kind != "fold":
-            state = core.partial(x, plan.op)
+        exact = reproducible and plan.op.name in ("sum", "mean") and plan.static.in_dtype.kind == "f"
+        if exact:  # decided from (op, dtype), which the first Allreduce checks across ranks
+            # dtype= only chooses the final rounding: the exact sum of the inputs is the same.
+            partial = core.partial(x, plan.op, reproducible=True)
+        elif plan.op.kind != "fold":
+            state = core.partial(x, plan.op, reproducible=reproducible)
     except Exception as exc:  # agreed with the other ranks in _combine, then re-raised
         error = exc
+    if exact:
+        return _combine_exact(comm, plan, partial, error)
     if error is None and plan.op.kind != "fold":
         return _combine_states(comm, plan, state, correction)
     try:
@@ -329,6 +344,20 @@ def allreduce(x_local: Any, op: str | Op, *, comm=None, dtype: Any = None, corre
     except Exception as exc:  # agreed with the other ranks in _combine, then re-raised
         error = exc
     return _combine(comm, plan, partial, error)
+
+
+def _combine_exact(comm, plan: _Plan, acc, error):
+    """Agree, then add every rank's exact accumulator with one integer Allreduce."""
+    meta = _meta(plan, error)
+    comm.Allreduce(MPI.IN_PLACE, meta, op=MPI.MAX)
+    if meta[0]:
+        _raise_failures(comm, error)
+    _check_agreement(comm, plan, meta)
+    _transport_counts["host"] += 1
+    # Normalized limbs are below 2**32, so up to 2**31 ranks add without overflow.
+    packed = acc.normalize().to_array()
+    comm.Allreduce(MPI.IN_PLACE, packed, op=MPI.SUM)
+    return _exact.ExactSum.from_array(packed).result(plan.static.result, mean=plan.op.name == "mean")
 
 
 def stats(x_local: Any, *, comm=None, correction: float = 0.0) -> _stats.Stats:

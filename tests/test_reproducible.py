@@ -114,3 +114,11 @@ def test_gpu_says_it_has_no_kernel_yet():
     cupy = pytest.importorskip("cupy")
     with pytest.raises(NotImplementedError, match="no GPU kernel yet"):
         multireduce.sum(cupy.ones(10, dtype=cupy.float32), reproducible=True)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("ranks", [1, 2, 3, 4, 8])
+def test_mpi_ranks_give_the_one_rank_bits(mpiexec, ranks):
+    done = run(mpiexec, ranks, [str(SCRIPTS / "check_reproducible.py")], timeout=120)
+    assert done.returncode == 0, done.output
+    assert f"reproducible: ok at {ranks} ranks" in done.stdout
