@@ -10,6 +10,7 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
+from mpi_scripts.launch import SCRIPTS, run
 from test_exact import assert_bits, correctly_rounded, fraction_sum
 
 import multireduce
