@@ -249,7 +249,7 @@ def reduce(
     if not op.empty_allowed and arr.size == 0 and math.prod(arr.shape[a] for a in axes) == 0:
         raise op.empty_error()
     full = len(axes) == ndim
-    if reproducible and _needs_exact(arr, op, result, full, backend):
+    if reproducible and _needs_exact(arr.dtype, op, result, full, backend is _cupy_backend):
         value = _exact.exact_sum(arr).result(result, mean=op.name == "mean")
         return _keep(np.asarray(value), arr.shape, axes) if keepdims else value
     if op.kind == "fold":
@@ -271,7 +271,7 @@ def reduce(
 _ORDER_FREE = frozenset({"max", "min", "nanmax", "nanmin", "any", "all", "count_nonzero", "argmin", "argmax"})
 
 
-def _needs_exact(arr, op: Op, result: np.dtype, full: bool, backend) -> bool:
+def _needs_exact(dtype: np.dtype, op: Op, result: np.dtype, full: bool, on_gpu: bool) -> bool:
     """Whether ``reproducible=True`` needs the exact accumulator here.
 
     Raises where it is asked for and cannot be given.
@@ -283,14 +283,14 @@ def _needs_exact(arr, op: Op, result: np.dtype, full: bool, backend) -> bool:
             f"reproducible=True is not available for op {op.name!r}; it covers sum and mean, "
             f"and the order-free ops {', '.join(sorted(_ORDER_FREE))}"
         )
-    if op.name == "mean" and arr.dtype.kind != "f":
+    if op.name == "mean" and dtype.kind != "f":
         raise NotImplementedError(
-            f"reproducible mean takes float16, float32 or float64 input, not {arr.dtype}; "
+            f"reproducible mean takes float16, float32 or float64 input, not {dtype}; "
             "integer sums are exact already (use sum and divide)"
         )
     if not full:
         raise NotImplementedError("reproducible=True supports full reductions only (axis=None or every axis)")
-    if backend.__name__.endswith(".cupy"):
+    if on_gpu:
         raise NotImplementedError(
             "reproducible=True has no GPU kernel yet; reduce a NumPy array (cupy.asnumpy(x)) for the exact result"
         )
@@ -324,7 +324,8 @@ def partial(x: Any, op: str | Op, *, axis: Any = None, keepdims: bool = False, r
     backend, arr = _backend_and_array(x)
     op, result, acc = _plan(arr, op, None)
     ndim = arr.ndim
-    if reproducible and _needs_exact(arr, op, result, axis is None or len(normalize_axes(axis, ndim)) == ndim, backend):
+    full = axis is None or len(normalize_axes(axis, ndim)) == ndim
+    if reproducible and _needs_exact(arr.dtype, op, result, full, backend is _cupy_backend):
         return _exact.exact_sum(arr)
     if op.kind == "arg":
         arg_axis = _arg_axis(axis, ndim, op)

@@ -33,7 +33,7 @@ import dask.array as da
 import numpy as np
 from numpy.lib.array_utils import normalize_axis_tuple
 
-from . import _partials, _stats, core
+from . import _exact, _partials, _stats, core
 from .ops import Op, check_dtype, get_op
 
 __all__ = ["stats", "treereduce"]
@@ -296,6 +296,7 @@ def treereduce(
     dtype: Any = None,
     split_every: int | dict | None = None,
     correction: float = 0.0,
+    reproducible: bool = False,
 ) -> da.Array:
     """Reduce the Dask array ``x`` with ``op`` over ``axis``, as a lazy Dask tree reduction.
 
@@ -330,6 +331,13 @@ def treereduce(
         ``None`` uses Dask's default (``dask.config`` key ``split_every``, else 4).
     correction : float, optional
         For var and std, as in :func:`multireduce.var`.
+    reproducible : bool, optional
+        For float sum and mean (full reductions of NumPy chunks): every chunk forms the
+        exact sum of its elements (:class:`multireduce._exact.ExactSum`), the combines add
+        them exactly, and the aggregate rounds once, so the result has the same bits for
+        every chunking and ``split_every``, and equals
+        ``multireduce.sum(x.compute(), reproducible=True)``. Other ops as in
+        :func:`multireduce.reduce`.
 
     Returns
     -------
@@ -377,6 +385,25 @@ def treereduce(
     axes = _normalized_axes(axis, x.ndim)
     op, result, acc = _plan(x, resolved, dtype, axes)
     correction = core._check_correction(op, correction)
+    if reproducible and op.name in ("sum", "mean") and x.dtype.kind == "f":
+        if len(axes) != x.ndim:
+            raise NotImplementedError("reproducible=True supports full reductions only (axis=None or every axis)")
+        return da.reduction(
+            x,
+            chunk=_exact_chunk,
+            combine=_exact_combine,
+            aggregate=functools.partial(_exact_aggregate, result=result, mean=op.name == "mean"),
+            axis=axes,
+            keepdims=keepdims,
+            dtype=result,
+            split_every=split_every,
+            name=f"treereduce-exact-{op.name}",
+            concatenate=False,  # partials are ExactSum objects, merged by the steps themselves
+        )
+    if reproducible:
+        # Order-free ops pass unchanged; the rest get the core's refusals (var, prod, ...).
+        on_gpu = type(x._meta).__module__.startswith("cupy")
+        core._needs_exact(x.dtype, op, result, len(axes) == x.ndim, on_gpu)
     if op.kind != "fold":
         return _composite_reduction(x, op, result, axes, keepdims, split_every, correction)
     if len(axes) == x.ndim:
@@ -394,6 +421,35 @@ def treereduce(
         split_every=split_every,
         name=f"treereduce-{op.name}",
     )
+
+
+# -- reproducible sums and means: partials are exact accumulators ---------------------------
+
+
+def _exact_chunk(x, axis, keepdims, computing_meta: bool = False):
+    if computing_meta:
+        return x
+    return core.partial(x, "sum", reproducible=True).normalize()
+
+
+def _exact_merged(parts) -> _exact.ExactSum:
+    total = _exact.ExactSum()
+    for part in _leaves(parts):
+        total.merge(part)  # integer additions: any grouping gives the same accumulator
+    return total
+
+
+def _exact_combine(parts, axis, keepdims, computing_meta: bool = False):
+    if computing_meta:
+        return parts
+    return _exact_merged(parts)
+
+
+def _exact_aggregate(parts, axis, keepdims, *, result: np.dtype, mean: bool, computing_meta: bool = False):
+    if computing_meta:
+        return parts
+    value = _exact_merged(parts).result(result, mean=mean)
+    return np.asarray(value).reshape((1,) * len(axis)) if keepdims else value
 
 
 def stats(x: da.Array, *, axis: Any = None, correction: float = 0.0, split_every: int | dict | None = None):
@@ -473,9 +529,17 @@ def _treereduce_method(
     dtype: Any = None,
     split_every: int | dict | None = None,
     correction: float = 0.0,
+    reproducible: bool = False,
 ) -> da.Array:
     return treereduce(
-        self, op, axis=axis, keepdims=keepdims, dtype=dtype, split_every=split_every, correction=correction
+        self,
+        op,
+        axis=axis,
+        keepdims=keepdims,
+        dtype=dtype,
+        split_every=split_every,
+        correction=correction,
+        reproducible=reproducible,
     )
 
 

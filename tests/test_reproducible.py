@@ -123,3 +123,41 @@ def test_mpi_ranks_give_the_one_rank_bits(mpiexec, ranks):
     done = run(mpiexec, ranks, [str(SCRIPTS / "check_reproducible.py")], timeout=120)
     assert done.returncode == 0, done.output
     assert f"reproducible: ok at {ranks} ranks" in done.stdout
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_dask_chunkings_give_the_same_bits(dtype):
+    da = pytest.importorskip("dask.array")
+    import multireduce.dask  # noqa: F401  (registers x.treereduce)
+
+    rng = np.random.default_rng(9)
+    g = adversarial(dtype, 20_000, rng)
+    expected_sum = multireduce.sum(g, reproducible=True)
+    expected_mean = multireduce.mean(g, reproducible=True)
+    seen = set()
+    for chunks in (1, 997, 4096, g.size):
+        for split_every in (2, 3, 16, None):
+            x = da.from_array(g, chunks=chunks) if chunks > 1 else da.from_array(g[:500], chunks=1)
+            if chunks == 1:  # one element per chunk: the deepest tree, on a prefix
+                assert_bits(
+                    x.treereduce("sum", reproducible=True, split_every=split_every).compute(),
+                    multireduce.sum(g[:500], reproducible=True),
+                )
+                continue
+            got = x.treereduce("sum", reproducible=True, split_every=split_every).compute(scheduler="threads")
+            assert_bits(got, expected_sum)
+            seen.add(got.tobytes())
+            assert_bits(x.treereduce("mean", reproducible=True, split_every=split_every).compute(), expected_mean)
+    assert len(seen) == 1
+
+
+def test_dask_refusals_match_the_core():
+    da = pytest.importorskip("dask.array")
+    import multireduce.dask  # noqa: F401
+
+    x = da.ones((4, 4), chunks=2, dtype=np.float32)
+    with pytest.raises(NotImplementedError, match="full reductions only"):
+        x.treereduce("sum", axis=0, reproducible=True)
+    with pytest.raises(NotImplementedError, match="not available for op 'var'"):
+        x.treereduce("var", reproducible=True)
+    assert x.treereduce("max", reproducible=True).compute() == 1
