@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import statistics
 import sys
 import time
 import traceback
@@ -35,6 +34,8 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+from _benchutil import exact_pattern_sum, interleaved, stats  # noqa: E402
 
 from multireduce._provenance import git_state  # noqa: E402
 
@@ -56,36 +57,6 @@ def parse_args(argv=None):
 def generator(cupy):
     # Exact float32 values i % 1024, made on the GPU in one pass.
     return cupy.ElementwiseKernel("int64 start", "float32 y", "y = (float)((start + i) % 1024);", "mr_bench_pattern")
-
-
-def exact_pattern_sum(start: int, n: int) -> int:
-    def upto(m: int) -> int:  # sum of k % 1024 for k in [0, m)
-        full, rest = divmod(m, 1024)
-        return full * (1023 * 1024 // 2) + rest * (rest - 1) // 2
-
-    return upto(start + n) - upto(start)
-
-
-def stats(samples: list[float]) -> dict:
-    s = sorted(samples)
-    q = statistics.quantiles(s, n=10) if len(s) >= 2 else [s[0]] * 9
-    return {"median_ms": statistics.median(s) * 1e3, "p10_ms": q[0] * 1e3, "p90_ms": q[-1] * 1e3, "min_ms": s[0] * 1e3}
-
-
-def interleaved(cases: dict, warmup: int, repeat: int, sync) -> dict[str, list[float]]:
-    for _ in range(warmup):
-        for fn in cases.values():
-            fn()
-            sync()
-    samples = {name: [] for name in cases}
-    for _ in range(repeat):
-        for name, fn in cases.items():
-            sync()
-            t = time.perf_counter()
-            fn()
-            sync()
-            samples[name].append(time.perf_counter() - t)
-    return samples
 
 
 def main(argv=None) -> int:

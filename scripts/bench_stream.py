@@ -42,6 +42,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from _benchutil import exact_pattern_sum, interleaved, stats  # noqa: E402
+
 from multireduce._provenance import git_state  # noqa: E402
 
 GIB = 1 << 30
@@ -66,37 +68,7 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def exact_pattern_sum(start: int, n: int) -> int:
-    def upto(m: int) -> int:
-        full, rest = divmod(m, 1024)
-        return full * (1023 * 1024 // 2) + rest * (rest - 1) // 2
-
-    return upto(start + n) - upto(start)
-
-
 PATTERN = ("int64 start", "float32 y", "y = (float)((start + i) % 1024);", "mr_bench_pattern")
-
-
-def stats(samples: list[float]) -> dict:
-    s = sorted(samples)
-    q = statistics.quantiles(s, n=10) if len(s) >= 2 else [s[0]] * 9
-    return {"median_ms": statistics.median(s) * 1e3, "p10_ms": q[0] * 1e3, "p90_ms": q[-1] * 1e3, "min_ms": s[0] * 1e3}
-
-
-def interleaved(cases: dict, warmup: int, repeat: int, sync) -> dict[str, list[float]]:
-    for _ in range(warmup):
-        for fn in cases.values():
-            fn()
-            sync()
-    samples = {name: [] for name in cases}
-    for _ in range(repeat):
-        for name, fn in cases.items():
-            sync()
-            t = time.perf_counter()
-            fn()
-            sync()
-            samples[name].append(time.perf_counter() - t)
-    return samples
 
 
 class Bench:

@@ -22,14 +22,8 @@ PY="${PYTHON:-python3}"
 
 SUMMARY="$OUT/summary.txt"
 : >"$SUMMARY"
-step() {  # step NAME TIMEOUT_S COMMAND...: stdout+stderr to $OUT/NAME.txt
-  local name=$1 limit=$2
-  shift 2
-  local start=$SECONDS rc
-  timeout --kill-after=10 "$limit" "$@" >"$OUT/$name.txt" 2>&1
-  rc=$?
-  printf '%-14s rc=%-4s %4ss  %s\n' "$name" "$rc" "$((SECONDS - start))" "$*" | tee -a "$SUMMARY"
-}
+# shellcheck source=scripts/_steps.sh
+source scripts/_steps.sh  # the working directory is the repository root here
 
 {
   git rev-parse HEAD 2>/dev/null || echo "git: no history here (MULTIREDUCE_GIT_COMMIT=${MULTIREDUCE_GIT_COMMIT:-unset})"

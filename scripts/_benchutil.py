@@ -1,0 +1,40 @@
+"""Helpers shared by the wall-clock benchmarks (bench_dask.py, bench_stream.py)."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+
+def exact_pattern_sum(start: int, n: int) -> int:
+    """The exact sum of ``(start + i) % 1024`` for i in [0, n): the benchmarks' test data."""
+
+    def upto(m: int) -> int:  # sum of k % 1024 for k in [0, m)
+        full, rest = divmod(m, 1024)
+        return full * (1023 * 1024 // 2) + rest * (rest - 1) // 2
+
+    return upto(start + n) - upto(start)
+
+
+def stats(samples: list[float]) -> dict:
+    """Median, p10, p90 and min of wall-clock samples in seconds, as milliseconds."""
+    s = sorted(samples)
+    q = statistics.quantiles(s, n=10) if len(s) >= 2 else [s[0]] * 9
+    return {"median_ms": statistics.median(s) * 1e3, "p10_ms": q[0] * 1e3, "p90_ms": q[-1] * 1e3, "min_ms": s[0] * 1e3}
+
+
+def interleaved(cases: dict, warmup: int, repeat: int, sync) -> dict[str, list[float]]:
+    """Time every case once per round, round after round, so that drift hits all alike."""
+    for _ in range(warmup):
+        for fn in cases.values():
+            fn()
+            sync()
+    samples = {name: [] for name in cases}
+    for _ in range(repeat):
+        for name, fn in cases.items():
+            sync()
+            t = time.perf_counter()
+            fn()
+            sync()
+            samples[name].append(time.perf_counter() - t)
+    return samples
