@@ -21,6 +21,7 @@ __all__ = [
     "DEFAULT_BLOCK",
     "DEFAULT_LOAD",
     "DEFAULT_UNROLL",
+    "cols_kernel_name",
     "default_kernel_names",
     "kernel_dir",
     "kernel_name",
@@ -49,6 +50,9 @@ CTYPES: dict[np.dtype, str] = {
 DEFAULT_BLOCK = 512
 DEFAULT_UNROLL = 4
 DEFAULT_LOAD = 0
+#: Threads per block and rows in flight per thread of the column kernel (not yet tuned).
+COLS_BLOCK = 256
+COLS_UNROLL = 8
 
 HEADER = "multireduce/reduce.cuh"
 
@@ -90,10 +94,22 @@ def kernel_name(
     block: int = DEFAULT_BLOCK,
     unroll: int = DEFAULT_UNROLL,
     load: int = DEFAULT_LOAD,
+    kernel: str = "reduce_kernel",
 ) -> str:
-    """The C++ name of one instantiation of ``reduce_kernel``."""
+    """The C++ name of one instantiation of ``reduce_kernel`` (or ``reduce_rows_kernel``).
+
+    ``reduce_cols_kernel`` has no load policy: use :func:`cols_kernel_name`.
+    """
     t, a, o = (CTYPES[np.dtype(d)] for d in (dtype, acc, result))
-    return f"multireduce::reduce_kernel<{t}, {a}, {o}, multireduce::{op.functor}, {block}, {unroll}, {load}>"
+    return f"multireduce::{kernel}<{t}, {a}, {o}, multireduce::{op.functor}, {block}, {unroll}, {load}>"
+
+
+def cols_kernel_name(
+    op: Op, dtype: np.dtype, acc: np.dtype, result: np.dtype, block: int = COLS_BLOCK, unroll: int = COLS_UNROLL
+) -> str:
+    """The C++ name of one instantiation of ``reduce_cols_kernel``."""
+    t, a, o = (CTYPES[np.dtype(d)] for d in (dtype, acc, result))
+    return f"multireduce::reduce_cols_kernel<{t}, {a}, {o}, multireduce::{op.functor}, {block}, {unroll}>"
 
 
 def default_kernel_names(
@@ -102,7 +118,8 @@ def default_kernel_names(
     """Every instantiation that :func:`multireduce.reduce` and :func:`multireduce.partial` use.
 
     Without ``dtype=``: each op that has a kernel, on each supported dtype, to its result and
-    to its accumulator. The nvcc build test compiles exactly these.
+    to its accumulator, as a full, a row and a column reduction. The nvcc and NVRTC build
+    tests compile exactly these.
     """
     names = set()
     for op in OPS.values():
@@ -111,6 +128,8 @@ def default_kernel_names(
         for dt in SUPPORTED_DTYPES:
             result = op.result_dtype(dt)
             acc = op.accumulator_dtype(result)
-            names.add(kernel_name(op, dt, acc, result, block, unroll, load))
-            names.add(kernel_name(op, dt, acc, acc, block, unroll, load))
+            for out in (result, acc):
+                names.add(kernel_name(op, dt, acc, out, block, unroll, load))
+                names.add(kernel_name(op, dt, acc, out, block, unroll, load, kernel="reduce_rows_kernel"))
+                names.add(cols_kernel_name(op, dt, acc, out))
     return sorted(names)

@@ -63,7 +63,8 @@ def test_nvcc_sm90_no_spills(tmp_path):
     assert not offenders, f"stack frame or spills in the kernels: {offenders}\n{report}"
     assert not re.search(r"[1-9]\d* bytes lmem", report), report
     registers = [int(r) for r in re.findall(r"Used (\d+) registers", report)]
-    assert registers and max(registers) <= 64, registers
+    # At most 128 registers keeps at least two 256-thread blocks on each SM.
+    assert registers and max(registers) <= 128, registers
 
 
 def find_cuda_include() -> Path | None:

@@ -82,6 +82,11 @@ template <> struct Convert<__half, __half> {
 template <class To, class From>
 __device__ __forceinline__ To convert(From x) { return Convert<To, From>::apply(x); }
 
+// An input element as the kernels see it: converted to the result type first (NumPy's
+// sum(dtype=...) converts before it adds), then widened to the accumulator.
+template <class Acc, class Out, class T>
+__device__ __forceinline__ Acc load_as(T x) { return convert<Acc>(convert<Out>(x)); }
+
 // ---------------------------------------------------------------------------------------
 // Operators. Each is the device half of one multireduce.ops.Op (the functor field names
 // it); the identity comes from that Op as a kernel argument, so it is defined only there.
@@ -167,20 +172,18 @@ __device__ __forceinline__ A block_reduce(A v, A identity, A* warp_values) {
 }
 
 // ---------------------------------------------------------------------------------------
-// The kernel.
+// Building blocks shared by the kernels.
 
-template <class T, class Acc, class Out, class Op, int BLOCK, int UNROLL, int LOAD>
-__global__ void __launch_bounds__(BLOCK)
-reduce_kernel(const T* __restrict__ in, long long n, Acc identity, Acc* __restrict__ partials,
-              unsigned int* __restrict__ counter, Out* __restrict__ out) {
+// One thread's share of a reduction of the contiguous range in[0, n), where threads
+// tid = 0 .. nthreads-1 cooperate: a scalar head up to the first 16-byte boundary, the
+// aligned body as 16-byte vectors (UNROLL loads in flight, ACC accumulators), a scalar
+// tail. Returns the combination of the thread's accumulators, in a fixed order.
+template <class T, class Acc, class Out, class Op, int UNROLL, int LOAD>
+__device__ __forceinline__ Acc thread_reduce(const T* __restrict__ in, long long n, Acc identity, long long tid,
+                                             long long nthreads) {
     constexpr int VEC = 16 / sizeof(T);          // elements per 16-byte load
     constexpr int ACC = VEC < 4 ? VEC : 4;       // independent accumulators per thread
     static_assert(16 % sizeof(T) == 0, "element size must divide 16");
-    static_assert(BLOCK >= VEC, "head and tail are handled by the first VEC threads");
-
-    // Each input element is converted to the result type first (NumPy's sum(dtype=...)
-    // converts before it adds), then widened to the accumulator.
-    auto load = [](T x) { return convert<Acc>(convert<Out>(x)); };
 
     Acc acc[ACC];
 #pragma unroll
@@ -193,11 +196,8 @@ reduce_kernel(const T* __restrict__ in, long long n, Acc identity, Acc* __restri
     const long long tail_start = head + nvec * VEC;
     const uint4* __restrict__ body = reinterpret_cast<const uint4*>(in + head);
 
-    const long long tid = static_cast<long long>(blockIdx.x) * BLOCK + threadIdx.x;
-    const long long nthreads = static_cast<long long>(gridDim.x) * BLOCK;
-
-    if (tid < head) acc[0] = Op::combine(acc[0], load(in[tid]));
-    if (tid < n - tail_start) acc[ACC - 1] = Op::combine(acc[ACC - 1], load(in[tail_start + tid]));
+    if (tid < head) acc[0] = Op::combine(acc[0], load_as<Acc, Out>(in[tid]));
+    if (tid < n - tail_start) acc[ACC - 1] = Op::combine(acc[ACC - 1], load_as<Acc, Out>(in[tail_start + tid]));
 
     long long i = tid;
     for (; i + (UNROLL - 1) * nthreads < nvec; i += UNROLL * nthreads) {
@@ -208,33 +208,43 @@ reduce_kernel(const T* __restrict__ in, long long n, Acc identity, Acc* __restri
         for (int u = 0; u < UNROLL; ++u) {
             const T* e = reinterpret_cast<const T*>(&raw[u]);
 #pragma unroll
-            for (int j = 0; j < VEC; ++j) acc[j % ACC] = Op::combine(acc[j % ACC], load(e[j]));
+            for (int j = 0; j < VEC; ++j) acc[j % ACC] = Op::combine(acc[j % ACC], load_as<Acc, Out>(e[j]));
         }
     }
     for (; i < nvec; i += nthreads) {
         const uint4 raw = load16<LOAD>(body + i);
         const T* e = reinterpret_cast<const T*>(&raw);
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) acc[j % ACC] = Op::combine(acc[j % ACC], load(e[j]));
+        for (int j = 0; j < VEC; ++j) acc[j % ACC] = Op::combine(acc[j % ACC], load_as<Acc, Out>(e[j]));
     }
 
     Acc v = acc[0];
 #pragma unroll
     for (int k = 1; k < ACC; ++k) v = Op::combine(v, acc[k]);
+    return v;
+}
 
+// Combine one value per thread of the `nblocks` blocks that share one output (this block
+// is number `b` of them) into *out: the block tree, then the block that finishes last
+// combines the blocks' partials in block order and resets *counter to zero. Must be
+// reached by every thread of the block; see BARRIERS above.
+template <class Op, int BLOCK, class Acc, class Out>
+__device__ __forceinline__ void finish(Acc v, Acc identity, unsigned int nblocks, unsigned int b,
+                                       Acc* __restrict__ partials, unsigned int* __restrict__ counter,
+                                       Out* __restrict__ out) {
     __shared__ Acc warp_values[BLOCK / 32];
     __shared__ bool is_last_block;
     v = block_reduce<Op, BLOCK>(v, identity, warp_values);
 
-    if (gridDim.x == 1) {
+    if (nblocks == 1) {
         if (threadIdx.x == 0) *out = convert<Out>(v);
         return;
     }
     if (threadIdx.x == 0) {
-        partials[blockIdx.x] = v;
+        partials[b] = v;
         __threadfence();  // publish the partial before the counter says it is there
         const unsigned int done = atomicAdd(counter, 1u);
-        is_last_block = (done == gridDim.x - 1);
+        is_last_block = (done == nblocks - 1);
     }
     __syncthreads();
     if (!is_last_block) return;
@@ -242,11 +252,109 @@ reduce_kernel(const T* __restrict__ in, long long n, Acc identity, Acc* __restri
     __threadfence();  // see every other block's partial
     const volatile Acc* vpartials = partials;
     Acc w = identity;
-    for (unsigned int b = threadIdx.x; b < gridDim.x; b += BLOCK) w = Op::combine(w, static_cast<Acc>(vpartials[b]));
+    for (unsigned int k = threadIdx.x; k < nblocks; k += BLOCK) w = Op::combine(w, static_cast<Acc>(vpartials[k]));
     w = block_reduce<Op, BLOCK>(w, identity, warp_values);
     if (threadIdx.x == 0) {
         *out = convert<Out>(w);
         *counter = 0u;
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The kernels.
+
+// Full reduction of in[0, n) to *out in one launch (ALGORITHM above).
+template <class T, class Acc, class Out, class Op, int BLOCK, int UNROLL, int LOAD>
+__global__ void __launch_bounds__(BLOCK)
+reduce_kernel(const T* __restrict__ in, long long n, Acc identity, Acc* __restrict__ partials,
+              unsigned int* __restrict__ counter, Out* __restrict__ out) {
+    static_assert(BLOCK >= 16 / sizeof(T), "head and tail are handled by the first threads");
+    const long long tid = static_cast<long long>(blockIdx.x) * BLOCK + threadIdx.x;
+    const long long nthreads = static_cast<long long>(gridDim.x) * BLOCK;
+    const Acc v = thread_reduce<T, Acc, Out, Op, UNROLL, LOAD>(in, n, identity, tid, nthreads);
+    finish<Op, BLOCK>(v, identity, gridDim.x, blockIdx.x, partials, counter, out);
+}
+
+// Row reduction: `rows` contiguous rows of `length` elements each (the last axis of a
+// C-contiguous array), out[row] for each. gridDim.x blocks share a row (the full kernel's
+// scheme per row, with partials[row * gridDim.x ...] and counters[row]); gridDim.y strides
+// over the rows. Each row is read once, with 16-byte loads wherever it is aligned.
+template <class T, class Acc, class Out, class Op, int BLOCK, int UNROLL, int LOAD>
+__global__ void __launch_bounds__(BLOCK, 1)
+reduce_rows_kernel(const T* __restrict__ in, long long rows, long long length, Acc identity,
+                   Acc* __restrict__ partials, unsigned int* __restrict__ counters, Out* __restrict__ out) {
+    static_assert(BLOCK >= 16 / sizeof(T), "head and tail are handled by the first threads");
+    const long long tid = static_cast<long long>(blockIdx.x) * BLOCK + threadIdx.x;
+    const long long nthreads = static_cast<long long>(gridDim.x) * BLOCK;
+    for (long long row = blockIdx.y; row < rows; row += gridDim.y) {
+        const Acc v = thread_reduce<T, Acc, Out, Op, UNROLL, LOAD>(in + row * length, length, identity, tid, nthreads);
+        finish<Op, BLOCK>(v, identity, gridDim.x, blockIdx.x, partials + row * gridDim.x, counters + row, out + row);
+        __syncthreads();  // finish's shared memory is written again for the next row
+    }
+}
+
+// Column reduction: reduce the middle axis of a C-contiguous (outer, R, inner) array to
+// out[o * inner + c]. Thread c of the grid's x dimension owns column c, so a warp's loads
+// are 32 consecutive elements (coalesced); each thread keeps UNROLL independent
+// accumulators over the rows. gridDim.y strides over `outer`; gridDim.z splits R into
+// slabs, whose partials (partials[(o * slabs + s) * inner + c]) the last slab to finish
+// combines in slab order (counters[o * gridDim.x + blockIdx.x]).
+template <class T, class Acc, class Out, class Op, int BLOCK, int UNROLL>
+__global__ void __launch_bounds__(BLOCK, 1)
+reduce_cols_kernel(const T* __restrict__ in, long long outer, long long R, long long inner, Acc identity,
+                   Acc* __restrict__ partials, unsigned int* __restrict__ counters, Out* __restrict__ out) {
+    __shared__ bool is_last_slab;
+    const long long c = static_cast<long long>(blockIdx.x) * BLOCK + threadIdx.x;
+    const unsigned int slabs = gridDim.z;
+    const long long per_slab = (R + slabs - 1) / slabs;
+    const long long r0 = static_cast<long long>(blockIdx.z) * per_slab;
+    const long long r1 = r0 + per_slab < R ? r0 + per_slab : R;
+    for (long long o = blockIdx.y; o < outer; o += gridDim.y) {
+        Acc acc[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) acc[u] = identity;
+        if (c < inner) {
+            const T* __restrict__ column = in + o * R * inner + c;
+            long long r = r0;
+            for (; r + UNROLL <= r1; r += UNROLL) {
+                T x[UNROLL];
+#pragma unroll
+                for (int u = 0; u < UNROLL; ++u) x[u] = column[(r + u) * inner];
+#pragma unroll
+                for (int u = 0; u < UNROLL; ++u) acc[u] = Op::combine(acc[u], load_as<Acc, Out>(x[u]));
+            }
+            for (; r < r1; ++r) acc[0] = Op::combine(acc[0], load_as<Acc, Out>(column[r * inner]));
+        }
+        Acc v = acc[0];
+#pragma unroll
+        for (int u = 1; u < UNROLL; ++u) v = Op::combine(v, acc[u]);
+
+        if (slabs == 1) {
+            if (c < inner) out[o * inner + c] = convert<Out>(v);
+            continue;
+        }
+        if (c < inner) {
+            partials[(o * slabs + blockIdx.z) * inner + c] = v;
+            __threadfence();  // publish the partial before the counter says it is there
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            const unsigned int done = atomicAdd(counters + o * gridDim.x + blockIdx.x, 1u);
+            is_last_slab = (done == slabs - 1);
+        }
+        __syncthreads();
+        if (is_last_slab) {
+            __threadfence();  // see every other slab's partials
+            if (c < inner) {
+                const volatile Acc* vpartials = partials;
+                Acc w = identity;
+                for (unsigned int s = 0; s < slabs; ++s)
+                    w = Op::combine(w, static_cast<Acc>(vpartials[(o * slabs + s) * inner + c]));
+                out[o * inner + c] = convert<Out>(w);
+            }
+            if (threadIdx.x == 0) counters[o * gridDim.x + blockIdx.x] = 0u;
+        }
+        __syncthreads();  // is_last_slab is written again for the next o
     }
 }
 

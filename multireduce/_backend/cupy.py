@@ -29,12 +29,22 @@ compiled: list[tuple[int, str]] = []
 _workspaces: dict[tuple[int, int], tuple] = {}
 
 
-def _launcher(device: int, op: Op, dtype: np.dtype, acc: np.dtype, result: np.dtype, config: tuple[int, int, int]):
+def _launcher(
+    device: int,
+    op: Op,
+    dtype: np.dtype,
+    acc: np.dtype,
+    result: np.dtype,
+    config: tuple[int, int, int],
+    kind: str = "reduce_kernel",
+):
     """(kernel function, largest useful grid, identity argument) for one kernel on one device.
 
-    Compiled on first use and cached. ``config`` is (block, unroll, load).
+    Compiled on first use and cached. ``config`` is (block, unroll, load); ``kind`` is the
+    kernel template: ``reduce_kernel``, ``reduce_rows_kernel`` or ``reduce_cols_kernel``
+    (which ignores the load policy).
     """
-    key = (device, op, dtype, acc, result, config)
+    key = (device, op, dtype, acc, result, config, kind)
     found = _launchers.get(key)
     if found is not None:
         return found
@@ -42,7 +52,10 @@ def _launcher(device: int, op: Op, dtype: np.dtype, acc: np.dtype, result: np.dt
         found = _launchers.get(key)
         if found is None:
             block = config[0]
-            name = _kernels.kernel_name(op, dtype, acc, result, *config)
+            if kind == "reduce_cols_kernel":
+                name = _kernels.cols_kernel_name(op, dtype, acc, result, config[0], config[1])
+            else:
+                name = _kernels.kernel_name(op, dtype, acc, result, *config, kernel=kind)
             module = cupy.RawModule(code=_kernels.read_source(), options=("--std=c++17",), name_expressions=(name,))
             # The bare driver function: calling it skips RawKernel's per-call lookups.
             kernel = module.get_function(name).kernel
@@ -155,26 +168,78 @@ def _missing(what: str) -> NotImplementedError:
 
 
 def reduce(x: cupy.ndarray, op: Op, acc: np.dtype, result: np.dtype, axes: tuple[int, ...]) -> cupy.ndarray:
-    """Reduce ``x`` over ``axes`` with the fold op ``op``: only full reductions with a kernel.
+    """Reduce ``x`` over ``axes`` with the fold op ``op`` (one that has a C++ functor).
+
+    Full reductions go to ``reduce_kernel``. Others view the array as (outer, reduced,
+    inner) (:func:`multireduce._axes.axis_layout`): rows (``inner == 1``) go to
+    ``reduce_rows_kernel`` and the rest to ``reduce_cols_kernel``; each reads the input once.
+    An F-contiguous array is reduced as its C-contiguous transpose; any other layout is
+    copied to C order first (logged at debug level).
 
     Raises
     ------
     NotImplementedError
-        For an op without a GPU kernel, or for an axis set that leaves an axis of length > 1
-        unreduced (those need the row/column kernels of docs/axis-kernels.md).
+        For an op without a GPU kernel, or reduced axes that are not adjacent.
     """
     if op.functor is None:
         raise _missing(f"op {op.name!r}")
     if len(axes) == x.ndim:  # the full reduction: the per-call path of tiny reductions
         return reduce_full(x, op, acc, result)
-    if any(x.shape[i] != 1 for i in range(x.ndim) if i not in axes):
-        layout = axis_layout(x.shape, axes)
-        shape = "" if layout is None else f" (viewed as (outer, reduced, inner) = {layout})"
-        raise _missing(f"{op.name} over axis={axes} of a {x.ndim}-d array{shape}")
     kept = tuple(n for i, n in enumerate(x.shape) if i not in axes)
-    if x.size == 0:
-        return cupy.full(kept, op.identity(acc), dtype=result)
-    return reduce_full(x, op, acc, result).reshape(kept)
+    with x.device:
+        if x.size == 0:
+            return cupy.full(kept, op.identity(acc), dtype=result)
+        if not x.flags.c_contiguous and x.flags.f_contiguous:
+            # The transpose is C-contiguous; its kept axes come out reversed.
+            flipped = tuple(sorted(x.ndim - 1 - a for a in axes))
+            return reduce(x.T, op, acc, result, flipped).T
+        if not x.flags.c_contiguous:
+            _log.debug("copying a non-contiguous %s array of shape %s before an axis reduction", x.dtype, x.shape)
+            x = cupy.ascontiguousarray(x)
+        layout = axis_layout(x.shape, axes)
+        if layout is None:
+            raise _missing(f"{op.name} over the non-adjacent axes {axes} of a {x.ndim}-d array")
+        outer, length, inner = layout
+        out = cupy.empty(kept, dtype=result)
+        if inner == 1:
+            _launch_rows(x, op, acc, result, outer, length, out)
+        else:
+            _launch_cols(x, op, acc, result, outer, length, inner, out)
+        return out
+
+
+_MAX_GRID_Y = 65535  # gridDim.y and gridDim.z limits; the kernels stride over the rest
+
+
+def _launch_rows(x, op: Op, acc: np.dtype, result: np.dtype, rows: int, length: int, out: cupy.ndarray) -> None:
+    block, unroll, _ = config = _DEFAULT_CONFIG
+    kernel, max_grid, identity = _launcher(x.data.device_id, op, x.dtype, acc, result, config, "reduce_rows_kernel")
+    per_block = (16 // x.itemsize) * block * unroll
+    # Few long rows: several blocks share each row (last-block-done per row); many rows:
+    # one block each.
+    per_row = 1 if rows >= max_grid else max(1, min(-(-length // per_block), -(-max_grid // rows)))
+    partials = cupy.empty(rows * per_row, dtype=acc)
+    counters = cupy.zeros(rows if per_row > 1 else 1, dtype=np.uint32)
+    grid = (per_row, min(rows, _MAX_GRID_Y))
+    kernel(grid, (block,), (x, rows, length, identity, partials, counters, out))
+
+
+def _launch_cols(x, op: Op, acc: np.dtype, result: np.dtype, outer: int, length: int, inner: int, out) -> None:
+    block, unroll = _kernels.COLS_BLOCK, _kernels.COLS_UNROLL
+    kernel, max_grid, identity = _launcher(
+        x.data.device_id, op, x.dtype, acc, result, (block, unroll, 0), "reduce_cols_kernel"
+    )
+    blocks_x = -(-inner // block)
+    blocks_y = min(outer, _MAX_GRID_Y)
+    # Too few column strips to fill the GPU: split the reduced axis into slabs, combined
+    # in slab order by the last slab to finish. Each slab keeps at least 4 loop trips.
+    want = 4 * max_grid
+    slabs = 1
+    if blocks_x * blocks_y < want:
+        slabs = max(1, min(-(-want // (blocks_x * blocks_y)), length // (4 * unroll), _MAX_GRID_Y))
+    partials = cupy.empty(outer * slabs * inner if slabs > 1 else 1, dtype=acc)
+    counters = cupy.zeros(outer * blocks_x if slabs > 1 else 1, dtype=np.uint32)
+    kernel((blocks_x, blocks_y, slabs), (block,), (x, outer, length, inner, identity, partials, counters, out))
 
 
 def moments(x: cupy.ndarray, axes: tuple[int, ...], op: Op):
