@@ -22,6 +22,7 @@ __all__ = [
     "DEFAULT_LOAD",
     "DEFAULT_UNROLL",
     "cols_kernel_name",
+    "exact_kernel_name",
     "default_kernel_names",
     "kernel_dir",
     "kernel_name",
@@ -112,14 +113,22 @@ def cols_kernel_name(
     return f"multireduce::reduce_cols_kernel<{t}, {a}, {o}, multireduce::{op.functor}, {block}, {unroll}>"
 
 
+EXACT_BLOCK = 256
+
+
+def exact_kernel_name(dtype: np.dtype, block: int = EXACT_BLOCK) -> str:
+    """The C++ name of one instantiation of ``exact_sum_kernel`` (reproducible sums)."""
+    return f"multireduce::exact_sum_kernel<{CTYPES[np.dtype(dtype)]}, {block}>"
+
+
 def default_kernel_names(
     block: int = DEFAULT_BLOCK, unroll: int = DEFAULT_UNROLL, load: int = DEFAULT_LOAD
 ) -> list[str]:
     """Every instantiation that :func:`multireduce.reduce` and :func:`multireduce.partial` use.
 
     Without ``dtype=``: each op that has a kernel, on each supported dtype, to its result and
-    to its accumulator, as a full, a row and a column reduction. The nvcc and NVRTC build
-    tests compile exactly these.
+    to its accumulator, as a full, a row and a column reduction; and the exact-sum kernel of
+    each float dtype. The nvcc and NVRTC build tests compile exactly these.
     """
     names = set()
     for op in OPS.values():
@@ -132,4 +141,7 @@ def default_kernel_names(
                 names.add(kernel_name(op, dt, acc, out, block, unroll, load))
                 names.add(kernel_name(op, dt, acc, out, block, unroll, load, kernel="reduce_rows_kernel"))
                 names.add(cols_kernel_name(op, dt, acc, out))
+    for dt in SUPPORTED_DTYPES:
+        if dt.kind == "f":
+            names.add(exact_kernel_name(dt))
     return sorted(names)

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 from numpy.lib.array_utils import normalize_axis_index, normalize_axis_tuple
 
-from . import _exact, _stats
+from . import _stats
 from .ops import OPS, Op, check_dtype, get_op
 
 __all__ = [
@@ -209,8 +209,8 @@ def reduce(
     NotImplementedError
         For CuPy input, anything but a full sum, max or min: the GPU kernels for axis
         reductions and the other ops do not exist yet (docs/axis-kernels.md). With
-        ``reproducible=True``: prod, var, std, nansum and nanmean, an ``axis`` that leaves
-        axes unreduced, and float sums or means of CuPy input (no GPU kernel yet).
+        ``reproducible=True``: prod, var, std, nansum and nanmean, and an ``axis`` that
+        leaves axes unreduced.
 
     Notes
     -----
@@ -249,9 +249,12 @@ def reduce(
     if not op.empty_allowed and arr.size == 0 and math.prod(arr.shape[a] for a in axes) == 0:
         raise op.empty_error()
     full = len(axes) == ndim
-    if reproducible and _needs_exact(arr.dtype, op, result, full, backend is _cupy_backend):
-        value = _exact.exact_sum(arr).result(result, mean=op.name == "mean")
-        return _keep(np.asarray(value), arr.shape, axes) if keepdims else value
+    if reproducible and _needs_exact(arr.dtype, op, result, full):
+        # The exact sum is formed where the data lives; the one rounding happens on the host.
+        value = backend.exact_sum(arr).result(result, mean=op.name == "mean")
+        if backend is _cupy_backend:
+            value = backend.constant(value, result)
+        return _keep(value, arr.shape, axes) if keepdims else value
     if op.kind == "fold":
         if full and arr.size == 0 and op.functor is not None:
             value = backend.constant(op.identity(acc), result)
@@ -271,7 +274,7 @@ def reduce(
 _ORDER_FREE = frozenset({"max", "min", "nanmax", "nanmin", "any", "all", "count_nonzero", "argmin", "argmax"})
 
 
-def _needs_exact(dtype: np.dtype, op: Op, result: np.dtype, full: bool, on_gpu: bool) -> bool:
+def _needs_exact(dtype: np.dtype, op: Op, result: np.dtype, full: bool) -> bool:
     """Whether ``reproducible=True`` needs the exact accumulator here.
 
     Raises where it is asked for and cannot be given.
@@ -290,10 +293,6 @@ def _needs_exact(dtype: np.dtype, op: Op, result: np.dtype, full: bool, on_gpu: 
         )
     if not full:
         raise NotImplementedError("reproducible=True supports full reductions only (axis=None or every axis)")
-    if on_gpu:
-        raise NotImplementedError(
-            "reproducible=True has no GPU kernel yet; reduce a NumPy array (cupy.asnumpy(x)) for the exact result"
-        )
     return True
 
 
@@ -325,8 +324,8 @@ def partial(x: Any, op: str | Op, *, axis: Any = None, keepdims: bool = False, r
     op, result, acc = _plan(arr, op, None)
     ndim = arr.ndim
     full = axis is None or len(normalize_axes(axis, ndim)) == ndim
-    if reproducible and _needs_exact(arr.dtype, op, result, full, backend is _cupy_backend):
-        return _exact.exact_sum(arr)
+    if reproducible and _needs_exact(arr.dtype, op, result, full):
+        return backend.exact_sum(arr)
     if op.kind == "arg":
         arg_axis = _arg_axis(axis, ndim, op)
         axes = tuple(range(ndim)) if arg_axis is None else (arg_axis,)

@@ -402,8 +402,7 @@ def treereduce(
         )
     if reproducible:
         # Order-free ops pass unchanged; the rest get the core's refusals (var, prod, ...).
-        on_gpu = type(x._meta).__module__.startswith("cupy")
-        core._needs_exact(x.dtype, op, result, len(axes) == x.ndim, on_gpu)
+        core._needs_exact(x.dtype, op, result, len(axes) == x.ndim)
     if op.kind != "fold":
         return _composite_reduction(x, op, result, axes, keepdims, split_every, correction)
     if len(axes) == x.ndim:

@@ -357,7 +357,13 @@ def _combine_exact(comm, plan: _Plan, acc, error):
     # Normalized limbs are below 2**32, so up to 2**31 ranks add without overflow.
     packed = acc.normalize().to_array()
     comm.Allreduce(MPI.IN_PLACE, packed, op=MPI.SUM)
-    return _exact.ExactSum.from_array(packed).result(plan.static.result, mean=plan.op.name == "mean")
+    value = _exact.ExactSum.from_array(packed).result(plan.static.result, mean=plan.op.name == "mean")
+    if plan.on_gpu:
+        import cupy
+
+        with cupy.cuda.Device(plan.device):
+            return cupy.full((), value, dtype=plan.static.result)
+    return value
 
 
 def stats(x_local: Any, *, comm=None, correction: float = 0.0) -> _stats.Stats:

@@ -111,10 +111,22 @@ def test_unsupported_requests_are_explicit():
 
 
 @pytest.mark.gpu
-def test_gpu_says_it_has_no_kernel_yet():
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_gpu_gives_the_cpu_bits(dtype):
     cupy = pytest.importorskip("cupy")
-    with pytest.raises(NotImplementedError, match="no GPU kernel yet"):
-        multireduce.sum(cupy.ones(10, dtype=cupy.float32), reproducible=True)
+    rng = np.random.default_rng(10)
+    host = adversarial(dtype, 3_000_000, rng)
+    host[12345] = np.inf
+    base = cupy.asarray(np.concatenate([np.zeros(3, dtype=dtype), host]))
+    dev = base[3:]  # an offset view
+    for op in ("sum", "mean"):
+        got = multireduce.reduce(dev, op, reproducible=True)
+        assert isinstance(got, cupy.ndarray) and got.shape == ()
+        assert_bits(got.get()[()], multireduce.reduce(dev.get(), op, reproducible=True))
+    dev[777] = -np.inf
+    assert np.isnan(float(multireduce.sum(dev, reproducible=True)))
+    exact = multireduce.partial(dev[:1000], "sum", reproducible=True)
+    assert exact.value() == multireduce.partial(dev[:1000].get(), "sum", reproducible=True).value()
 
 
 @pytest.mark.mpi

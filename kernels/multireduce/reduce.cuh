@@ -358,4 +358,85 @@ reduce_cols_kernel(const T* __restrict__ in, long long outer, long long R, long 
     }
 }
 
+// ---------------------------------------------------------------------------------------
+// Exact sums for the reproducible mode, in multireduce/_exact.py's format: the sum as an
+// integer number of 2**-1074 units, in EXACT_LIMBS 32-bit digits held in int64 slots,
+// followed by counts of NaN, +inf and -inf. Integer additions are associative, so the
+// result does not depend on the grid, the block or the order of the atomics.
+//
+// First version (correct, not yet tuned): each element's digits are added to the block's
+// limbs in shared memory with integer atomics; the last block adds the blocks' limbs. A
+// block's slots stay below 2**63 for up to 2**29 elements per block (each element adds
+// less than 2**34 to a slot); the caller sizes the grid so.
+
+constexpr int EXACT_LIMBS = 70;
+constexpr int EXACT_SLOTS = EXACT_LIMBS + 3;  // limbs, then NaN, +inf, -inf counts
+
+template <class T>
+__device__ __forceinline__ double as_double(T x) { return static_cast<double>(x); }
+template <>
+__device__ __forceinline__ double as_double<__half>(__half x) { return static_cast<double>(__half2float(x)); }
+
+__device__ __forceinline__ void exact_add(unsigned long long* slots, double v) {
+    const unsigned long long bits = static_cast<unsigned long long>(__double_as_longlong(v));
+    const int exponent = static_cast<int>((bits >> 52) & 0x7FF);
+    unsigned long long m = bits & ((1ull << 52) - 1);
+    const bool negative = (bits >> 63) != 0;
+    if (exponent == 0x7FF) {  // NaN or infinity: counted, not summed
+        const int flag = m != 0 ? 0 : (negative ? 2 : 1);
+        atomicAdd(slots + EXACT_LIMBS + flag, 1ull);
+        return;
+    }
+    if (exponent != 0) m |= 1ull << 52;  // normal: the hidden bit
+    if (m == 0) return;                   // +-0.0
+    // v = m * 2**(position - 1074), with m < 2**53.
+    const int position = exponent == 0 ? 0 : exponent - 1;
+    const int limb = position >> 5;
+    const int shift = position & 31;
+    const unsigned long long low = (m & 0xFFFFFFFFull) << shift;  // < 2**63
+    const unsigned long long high = (m >> 32) << shift;           // < 2**52
+    long long d0 = static_cast<long long>(low & 0xFFFFFFFFull);
+    long long d1 = static_cast<long long>((low >> 32) + (high & 0xFFFFFFFFull));
+    long long d2 = static_cast<long long>(high >> 32);
+    if (negative) {
+        d0 = -d0;
+        d1 = -d1;
+        d2 = -d2;
+    }
+    // Two's-complement wrap-around makes unsigned atomics add signed values exactly.
+    atomicAdd(slots + limb, static_cast<unsigned long long>(d0));
+    atomicAdd(slots + limb + 1, static_cast<unsigned long long>(d1));
+    if (d2 != 0) atomicAdd(slots + limb + 2, static_cast<unsigned long long>(d2));
+}
+
+// out[0 .. EXACT_SLOTS) = the exact sum of in[0, n) (limbs and special-value counts).
+// partials holds gridDim.x * EXACT_SLOTS slots; *counter is 0 on entry and on exit.
+template <class T, int BLOCK>
+__global__ void __launch_bounds__(BLOCK)
+exact_sum_kernel(const T* __restrict__ in, long long n, unsigned long long* __restrict__ partials,
+                 unsigned int* __restrict__ counter, unsigned long long* __restrict__ out) {
+    __shared__ unsigned long long slots[EXACT_SLOTS];
+    __shared__ bool is_last_block;
+    for (int k = threadIdx.x; k < EXACT_SLOTS; k += BLOCK) slots[k] = 0ull;
+    __syncthreads();
+    const long long stride = static_cast<long long>(gridDim.x) * BLOCK;
+    for (long long i = static_cast<long long>(blockIdx.x) * BLOCK + threadIdx.x; i < n; i += stride)
+        exact_add(slots, as_double(in[i]));
+    __syncthreads();
+    for (int k = threadIdx.x; k < EXACT_SLOTS; k += BLOCK) partials[blockIdx.x * EXACT_SLOTS + k] = slots[k];
+    __threadfence();  // publish the partials before the counter says they are there
+    __syncthreads();
+    if (threadIdx.x == 0) is_last_block = atomicAdd(counter, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!is_last_block) return;
+    __threadfence();  // see every other block's partials
+    const volatile unsigned long long* vpartials = partials;
+    for (int k = threadIdx.x; k < EXACT_SLOTS; k += BLOCK) {
+        unsigned long long total = 0ull;
+        for (unsigned int b = 0; b < gridDim.x; ++b) total += vpartials[b * EXACT_SLOTS + k];
+        out[k] = total;
+    }
+    if (threadIdx.x == 0) *counter = 0u;
+}
+
 }  // namespace multireduce

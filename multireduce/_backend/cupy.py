@@ -15,7 +15,7 @@ import cupy
 import numpy as np
 from cupy.cuda import runtime as _runtime
 
-from .. import _kernels
+from .. import _exact, _kernels
 from .._axes import axis_layout
 from ..ops import Op
 
@@ -51,22 +51,27 @@ def _launcher(
     with _lock:
         found = _launchers.get(key)
         if found is None:
-            block = config[0]
             if kind == "reduce_cols_kernel":
                 name = _kernels.cols_kernel_name(op, dtype, acc, result, config[0], config[1])
             else:
                 name = _kernels.kernel_name(op, dtype, acc, result, *config, kernel=kind)
-            module = cupy.RawModule(code=_kernels.read_source(), options=("--std=c++17",), name_expressions=(name,))
-            # The bare driver function: calling it skips RawKernel's per-call lookups.
-            kernel = module.get_function(name).kernel
-            per_sm = cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.ptr, block, 0)
-            if per_sm < 1:
-                raise RuntimeError(f"{name} cannot run with {block} threads per block on device {device}")
-            sms = cupy.cuda.runtime.getDeviceProperties(device)["multiProcessorCount"]
-            found = (kernel, sms * per_sm, op.identity(acc))
+            kernel, max_grid = _compile(device, name, config[0])
+            found = (kernel, max_grid, op.identity(acc))
             _launchers[key] = found
-            compiled.append((device, name))
     return found
+
+
+def _compile(device: int, name: str, block: int):
+    """(driver function, SMs x resident blocks) for the kernel instantiation ``name``."""
+    module = cupy.RawModule(code=_kernels.read_source(), options=("--std=c++17",), name_expressions=(name,))
+    # The bare driver function: calling it skips RawKernel's per-call lookups.
+    kernel = module.get_function(name).kernel
+    per_sm = cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.ptr, block, 0)
+    if per_sm < 1:
+        raise RuntimeError(f"{name} cannot run with {block} threads per block on device {device}")
+    sms = cupy.cuda.runtime.getDeviceProperties(device)["multiProcessorCount"]
+    compiled.append((device, name))
+    return kernel, sms * per_sm
 
 
 def _workspace(device: int, stream: int, max_grid: int):
@@ -240,6 +245,44 @@ def _launch_cols(x, op: Op, acc: np.dtype, result: np.dtype, outer: int, length:
     partials = cupy.empty(outer * slabs * inner if slabs > 1 else 1, dtype=acc)
     counters = cupy.zeros(outer * blocks_x if slabs > 1 else 1, dtype=np.uint32)
     kernel((blocks_x, blocks_y, slabs), (block,), (x, outer, length, inner, identity, partials, counters, out))
+
+
+_exact_kernels: dict[tuple[int, np.dtype], tuple] = {}
+_EXACT_PER_BLOCK = 1 << 29  # elements one block may add before its int64 slots could overflow
+
+
+def exact_sum(x: cupy.ndarray) -> _exact.ExactSum:
+    """The exact sum of a float CuPy array (reproducible mode), as a host ExactSum.
+
+    Bitwise the same accumulator as the CPU's :func:`multireduce._exact.exact_sum`, so the
+    final rounding (on the host) gives the same bits. Waits for the kernel (the limbs come
+    back to the host).
+    """
+    with x.device:
+        flat = _dense_base(x)
+        if flat is None:
+            _log.debug("copying a non-dense %s view of shape %s before an exact sum", x.dtype, x.shape)
+            flat = cupy.ascontiguousarray(x).ravel()
+        n = flat.size
+        acc = _exact.ExactSum()
+        acc.count = n
+        if n == 0:
+            return acc
+        key = (flat.data.device_id, flat.dtype)
+        with _lock:
+            if key not in _exact_kernels:
+                _exact_kernels[key] = _compile(key[0], _kernels.exact_kernel_name(flat.dtype), _kernels.EXACT_BLOCK)
+        kernel, max_grid = _exact_kernels[key]
+        block = _kernels.EXACT_BLOCK
+        grid = max(min(max_grid, -(-n // (4 * block))), -(-n // _EXACT_PER_BLOCK))
+        partials = cupy.empty(grid * (_exact.LIMBS + 3), dtype=np.uint64)
+        counter = cupy.zeros(1, dtype=np.uint32)
+        out = cupy.empty(_exact.LIMBS + 3, dtype=np.uint64)
+        kernel((grid,), (block,), (flat, n, partials, counter, out))
+        packed = out.get().view(np.int64)
+    acc.limbs += packed[: _exact.LIMBS]
+    acc.flags += packed[_exact.LIMBS :]
+    return acc
 
 
 def moments(x: cupy.ndarray, axes: tuple[int, ...], op: Op):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import _stats
+from .. import _exact, _stats
 from ..ops import Op
 
 
@@ -53,3 +53,8 @@ def constant(value: np.generic, dtype: np.dtype, shape: tuple[int, ...] = ()):
     if shape:
         return np.full(shape, value, dtype=dtype)
     return np.dtype(dtype).type(value)
+
+
+def exact_sum(x: np.ndarray) -> _exact.ExactSum:
+    """The exact sum of a float array (reproducible mode): :func:`multireduce._exact.exact_sum`."""
+    return _exact.exact_sum(x)
