@@ -1,0 +1,158 @@
+"""Axis reductions and reproducible sums on the GPU, side by side with their peers.
+
+Measures, in one run and with ``bench_kernel.py``'s method (device time of calls queued
+behind a spin kernel, medians):
+
+- row reductions (``axis=-1`` of a 2^15 x 2^15 float32 array, 4 GiB) and column reductions
+  (``axis=0``) with multireduce's row/column kernels, against ``cupy.sum(x, axis=...)``
+  (and max/min) and against multireduce's full reduction of the same array (issue 5's
+  targets: >= 0.9x the full-reduction bandwidth and >= 1.0x cupy);
+- the reproducible sum (``reproducible=True``) of 4 GiB float32 against the fast path
+  (issue 6's target: >= 0.8x), including the host rounding, and its bits against the CPU's;
+- each result is checked against the CPU path before it is timed.
+
+Writes JSON (``bench/results/axis_<gpu>_<commit>.json`` by default) with the git commit
+(``MULTIREDUCE_GIT_COMMIT`` where the checkout has no history) and the GPU name, and prints
+a table with PASS/MISS per target.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import bench_kernel as bk  # noqa: E402  (the timing method and JSON helpers)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--side", type=int, default=1 << 15, help="the array is side x side float32 (default 2^15)")
+    p.add_argument("--repro-n", type=int, default=1 << 30, help="elements of the reproducible-sum case (2^30)")
+    p.add_argument("--ops", default="sum,max,min")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--repeat", type=int, default=15)
+    p.add_argument("--skip-repro", action="store_true", help="skip the reproducible-sum case")
+    p.add_argument("--out", type=Path, default=None)
+    return p.parse_args(argv)
+
+
+def timing_options(args) -> SimpleNamespace:
+    """The options bench_kernel.measure reads."""
+    return SimpleNamespace(
+        max_inner=5,
+        target_batch_us=5000.0,
+        min_spin_us=1000.0,
+        warmup=args.warmup,
+        budget=2.0,
+        min_repeat=3,
+        repeat=args.repeat,
+    )
+
+
+def timed(timer, fn, opts) -> dict:
+    return bk.measure(timer, fn, opts).summary()
+
+
+def check_against_cpu(cp, mr, got, host, op, axis) -> bool:
+    ref = np.asarray(mr.reduce(host, op, axis=axis))
+    got = cp.asnumpy(got)
+    if op == "sum":
+        return bool(np.allclose(got, ref, rtol=1e-6, atol=1e-3))
+    return bool(np.array_equal(got, ref))
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    import cupy as cp
+
+    import multireduce as mr
+    from multireduce import _provenance
+
+    device = bk.device_info(cp)
+    timer = bk.DeviceTimer(cp, bk.compile_seed_module(cp).get_function("spin_kernel"))
+    timer.calibrate()
+    opts = timing_options(args)
+    side = args.side
+    nbytes = side * side * 4
+    x = cp.random.default_rng(0).random((side, side), dtype=cp.float32) * 2 - 1
+    host = cp.asnumpy(x)
+    records, failures = [], []
+    for op in args.ops.split(","):
+        full = timed(timer, lambda op=op, a=x: mr.reduce(a, op), opts)
+        cases = {"rows (axis=-1)": -1, "columns (axis=0)": 0}
+        for label, axis in cases.items():
+            ours = mr.reduce(x, op, axis=axis)
+            if not check_against_cpu(cp, mr, ours, host, op, axis):
+                failures.append(f"{op} {label}: does not match the CPU")
+            peer_fn = {"sum": cp.sum, "max": cp.max, "min": cp.min}[op]
+            t_ours = timed(timer, lambda op=op, axis=axis, a=x: mr.reduce(a, op, axis=axis), opts)
+            t_cupy = timed(timer, lambda f=peer_fn, axis=axis, a=x: f(a, axis=axis), opts)
+            rec = {
+                "op": op,
+                "case": label,
+                "shape": [side, side],
+                "dtype": "float32",
+                "ours_us": t_ours["median_us"],
+                "cupy_us": t_cupy["median_us"],
+                "full_us": full["median_us"],
+                "ours_gbps": nbytes / t_ours["median_us"] / 1e3,
+                "vs_full": full["median_us"] / t_ours["median_us"],
+                "vs_cupy": t_cupy["median_us"] / t_ours["median_us"],
+                "timing": {"ours": t_ours, "cupy": t_cupy, "full": full},
+            }
+            rec["status"] = "PASS" if rec["vs_full"] >= 0.9 and rec["vs_cupy"] >= 1.0 else "MISS"
+            records.append(rec)
+            bk.say(
+                f"{op:>4} {label:<17} ours {rec['ours_us']:9.1f} us ({rec['ours_gbps']:6.0f} GB/s)  "
+                f"cupy {rec['cupy_us']:9.1f} us  full {rec['full_us']:9.1f} us  "
+                f"{rec['vs_full']:.2f}x full, {rec['vs_cupy']:.2f}x cupy  {rec['status']}"
+            )
+    del x
+    bk.release_memory(cp)
+
+    repro = None
+    if not args.skip_repro:
+        n = args.repro_n
+        y = cp.random.default_rng(1).random(n, dtype=cp.float32)
+        exact_gpu = mr.sum(y, reproducible=True)
+        exact_cpu = mr.sum(cp.asnumpy(y), reproducible=True)
+        same = exact_gpu.get().tobytes() == np.asarray(exact_cpu).tobytes()
+        if not same:
+            failures.append("reproducible sum: GPU and CPU bits differ")
+        fast = timed(timer, lambda: mr.sum(y), opts)
+        slow = timed(timer, lambda: mr.sum(y, reproducible=True), opts)
+        repro = {
+            "n": n,
+            "fast_us": fast["median_us"],
+            "reproducible_us": slow["median_us"],
+            "ratio": fast["median_us"] / slow["median_us"],
+            "gpu_equals_cpu_bits": same,
+            "timing": {"fast": fast, "reproducible": slow},
+        }
+        repro["status"] = "PASS" if repro["ratio"] >= 0.8 and same else "MISS"
+        bk.say(
+            f"reproducible sum 2^{n.bit_length() - 1} float32: {slow['median_us']:.1f} us vs fast "
+            f"{fast['median_us']:.1f} us = {repro['ratio']:.2f}x (target >= 0.8x); GPU == CPU bits: {same}  "
+            f"{repro['status']}"
+        )
+
+    git = _provenance.git_state()
+    slug = "".join(c if c.isalnum() else "-" for c in device["name"].lower()).strip("-")
+    path = args.out or REPO / "bench" / "results" / f"axis_{slug}_{git['commit'][:7]}.json"
+    meta = {"git_commit": git["commit"], "git": git, "gpu": device, "argv": sys.argv}
+    bk.write_json(path, {"meta": meta, "axis": records, "reproducible": repro, "failures": failures})
+    for f in failures:
+        bk.say(f"FAILED: {f}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
