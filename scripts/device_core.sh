@@ -28,7 +28,7 @@ source scripts/_steps.sh  # the working directory is the repository root here
 
 for s in $steps; do
   case $s in
-    tests) step gpu_tests 420 "$PY" -m pytest -q -p no:cacheprovider --tb=short -m gpu \
+    tests) step gpu_tests 420 "$PY" -m pytest -q -p no:cacheprovider --tb=short \
              tests/test_core.py tests/test_gpu.py tests/test_gpu_axis.py tests/test_reproducible.py \
              tests/test_semantics.py tests/test_kernel_build.py ;;
     axis) step bench_axis 400 "$PY" scripts/bench_axis.py --out "$OUT/bench_axis.json" ;;
