@@ -143,21 +143,30 @@ def _host_nansum(x: np.ndarray, acc: np.dtype, axes: tuple[int, ...] | None = No
     return _host_sum(x, acc, axes)
 
 
-def ieee_zero_fix(x: np.ndarray, value: np.ndarray, axes: tuple[int, ...], largest: bool) -> np.ndarray:
+def ieee_zero_fix(
+    x: np.ndarray, value: np.ndarray, axes: tuple[int, ...], largest: bool, nan_free: bool = False
+) -> np.ndarray:
     """Apply IEEE 754-2019's signed-zero order to a NumPy max/min ``value`` of ``x`` over ``axes``.
 
     NumPy's maximum/minimum return either zero when +0.0 and -0.0 compare equal, so its answer
     depends on the order of the elements. IEEE 754-2019 maximum/minimum (and maximumNumber /
     minimumNumber, for the NaN-ignoring ops) order -0.0 below +0.0, which is independent of
     order and so is what every backend and every combine step here implements. This costs
-    further passes only where some extreme is zero.
+    further passes only where some extreme is zero. ``nan_free`` says that a zero extreme
+    implies no NaN in its slice (true for the NaN-propagating max/min).
     """
     value = np.asarray(value)
     if value.dtype.kind != "f" or not np.any(value == 0):
         return value
-    zeros = x == 0
-    wanted = zeros & (np.signbit(x) != largest)  # +0.0 for max, -0.0 for min
-    has_wanted = np.logical_or.reduce(wanted, axis=axes)
+    if nan_free:
+        # One integer pass, no temporaries: where the max is zero every element is <= 0, so a
+        # non-negative integer view (sign bit clear) is a +0.0; where the min is zero every
+        # element is >= 0, so a negative one (sign bit set) is a -0.0.
+        bits = x.view(f"i{x.itemsize}")
+        has_wanted = np.max(bits, axis=axes) >= 0 if largest else np.min(bits, axis=axes) < 0
+    else:
+        wanted = (x == 0) & (np.signbit(x) != largest)  # +0.0 for max, -0.0 for min
+        has_wanted = np.logical_or.reduce(wanted, axis=axes)
     if largest:
         fixed = np.where(has_wanted, value.dtype.type(0.0), value.dtype.type(-0.0))
     else:
@@ -166,9 +175,11 @@ def ieee_zero_fix(x: np.ndarray, value: np.ndarray, axes: tuple[int, ...], large
 
 
 def _extreme(ufunc, largest: bool):
+    nan_free = ufunc in (np.maximum, np.minimum)  # these propagate NaN: a zero result saw none
+
     def host(x: np.ndarray, acc: np.dtype, axes: tuple[int, ...] | None = None) -> np.ndarray:
         value = ufunc.reduce(x, axis=axes)
-        return ieee_zero_fix(x, value, axes, largest).astype(acc)
+        return ieee_zero_fix(x, value, axes, largest, nan_free).astype(acc)
 
     return host
 
