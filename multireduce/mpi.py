@@ -361,8 +361,10 @@ def _combine_exact(comm, plan: _Plan, acc, error):
     if plan.on_gpu:
         import cupy
 
+        from ._backend import cupy as gpu
+
         with cupy.cuda.Device(plan.device):
-            return cupy.full((), value, dtype=plan.static.result)
+            return gpu.constant(value, plan.static.result)
     return value
 
 
@@ -547,7 +549,9 @@ def _combine(comm, plan: _Plan | None, partial, error):
         import cupy
 
         with cupy.cuda.Device(plan.device):
-            return cupy.asarray(result)
+            from ._backend import cupy as gpu
+
+            return gpu.constant(result, st.result)  # bit-exact: keeps the sign of a zero
     return result
 
 

@@ -159,8 +159,18 @@ def _launch(x: cupy.ndarray, op: Op, acc: np.dtype, result: np.dtype, config: tu
 
 
 def constant(value: np.generic, dtype: np.dtype, shape: tuple[int, ...] = ()) -> cupy.ndarray:
-    """A CuPy array of ``shape`` (0-d by default) holding ``value`` on the current device."""
-    return cupy.full(shape, value, dtype=dtype)
+    """A CuPy array of ``shape`` (0-d by default) holding ``value`` on the current device.
+
+    The value travels as its bits, so that a -0.0 stays -0.0: creating a CuPy array from a
+    zero scalar may take a memset path that writes +0.0.
+    """
+    dt = np.dtype(dtype)
+    host = np.asarray(value, dtype=dt).reshape(1)
+    if dt.kind == "f":
+        one = cupy.asarray(host.view(f"u{dt.itemsize}")).view(dt)
+    else:
+        one = cupy.asarray(host)
+    return cupy.broadcast_to(one.reshape(()), shape).copy() if shape else one.reshape(())
 
 
 def _missing(what: str) -> NotImplementedError:
