@@ -2,7 +2,7 @@
 # The core engine on the GPU machine, in one call: the GPU tests, the nvcc build test, and the
 # kernel benchmark (or a subset of it). Run from the repository root:
 #
-#     OUT=/some/dir bash scripts/device_core.sh [tests] [tune] [bench] [quick] [axis]
+#     OUT=/some/dir bash scripts/device_core.sh [tests] [tune] [bench] [quick] [axis] [seed]
 #
 # Everything goes under "$OUT"; summary.txt lists each step with its exit status and seconds.
 set -uo pipefail
@@ -32,6 +32,7 @@ for s in $steps; do
              tests/test_core.py tests/test_gpu.py tests/test_gpu_axis.py tests/test_reproducible.py \
              tests/test_semantics.py tests/test_kernel_build.py ;;
     axis) step bench_axis 400 "$PY" scripts/bench_axis.py --out "$OUT/bench_axis.json" ;;
+    seed) step seed_table 300 "$PY" scripts/bench_seed_table.py --out "$OUT/seed_table.json" ;;
     tune) step tune 240 "$PY" scripts/bench_kernel.py --sizes 20,24,30 --dtypes float32,float64 --ops sum,max \
              --variants 256x4,256x8,512x8,1024x4,1024x2 --repeat 15 --out "$OUT/tune.json" ;;
     quick) step bench_quick 240 "$PY" scripts/bench_kernel.py --quick --out "$OUT/bench_quick.json" ;;
