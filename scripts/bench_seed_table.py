@@ -59,6 +59,7 @@ def wall_ms(fn, warmup: int, repeat: int) -> tuple[float, list[float]]:
 
 def plot(rows: list[dict], png: Path, gpu: str) -> None:
     import matplotlib
+    import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -69,11 +70,13 @@ def plot(rows: list[dict], png: Path, gpu: str) -> None:
     fig, ax = plt.subplots(figsize=(9, 4.5))
     y = np.arange(len(labels))
     ax.barh(y + 0.2, ours, height=0.4, label=gpu)
-    ax.barh(y - 0.2, [v if v is not None else 0 for v in t4], height=0.4, label="Tesla T4 (the seed)", alpha=0.6)
+    ax.barh(y - 0.2, [np.nan if v is None else v for v in t4], height=0.4, label="Tesla T4 (the seed)", alpha=0.6)
     for yi, v in zip(y, ours, strict=True):
         ax.text(v, yi + 0.2, f" {v:.2f} ms", va="center", fontsize=8)
     ax.set_yticks(y, labels)
     ax.set_xscale("log")
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
     ax.set_xlabel("ms, end to end with transfers (log scale)")
     ax.set_title("Sum of 16M float32 values, end to end")
     ax.legend()
