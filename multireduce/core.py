@@ -323,9 +323,10 @@ def partial(x: Any, op: str | Op, *, axis: Any = None, keepdims: bool = False, r
     backend, arr = _backend_and_array(x)
     op, result, acc = _plan(arr, op, None)
     ndim = arr.ndim
-    full = axis is None or len(normalize_axes(axis, ndim)) == ndim
-    if reproducible and _needs_exact(arr.dtype, op, result, full):
-        return backend.exact_sum(arr)
+    if reproducible:  # the axes are normalized below too; only this path needs them first
+        full = axis is None or len(normalize_axes(axis, ndim)) == ndim
+        if _needs_exact(arr.dtype, op, result, full):
+            return backend.exact_sum(arr)
     if op.kind == "arg":
         arg_axis = _arg_axis(axis, ndim, op)
         axes = tuple(range(ndim)) if arg_axis is None else (arg_axis,)

@@ -12,6 +12,7 @@ import json
 import numpy as np
 import pytest
 from mpi_scripts.launch import SCRIPTS, run
+from test_mpi_local import key_test_values
 
 from multireduce._transport import decode_extreme, encode_extreme
 
@@ -23,13 +24,7 @@ def test_device_keys_equal_host_keys(dt):
     # The CUDA-aware path encodes on the device; it must produce the host path's keys.
     cupy = pytest.importorskip("cupy")
     dt = np.dtype(dt)
-    if dt.kind == "f":
-        values = np.array([0.0, -0.0, 1.5, -2.5, np.inf, -np.inf, np.nan], dtype=dt)
-    elif dt.kind == "b":
-        values = np.array([False, True])
-    else:
-        info = np.iinfo(dt)
-        values = np.array([info.min, info.max, 0, 1], dtype=dt)
+    values = key_test_values(dt)
     acc = np.dtype(np.float32) if dt == np.float16 else dt
     for positive in (True, False):
         for v in values.astype(acc):

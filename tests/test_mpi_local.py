@@ -230,17 +230,21 @@ def test_integer_keys_combine_exactly(values, op):
         assert got.dtype == dt and int(got) == (max if positive else min)(vals)
 
 
+def key_test_values(dt: np.dtype) -> np.ndarray:
+    """Values whose ordered keys are worth checking: signed zeros, infinities, NaN, extremes."""
+    if dt.kind == "f":
+        return np.array([0.0, -0.0, 1.5, -2.5, np.inf, -np.inf, np.nan], dtype=dt)
+    if dt.kind == "b":
+        return np.array([False, True])
+    info = np.iinfo(dt)
+    return np.array([info.min, info.max, 0, 1], dtype=dt)
+
+
 @pytest.mark.parametrize("dt", ["bool", "int8", "int16", "uint8", "uint32", "int64", "uint64", "float32", "float64"])
 def test_array_encoding_matches_scalar_encoding(dt):
     # The array form runs on the device for CUDA-aware MPI; it must agree with the host form.
     dt = np.dtype(dt)
-    if dt.kind == "f":
-        values = np.array([0.0, -0.0, 1.5, -2.5, np.inf, -np.inf, np.nan], dtype=dt)
-    elif dt.kind == "b":
-        values = np.array([False, True])
-    else:
-        info = np.iinfo(dt)
-        values = np.array([info.min, info.max, 0, 1], dtype=dt)
+    values = key_test_values(dt)
     for positive in (True, False):
         for v in values:
             key = encode_extreme(np.array([v], dtype=dt), positive)
