@@ -364,49 +364,164 @@ reduce_cols_kernel(const T* __restrict__ in, long long outer, long long R, long 
 // followed by counts of NaN, +inf and -inf. Integer additions are associative, so the
 // result does not depend on the grid, the block or the order of the atomics.
 //
-// First version (correct, not yet tuned): each element's digits are added to the block's
-// limbs in shared memory with integer atomics; the last block adds the blocks' limbs. A
-// block's slots stay below 2**63 for up to 2**29 elements per block (each element adds
-// less than 2**34 to a slot); the caller sizes the grid so.
+// float16 and float32 inputs (the fast path): each thread adds its elements into one int64,
+// `window`, whose unit is 2**(anchor - 150) for a per-thread float32 exponent `anchor`: an
+// element m * 2**(q - 150) (q = max(biased exponent, 1), m < 2**24) with
+// 0 <= q - anchor < EXACT_WINDOW adds +-(m << (q - anchor)), one shift and one 64-bit add.
+// The first element, and any element above the window, moves the window up (the old window
+// is flushed); elements below the window (values more than 2**25 times smaller than the
+// thread's largest so far), NaN and infinities go straight to the block's slots. Flushes
+// add the window to the block's limbs in shared memory with three integer atomics, every
+// EXACT_FLUSH elements (so |window| < EXACT_FLUSH * 2**(24 + EXACT_WINDOW - 1) <= 2**62)
+// and at the end. Uniform or normal data almost never leaves the fast path; data spread
+// over a huge dynamic range does, and is slower, but every path is exact.
+//
+// float64 inputs: every element's digits go to the block's slots with three integer
+// atomics (correct; not fast).
+//
+// Block slots stay below 2**63 while each block adds fewer than 2**31 terms below 2**32 per
+// slot; the caller sizes the grid so, and launches at most EXACT_MAX_N elements per launch
+// so that the sum over blocks stays below 2**63 too.
 
 constexpr int EXACT_LIMBS = 70;
 constexpr int EXACT_SLOTS = EXACT_LIMBS + 3;  // limbs, then NaN, +inf, -inf counts
+constexpr int EXACT_WINDOW = 28;              // float32 exponents one thread's int64 spans
+constexpr int EXACT_HEADROOM = 2;             // exponents kept free above a new window's first element
+constexpr int EXACT_FLUSH = 2048;             // elements per thread between flushes
+static_assert(24 + EXACT_WINDOW - 1 + 11 <= 62, "window * EXACT_FLUSH must stay below 2**62");
 
-template <class T>
-__device__ __forceinline__ double as_double(T x) { return static_cast<double>(x); }
-template <>
-__device__ __forceinline__ double as_double<__half>(__half x) { return static_cast<double>(__half2float(x)); }
+// The special-value counters: slot EXACT_LIMBS + 0 (NaN), + 1 (+inf), + 2 (-inf).
+__device__ __forceinline__ void exact_count_special(unsigned long long* slots, bool nan, bool negative) {
+    atomicAdd(slots + EXACT_LIMBS + (nan ? 0 : (negative ? 2 : 1)), 1ull);
+}
 
-__device__ __forceinline__ void exact_add(unsigned long long* slots, double v) {
-    const unsigned long long bits = static_cast<unsigned long long>(__double_as_longlong(v));
-    const int exponent = static_cast<int>((bits >> 52) & 0x7FF);
-    unsigned long long m = bits & ((1ull << 52) - 1);
-    const bool negative = (bits >> 63) != 0;
-    if (exponent == 0x7FF) {  // NaN or infinity: counted, not summed
-        const int flag = m != 0 ? 0 : (negative ? 2 : 1);
-        atomicAdd(slots + EXACT_LIMBS + flag, 1ull);
-        return;
-    }
-    if (exponent != 0) m |= 1ull << 52;  // normal: the hidden bit
-    if (m == 0) return;                   // +-0.0
-    // v = m * 2**(position - 1074), with m < 2**53.
-    const int position = exponent == 0 ? 0 : exponent - 1;
+// Adds v * 2**(position - 1074) to the slots (|v| <= 2**63, 0 <= position <= 1074 + 1024).
+__device__ __forceinline__ void exact_add_scaled(unsigned long long* slots, long long v, int position) {
+    if (v == 0) return;
+    const bool negative = v < 0;
+    const unsigned long long u = negative ? 0ull - static_cast<unsigned long long>(v) : static_cast<unsigned long long>(v);
     const int limb = position >> 5;
     const int shift = position & 31;
-    const unsigned long long low = (m & 0xFFFFFFFFull) << shift;  // < 2**63
-    const unsigned long long high = (m >> 32) << shift;           // < 2**52
+    const unsigned long long low = u << shift;                         // bits 0..63 of u * 2**shift
+    const unsigned long long high = shift ? u >> (64 - shift) : 0ull;  // bits 64..94, < 2**31
     long long d0 = static_cast<long long>(low & 0xFFFFFFFFull);
-    long long d1 = static_cast<long long>((low >> 32) + (high & 0xFFFFFFFFull));
-    long long d2 = static_cast<long long>(high >> 32);
+    long long d1 = static_cast<long long>(low >> 32);
+    long long d2 = static_cast<long long>(high);
     if (negative) {
         d0 = -d0;
         d1 = -d1;
         d2 = -d2;
     }
     // Two's-complement wrap-around makes unsigned atomics add signed values exactly.
-    atomicAdd(slots + limb, static_cast<unsigned long long>(d0));
-    atomicAdd(slots + limb + 1, static_cast<unsigned long long>(d1));
+    if (d0 != 0) atomicAdd(slots + limb, static_cast<unsigned long long>(d0));
+    if (d1 != 0) atomicAdd(slots + limb + 1, static_cast<unsigned long long>(d1));
     if (d2 != 0) atomicAdd(slots + limb + 2, static_cast<unsigned long long>(d2));
+}
+
+// One float64 element straight into the slots.
+__device__ __forceinline__ void exact_add(unsigned long long* slots, double v) {
+    const unsigned long long bits = static_cast<unsigned long long>(__double_as_longlong(v));
+    const int exponent = static_cast<int>((bits >> 52) & 0x7FF);
+    long long m = static_cast<long long>(bits & ((1ull << 52) - 1));
+    const bool negative = (bits >> 63) != 0;
+    if (exponent == 0x7FF) {  // NaN or infinity: counted, not summed
+        exact_count_special(slots, m != 0, negative);
+        return;
+    }
+    if (exponent != 0) m |= 1ll << 52;  // normal: the hidden bit
+    // v = m * 2**(position - 1074), with m < 2**53.
+    exact_add_scaled(slots, negative ? -m : m, exponent == 0 ? 0 : exponent - 1);
+}
+
+// One thread's window over float32 values (float16 values are converted to float32 first,
+// exactly).
+struct ExactWindow {
+    long long sum = 0;
+    int anchor = -4096;  // no window yet: every element is "above" it
+    int since_flush = 0;
+
+    __device__ __forceinline__ void flush(unsigned long long* slots) {
+        exact_add_scaled(slots, sum, anchor + 924);  // unit 2**(anchor - 150) = 2**(anchor + 924 - 1074)
+        sum = 0;
+        since_flush = 0;
+    }
+
+    __device__ __forceinline__ void add(unsigned long long* slots, float x) {
+        const unsigned int bits = __float_as_uint(x);
+        const int e = static_cast<int>((bits >> 23) & 0xFF);
+        long long m = static_cast<long long>(bits & 0x7FFFFF);
+        if (e != 0) m |= 1ll << 23;
+        const bool negative = (bits >> 31) != 0;
+        const int q = e == 0 ? 1 : e;
+        const int d = e == 0xFF ? EXACT_WINDOW : q - anchor;
+        if (static_cast<unsigned int>(d) < static_cast<unsigned int>(EXACT_WINDOW)) {
+            const long long term = m << d;
+            sum += negative ? -term : term;
+        } else if (m != 0) {  // +-0.0 adds nothing wherever it falls
+            slow(slots, e, m, negative, q, d);
+        }
+    }
+
+    __device__ void slow(unsigned long long* slots, int e, long long m, bool negative, int q, int d) {
+        if (e == 0xFF) {
+            exact_count_special(slots, (m & 0x7FFFFF) != 0, negative);
+        } else if (d < 0) {  // below the window
+            exact_add_scaled(slots, negative ? -m : m, q + 924);
+        } else {  // above the window: move it up
+            if (sum != 0) exact_add_scaled(slots, sum, anchor + 924);
+            anchor = q - (EXACT_WINDOW - 1 - EXACT_HEADROOM);
+            const long long term = m << (q - anchor);
+            sum = negative ? -term : term;
+        }
+    }
+};
+
+template <class T>
+__device__ __forceinline__ float as_float(T x) { return static_cast<float>(x); }
+template <>
+__device__ __forceinline__ float as_float<__half>(__half x) { return __half2float(x); }
+
+// The exact sum of this thread's share of in[0, n) (threads tid = 0 .. nthreads-1), added to
+// the block's slots: scalar head, 16-byte vector body, scalar tail, as thread_reduce.
+template <class T>
+__device__ __forceinline__ void exact_thread(const T* __restrict__ in, long long n, long long tid, long long nthreads,
+                                             unsigned long long* slots) {
+    if constexpr (sizeof(T) == 8) {
+        for (long long i = tid; i < n; i += nthreads) exact_add(slots, static_cast<double>(in[i]));
+    } else {
+        constexpr int VEC = 16 / sizeof(T);
+        constexpr int UNROLL = 2;
+        ExactWindow w;
+        const unsigned long long address = reinterpret_cast<unsigned long long>(in);
+        long long head = static_cast<long long>(((16u - (address & 15u)) & 15u) / sizeof(T));
+        if (head > n) head = n;
+        const long long nvec = (n - head) / VEC;
+        const long long tail_start = head + nvec * VEC;
+        const uint4* __restrict__ body = reinterpret_cast<const uint4*>(in + head);
+        if (tid < head) w.add(slots, as_float(in[tid]));
+        if (tid < n - tail_start) w.add(slots, as_float(in[tail_start + tid]));
+        long long i = tid;
+        for (; i + (UNROLL - 1) * nthreads < nvec; i += UNROLL * nthreads) {
+            uint4 raw[UNROLL];
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) raw[u] = __ldg(body + i + u * nthreads);
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) {
+                const T* e = reinterpret_cast<const T*>(&raw[u]);
+#pragma unroll
+                for (int j = 0; j < VEC; ++j) w.add(slots, as_float(e[j]));
+            }
+            w.since_flush += UNROLL * VEC;
+            if (w.since_flush >= EXACT_FLUSH) w.flush(slots);
+        }
+        for (; i < nvec; i += nthreads) {
+            const uint4 raw = __ldg(body + i);
+            const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) w.add(slots, as_float(e[j]));
+        }
+        w.flush(slots);
+    }
 }
 
 // out[0 .. EXACT_SLOTS) = the exact sum of in[0, n) (limbs and special-value counts).
@@ -419,9 +534,8 @@ exact_sum_kernel(const T* __restrict__ in, long long n, unsigned long long* __re
     __shared__ bool is_last_block;
     for (int k = threadIdx.x; k < EXACT_SLOTS; k += BLOCK) slots[k] = 0ull;
     __syncthreads();
-    const long long stride = static_cast<long long>(gridDim.x) * BLOCK;
-    for (long long i = static_cast<long long>(blockIdx.x) * BLOCK + threadIdx.x; i < n; i += stride)
-        exact_add(slots, as_double(in[i]));
+    exact_thread(in, n, static_cast<long long>(blockIdx.x) * BLOCK + threadIdx.x,
+                 static_cast<long long>(gridDim.x) * BLOCK, slots);
     __syncthreads();
     for (int k = threadIdx.x; k < EXACT_SLOTS; k += BLOCK) partials[blockIdx.x * EXACT_SLOTS + k] = slots[k];
     __threadfence();  // publish the partials before the counter says they are there

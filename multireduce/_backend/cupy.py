@@ -259,6 +259,7 @@ def _launch_cols(x, op: Op, acc: np.dtype, result: np.dtype, outer: int, length:
 
 _exact_kernels: dict[tuple[int, np.dtype], tuple] = {}
 _EXACT_PER_BLOCK = 1 << 29  # elements one block may add before its int64 slots could overflow
+_EXACT_PER_LAUNCH = 1 << 30  # elements per launch: the sum over blocks stays below 2**63 too
 
 
 def exact_sum(x: cupy.ndarray) -> _exact.ExactSum:
@@ -266,7 +267,7 @@ def exact_sum(x: cupy.ndarray) -> _exact.ExactSum:
 
     Bitwise the same accumulator as the CPU's :func:`multireduce._exact.exact_sum`, so the
     final rounding (on the host) gives the same bits. Waits for the kernel (the limbs come
-    back to the host).
+    back to the host). Arrays of more than 2**30 elements take one launch per 2**30.
     """
     with x.device:
         flat = _dense_base(x)
@@ -275,7 +276,6 @@ def exact_sum(x: cupy.ndarray) -> _exact.ExactSum:
             flat = cupy.ascontiguousarray(x).ravel()
         n = flat.size
         acc = _exact.ExactSum()
-        acc.count = n
         if n == 0:
             return acc
         key = (flat.data.device_id, flat.dtype)
@@ -284,14 +284,22 @@ def exact_sum(x: cupy.ndarray) -> _exact.ExactSum:
                 _exact_kernels[key] = _compile(key[0], _kernels.exact_kernel_name(flat.dtype), _kernels.EXACT_BLOCK)
         kernel, max_grid = _exact_kernels[key]
         block = _kernels.EXACT_BLOCK
-        grid = max(min(max_grid, -(-n // (4 * block))), -(-n // _EXACT_PER_BLOCK))
-        partials = cupy.empty(grid * (_exact.LIMBS + 3), dtype=np.uint64)
+        slots = _exact.LIMBS + 3
         counter = cupy.zeros(1, dtype=np.uint32)
-        out = cupy.empty(_exact.LIMBS + 3, dtype=np.uint64)
-        kernel((grid,), (block,), (flat, n, partials, counter, out))
-        packed = out.get().view(np.int64)
-    acc.limbs += packed[: _exact.LIMBS]
-    acc.flags += packed[_exact.LIMBS :]
+        outs = []
+        for start in range(0, n, _EXACT_PER_LAUNCH):
+            part = flat[start : start + _EXACT_PER_LAUNCH]
+            m = part.size
+            grid = max(min(max_grid, -(-m // (4 * block))), -(-m // _EXACT_PER_BLOCK))
+            partials = cupy.empty(grid * slots, dtype=np.uint64)
+            out = cupy.empty(slots, dtype=np.uint64)
+            kernel((grid,), (block,), (part, m, partials, counter, out))
+            outs.append(out)
+        packed = [o.get().view(np.int64) for o in outs]
+    for p in packed:
+        part = _exact.ExactSum(p[: _exact.LIMBS].copy(), p[_exact.LIMBS :].copy(), 0)
+        acc.merge(part)  # normalizes, so that the int64 limbs cannot overflow
+    acc.count = n
     return acc
 
 
