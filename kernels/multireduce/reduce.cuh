@@ -364,18 +364,21 @@ reduce_cols_kernel(const T* __restrict__ in, long long outer, long long R, long 
 // followed by counts of NaN, +inf and -inf. Integer additions are associative, so the
 // result does not depend on the grid, the block or the order of the atomics.
 //
-// float16 and float32 inputs (the fast path): each thread adds its elements into one int64,
-// `window`, whose unit is 2**(anchor - 150) for a per-thread float32 exponent `anchor`: an
-// element m * 2**(q - 150) (q = max(biased exponent, 1), m < 2**24) with
-// 0 <= q - anchor < EXACT_WINDOW adds +-(m << (q - anchor)), one shift and one 64-bit add.
-// The first element, and any element above the window, moves the window up (the old window
-// is flushed); elements below the window (values more than 2**25 times smaller than the
-// thread's largest so far), NaN and infinities go straight to the block's slots. Flushes
-// add the window to the block's limbs in shared memory with three integer atomics, every
-// EXACT_FLUSH elements (so |window| < EXACT_FLUSH * 2**(24 + EXACT_WINDOW - 1) <= 2**62)
-// and at the end. Uniform or normal data almost never leaves the fast path; data spread
-// over a huge dynamic range does, and is slower, but every path is exact.
-//
+// float16 and float32 inputs (the fast path): each thread adds its elements into float64
+// accumulators that stay exact inside a *window* of exponents. With the window
+// 2**a <= |x| < 2**(a + EXACT_WINDOW), every element is an integer multiple of the unit
+// u = 2**(a - 23) (a float32's ulp at 2**a) below 2**(EXACT_WINDOW + 23) u, so a float64
+// sum of fewer than 2**(53 - EXACT_WINDOW - 23) of them is an integer multiple of u below
+// 2**53 u: every add is exact, and the fast path costs what the fast sum's float64
+// accumulation costs, one conversion and one add, plus two float compares. Every
+// EXACT_FOLD elements the float64 sums are folded (exactly) into an int64 count of u, and
+// every EXACT_FLUSHES folds that goes to the block's limbs in shared memory with three
+// integer atomics. An element above the window moves the window up (after a fold and a
+// flush); an element below it (more than 2**17 times smaller than the largest of the
+// thread's window), NaN and infinities go straight to the block's slots. When a = -126 the
+// window reaches down to 0 (float32 subnormals are multiples of 2**-149 = u). Zeros always
+// take the fast path. Data spread over a huge dynamic range leaves the fast path often and
+// is slower; every path is exact.
 // float64 inputs: every element's digits go to the block's slots with three integer
 // atomics (correct; not fast).
 //
@@ -385,10 +388,14 @@ reduce_cols_kernel(const T* __restrict__ in, long long outer, long long R, long 
 
 constexpr int EXACT_LIMBS = 70;
 constexpr int EXACT_SLOTS = EXACT_LIMBS + 3;  // limbs, then NaN, +inf, -inf counts
-constexpr int EXACT_WINDOW = 28;              // float32 exponents one thread's int64 spans
-constexpr int EXACT_HEADROOM = 2;             // exponents kept free above a new window's first element
-constexpr int EXACT_FLUSH = 2048;             // elements per thread between flushes
-static_assert(24 + EXACT_WINDOW - 1 + 11 <= 62, "window * EXACT_FLUSH must stay below 2**62");
+constexpr int EXACT_WINDOW = 20;    // float32 exponents one window spans
+constexpr int EXACT_HEADROOM = 2;   // exponents kept free above a new window's first element
+constexpr int EXACT_FOLD = 1024;    // elements per thread between folds (two float64 sums)
+constexpr int EXACT_FLUSHES = 64;   // folds between flushes of the int64 to shared memory
+// A float64 sum of fewer than 2**10 elements below 2**(EXACT_WINDOW + 23) u stays below 2**53 u.
+static_assert(EXACT_WINDOW + 23 + 10 <= 53, "the float64 window sums must stay exact");
+// Each fold adds less than 2 * 2**53 u to the int64; EXACT_FLUSHES folds stay below 2**62.
+static_assert(54 + 6 + 1 <= 62, "the int64 window sum must not overflow");
 
 // The special-value counters: slot EXACT_LIMBS + 0 (NaN), + 1 (+inf), + 2 (-inf).
 __device__ __forceinline__ void exact_count_special(unsigned long long* slots, bool nan, bool negative) {
@@ -436,43 +443,73 @@ __device__ __forceinline__ void exact_add(unsigned long long* slots, double v) {
 // One thread's window over float32 values (float16 values are converted to float32 first,
 // exactly).
 struct ExactWindow {
-    long long sum = 0;
-    int anchor = -4096;  // no window yet: every element is "above" it
-    int since_flush = 0;
+    double sum0 = 0.0, sum1 = 0.0;  // exact float64 sums of elements in the window
+    long long folded = 0;           // exact sum of earlier folds, in units u = 2**(a - 23)
+    int a = -126;                   // the window's lowest exponent
+    float lo = 0.0f, hi = 0.0f;     // 2**a (0 when a == -126) and 2**(a + EXACT_WINDOW); hi = 0: no window yet
+    int since_fold = 0, folds = 0;
 
-    __device__ __forceinline__ void flush(unsigned long long* slots) {
-        exact_add_scaled(slots, sum, anchor + 924);  // unit 2**(anchor - 150) = 2**(anchor + 924 - 1074)
-        sum = 0;
-        since_flush = 0;
+    __device__ __forceinline__ void fold() {
+        const double inv_u = __longlong_as_double(static_cast<long long>(1023 + 23 - a) << 52);  // 2**(23 - a)
+        folded += __double2ll_rn(sum0 * inv_u) + __double2ll_rn(sum1 * inv_u);  // exact integers
+        sum0 = 0.0;
+        sum1 = 0.0;
+        since_fold = 0;
+        ++folds;
     }
 
+    __device__ __forceinline__ void flush(unsigned long long* slots) {
+        fold();
+        exact_add_scaled(slots, folded, a + 1051);  // u = 2**(a - 23) = 2**((a + 1051) - 1074)
+        folded = 0;
+        folds = 0;
+    }
+
+    // Called after every EXACT_FOLD or so elements.
+    __device__ __forceinline__ void maybe_fold(unsigned long long* slots) {
+        if (since_fold >= EXACT_FOLD) {
+            fold();
+            if (folds >= EXACT_FLUSHES) flush(slots);
+        }
+    }
+
+    template <int K>
     __device__ __forceinline__ void add(unsigned long long* slots, float x) {
+        const float ax = fabsf(x);
+        if (ax < hi && (ax >= lo || ax == 0.0f)) {
+            if constexpr (K == 0) {
+                sum0 += static_cast<double>(x);
+            } else {
+                sum1 += static_cast<double>(x);
+            }
+        } else {
+            slow(slots, x);
+        }
+    }
+
+    __device__ void slow(unsigned long long* slots, float x) {
         const unsigned int bits = __float_as_uint(x);
         const int e = static_cast<int>((bits >> 23) & 0xFF);
         long long m = static_cast<long long>(bits & 0x7FFFFF);
-        if (e != 0) m |= 1ll << 23;
         const bool negative = (bits >> 31) != 0;
-        const int q = e == 0 ? 1 : e;
-        const int d = e == 0xFF ? EXACT_WINDOW : q - anchor;
-        if (static_cast<unsigned int>(d) < static_cast<unsigned int>(EXACT_WINDOW)) {
-            const long long term = m << d;
-            sum += negative ? -term : term;
-        } else if (m != 0) {  // +-0.0 adds nothing wherever it falls
-            slow(slots, e, m, negative, q, d);
-        }
-    }
-
-    __device__ void slow(unsigned long long* slots, int e, long long m, bool negative, int q, int d) {
         if (e == 0xFF) {
-            exact_count_special(slots, (m & 0x7FFFFF) != 0, negative);
-        } else if (d < 0) {  // below the window
-            exact_add_scaled(slots, negative ? -m : m, q + 924);
-        } else {  // above the window: move it up
-            if (sum != 0) exact_add_scaled(slots, sum, anchor + 924);
-            anchor = q - (EXACT_WINDOW - 1 - EXACT_HEADROOM);
-            const long long term = m << (q - anchor);
-            sum = negative ? -term : term;
+            exact_count_special(slots, m != 0, negative);
+            return;
         }
+        if (e != 0) m |= 1ll << 23;
+        if (m == 0) return;  // +-0.0 before the first window
+        if (fabsf(x) < hi) {  // below the window: x = m * 2**(max(e, 1) - 150)
+            exact_add_scaled(slots, negative ? -m : m, (e == 0 ? 1 : e) + 924);
+            return;
+        }
+        // Above the window (or no window yet): move it up so that x lies near its top.
+        if (hi != 0.0f) flush(slots);
+        const int top = e == 0 ? -127 : e - 127;  // floor(log2|x|) for normals
+        a = top - (EXACT_WINDOW - 1 - EXACT_HEADROOM);
+        if (a < -126) a = -126;
+        lo = a == -126 ? 0.0f : __int_as_float((a + 127) << 23);
+        hi = a + EXACT_WINDOW > 127 ? __int_as_float(0x7F800000) : __int_as_float((a + EXACT_WINDOW + 127) << 23);
+        sum0 = static_cast<double>(x);
     }
 };
 
@@ -498,8 +535,9 @@ __device__ __forceinline__ void exact_thread(const T* __restrict__ in, long long
         const long long nvec = (n - head) / VEC;
         const long long tail_start = head + nvec * VEC;
         const uint4* __restrict__ body = reinterpret_cast<const uint4*>(in + head);
-        if (tid < head) w.add(slots, as_float(in[tid]));
-        if (tid < n - tail_start) w.add(slots, as_float(in[tail_start + tid]));
+        if (tid < head) w.add<0>(slots, as_float(in[tid]));
+        if (tid < n - tail_start) w.add<1>(slots, as_float(in[tail_start + tid]));
+        w.since_fold = 2;
         long long i = tid;
         for (; i + (UNROLL - 1) * nthreads < nvec; i += UNROLL * nthreads) {
             uint4 raw[UNROLL];
@@ -509,18 +547,30 @@ __device__ __forceinline__ void exact_thread(const T* __restrict__ in, long long
             for (int u = 0; u < UNROLL; ++u) {
                 const T* e = reinterpret_cast<const T*>(&raw[u]);
 #pragma unroll
-                for (int j = 0; j < VEC; ++j) w.add(slots, as_float(e[j]));
+                for (int j = 0; j < VEC; ++j) {
+                    if (j % 2 == 0) {
+                        w.add<0>(slots, as_float(e[j]));
+                    } else {
+                        w.add<1>(slots, as_float(e[j]));
+                    }
+                }
             }
-            w.since_flush += UNROLL * VEC;
-            if (w.since_flush >= EXACT_FLUSH) w.flush(slots);
+            w.since_fold += UNROLL * VEC;
+            w.maybe_fold(slots);
         }
         for (; i < nvec; i += nthreads) {
             const uint4 raw = __ldg(body + i);
             const T* e = reinterpret_cast<const T*>(&raw);
 #pragma unroll
-            for (int j = 0; j < VEC; ++j) w.add(slots, as_float(e[j]));
+            for (int j = 0; j < VEC; ++j) {
+                if (j % 2 == 0) {
+                    w.add<0>(slots, as_float(e[j]));
+                } else {
+                    w.add<1>(slots, as_float(e[j]));
+                }
+            }
         }
-        w.flush(slots);
+        if (w.hi != 0.0f) w.flush(slots);
     }
 }
 
