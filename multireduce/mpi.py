@@ -232,7 +232,7 @@ def _plan(x: Any, op, dtype) -> tuple[_Plan, Any]:
     if not (on_gpu or isinstance(x, np.ndarray)):
         x = np.asarray(x)
     static = _static(op, x.dtype, None if dtype is None else np.dtype(dtype))
-    return _Plan(static, x.size, on_gpu, x.device.id if on_gpu else None), x
+    return _Plan(static, x.size, on_gpu, x.data.device_id if on_gpu else None), x
 
 
 def _local_partial(x: Any, plan: _Plan):
@@ -473,16 +473,68 @@ def _timed_allreduce(x_local: Any, op: str | Op, comm=None) -> tuple[Any, float,
     return result, local, MPI.Wtime() - start
 
 
+class _Staging:
+    """Two 8-byte pinned host slots per (device, stream): the partial going to MPI, and the
+    result coming back. Pinned, so that both copies are single asynchronous DMA transfers
+    with nothing allocated per call (the per-call cost is what the MPI layer adds)."""
+
+    _buffers: dict[tuple[int, int], tuple[np.ndarray, int]] = {}
+
+    @classmethod
+    def get(cls, device: int, stream: int) -> tuple[np.ndarray, int]:
+        found = cls._buffers.get((device, stream))
+        if found is None:
+            import cupy
+
+            memory = cupy.cuda.alloc_pinned_memory(16)
+            host = np.frombuffer(memory, dtype=np.uint8, count=16)  # holds a reference to memory
+            found = cls._buffers[(device, stream)] = (host, host.ctypes.data)
+        return found
+
+
 def _to_host(partial, plan: _Plan) -> np.generic:
-    """Bring a partial to host memory as a NumPy scalar: the one place that stages."""
+    """Bring a partial to host memory as a NumPy scalar: the one place that stages.
+
+    For a CuPy partial: an asynchronous copy into a pinned slot on the current stream, then a
+    wait for that stream (so the kernel that wrote the partial has finished).
+    """
     if plan.on_gpu:
         import cupy
 
         _transport_counts["staged"] += 1
-        # asnumpy copies on the current stream and waits for it, so the kernel has finished.
-        return cupy.asnumpy(partial)[()]
+        runtime = cupy.cuda.runtime
+        if runtime.getDevice() != plan.device:
+            with cupy.cuda.Device(plan.device):
+                return _to_host(partial, plan)
+        stream = cupy.cuda.get_current_stream()
+        host, ptr = _Staging.get(plan.device, stream.ptr)
+        size = partial.dtype.itemsize
+        runtime.memcpyAsync(ptr, partial.data.ptr, size, runtime.memcpyDeviceToHost, stream.ptr)
+        stream.synchronize()
+        return host[:size].view(partial.dtype)[0]
     _transport_counts["host"] += 1
     return partial
+
+
+def _from_host(value: np.generic, plan: _Plan):
+    """A 0-d CuPy array on the partial's device holding ``value`` bit for bit (a -0.0 stays).
+
+    Copied from the second pinned slot on the current stream, asynchronously: the slot is
+    written again only after the next :func:`_to_host` on this stream has waited for it.
+    """
+    import cupy
+
+    runtime = cupy.cuda.runtime
+    if runtime.getDevice() != plan.device:
+        with cupy.cuda.Device(plan.device):
+            return _from_host(value, plan)
+    stream = cupy.cuda.get_current_stream()
+    host, ptr = _Staging.get(plan.device, stream.ptr)
+    size = value.dtype.itemsize
+    host[8 : 8 + size] = np.asarray(value).reshape(1).view(np.uint8)
+    out = cupy.empty((), dtype=value.dtype)
+    runtime.memcpyAsync(out.data.ptr, ptr + 8, size, runtime.memcpyHostToDevice, stream.ptr)
+    return out
 
 
 def _meta(plan: _Plan | None, error) -> np.ndarray:
@@ -546,12 +598,7 @@ def _combine(comm, plan: _Plan | None, partial, error):
         value = decode_extreme_scalar(int(meta[8]), st.positive, st.acc, st.op.nan_wins)
     result = value.astype(st.result)
     if plan.on_gpu:
-        import cupy
-
-        with cupy.cuda.Device(plan.device):
-            from ._backend import cupy as gpu
-
-            return gpu.constant(result, st.result)  # bit-exact: keeps the sign of a zero
+        return _from_host(result, plan)
     return result
 
 
