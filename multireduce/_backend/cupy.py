@@ -304,10 +304,14 @@ def exact_sum(x: cupy.ndarray) -> _exact.ExactSum:
 
 
 def moments(x: cupy.ndarray, axes: tuple[int, ...], op: Op):
-    """Not yet on the GPU: the fused one-pass moments kernel is the next step."""
-    raise _missing(f"{op.name} (one-pass moments: mean/var/std/nanmean/stats)")
+    """The moments state of ``x`` over ``axes``: one fused pass (:mod:`._cupy_stats`)."""
+    from . import _cupy_stats
+
+    return _cupy_stats.moments(x, axes, op)
 
 
 def arg(x: cupy.ndarray, axis: int | None, op: Op):
-    """Not yet on the GPU: argmin/argmax need a (value, index) kernel."""
-    raise _missing(f"{op.name} (a (value, int64 index) reduction)")
+    """The argmin/argmax state of ``x`` along ``axis`` (None: flattened) (:mod:`._cupy_stats`)."""
+    from . import _cupy_stats
+
+    return _cupy_stats.arg(x, axis, op)

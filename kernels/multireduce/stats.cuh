@@ -1,0 +1,610 @@
+/******************************************************************************
+ * multireduce: one-pass moments (count, NaN count, sum, mean, M2, min, max) and
+ * argmin/argmax, as states of multireduce/_stats.py (Moments, ArgState).
+ *
+ * Uses the helpers of reduce.cuh (load16, shfl_down, Min/Max, convert, sign_bit). NVRTC gets
+ * the text of reduce.cuh followed by this file's (multireduce/_kernels.py: read_source);
+ * nvcc includes reduce.cuh from here.
+ *
+ * ALGORITHM (moments_rows_kernel)
+ *   `rows` contiguous rows of `length` elements; gridDim.x blocks share a row and gridDim.y
+ *   strides over rows, as reduce_rows_kernel (rows == 1 is the full reduction). Each row is
+ *   read once: a scalar head up to the first 16-byte boundary, 16-byte vectors (UNROLL in
+ *   flight), a scalar tail, as thread_reduce.
+ *
+ *   1. Per thread, per element: NaN test and count (floats), the shifted sums
+ *      s1 += x - c and s2 += (x - c)**2 around a per-thread constant c (the thread's first
+ *      element if finite, else 0; NaN elements add 0) in float64 (exact int64 for 1- and
+ *      2-byte integers and bool), lo/hi with NaN ignored and -0.0 < +0.0, and for 4- and
+ *      8-byte integers the exact sum in the int64/uint64 sum accumulator (wrapping as
+ *      NumPy's). The count is not accumulated: it follows from the thread's index range
+ *      minus its NaN count. ACC independent float64 (s1, s2) pairs per thread.
+ *   2. Once per thread: n = count - NaN, mean = c + s1/n, M2 = s2 - s1*(s1/n) (clamped at
+ *      0; NaN stays), and for floats total = s1 + n*c (in float64, rounded once to the sum
+ *      accumulator; exact in int64/uint64 for small integers). An infinite element makes s1 infinite, so mean is +-inf (NaN for +inf
+ *      and -inf) and M2 is NaN, as on the CPU.
+ *   3. Threads, warps and blocks merge with Chan et al.'s update (merge_moments, the same
+ *      rules as _stats.merge: an empty side leaves the other unchanged; with an infinite
+ *      mean the mean is the weighted mean and M2 is NaN). Warp tree with shuffles, then
+ *      warp 0 over the warps' states, then the last block of the row merges the blocks'
+ *      states in block order.
+ *
+ *   ERROR. With d_i = x_i - c, M2 = s2 - s1**2/n is exact in real arithmetic; in float64
+ *   its error is at most about (m + 2) * eps * (s2 + s1**2/n) for a thread's m elements,
+ *   i.e. relative to M2 about (m + 2) * eps * (1 + 2 * (mean - c)**2 / var) (eps = 2**-53).
+ *   As c is one of the thread's own elements, (mean - c)**2 / var is O(1) unless c is an
+ *   outlier of that thread's elements. Chan's merges then add O(log(threads)) * eps.
+ *   Float64 input with |x - c| above about 1e154 overflows s2 (M2 becomes NaN or inf).
+ *
+ * ALGORITHM (arg_rows_kernel)
+ *   Same decomposition. Each element becomes an ordered integer key (IEEE total order for
+ *   floats, -0.0 < +0.0, complemented for argmin, NaN the largest key for both), and each
+ *   thread visits its elements in increasing index order, keeping the first strictly
+ *   larger key (first occurrence). Threads and blocks merge (key, index) pairs with the
+ *   rule of _stats.arg_merge: larger key wins, equal keys go to the smaller index,
+ *   index -1 is empty. The value written is in[index] converted to the extreme accumulator.
+ *
+ *   There are no floating-point atomics: every merge order depends only on the row length,
+ *   the row's address modulo 16 and the grid, so results are bitwise reproducible.
+ *
+ * LAUNCH CONSTRAINTS
+ *   - Two blocks per SM (__launch_bounds__(BLOCK, 2): at most 64 registers at BLOCK 512).
+ *   - blockDim.x == BLOCK, a multiple of 32, at most 1024, >= 16 (head/tail threads).
+ *   - partials holds rows * gridDim.x states; counters[row] == 0 on entry for every row
+ *     when gridDim.x > 1 (left 0 on exit); rows >= 1 and length >= 1.
+ *   - in is aligned to sizeof(T).
+ *
+ * RESULT
+ *   out[row] (moments) or out_value[row], out_index[row] (arg), written by thread 0 of the
+ *   last block of the row.
+ *
+ * BARRIERS
+ *   Every thread of a block reaches each __syncthreads(); the row loop ends in a barrier
+ *   because the shared state slots are written again for the next row.
+ ******************************************************************************/
+#pragma once
+
+#ifndef MULTIREDUCE_ONE_SOURCE_TEXT  // defined by read_source(), whose text holds reduce.cuh
+#include "reduce.cuh"
+#endif
+
+namespace multireduce {
+
+// ---------------------------------------------------------------------------------------
+// Type helpers.
+
+template <class T> struct IsFloatElement { static constexpr bool value = IsFloating<T>::value; };
+template <> struct IsFloatElement<__half> { static constexpr bool value = true; };
+
+// How the moments kernel sees an element: __half as float (exact), others as themselves.
+template <class T> struct Seen { using type = T; };
+template <> struct Seen<__half> { using type = float; };
+
+template <class T>
+__device__ __forceinline__ typename Seen<T>::type seen(T x) { return x; }
+template <>
+__device__ __forceinline__ float seen<__half>(__half x) { return __half2float(x); }
+
+template <class V>
+__device__ __forceinline__ bool is_finite_value(V x) {
+    if constexpr (IsFloating<V>::value) {
+        return x - x == x - x;  // false for NaN and +-inf
+    } else {
+        return true;
+    }
+}
+
+// Elements the thread `tid` of `nthreads` visits in thread_reduce's split of n elements.
+__device__ __forceinline__ long long thread_count(long long tid, long long nthreads, long long head, long long nvec,
+                                                  long long tail, int vec) {
+    long long count = (tid < head ? 1 : 0) + (tid < tail ? 1 : 0);
+    if (tid < nvec) count += static_cast<long long>(vec) * ((nvec - 1 - tid) / nthreads + 1);
+    return count;
+}
+
+// ---------------------------------------------------------------------------------------
+// Moments.
+
+// One multireduce._stats.Moments element. S: the sum accumulator; E: the extreme
+// accumulator. The host reads an array of these as a NumPy structured dtype with
+// align=True (multireduce/_backend/_cupy_stats.py), which follows the same C layout rules.
+template <class S, class E>
+struct MomentState {
+    long long n;
+    long long nan;
+    S total;
+    double mean;
+    double m2;
+    E lo;
+    E hi;
+};
+
+// Chan, Golub and LeVeque's pairwise update, with the rules of _stats.merge.
+template <class S, class E>
+__device__ __forceinline__ MomentState<S, E> merge_moments(const MomentState<S, E>& a, const MomentState<S, E>& b) {
+    MomentState<S, E> r;
+    r.n = a.n + b.n;
+    r.nan = a.nan + b.nan;
+    r.total = a.total + b.total;
+    r.lo = Min::combine(a.lo, b.lo);  // lo/hi never hold NaN
+    r.hi = Max::combine(a.hi, b.hi);
+    if (b.n == 0) {
+        r.mean = a.mean;
+        r.m2 = a.m2;
+    } else if (a.n == 0) {
+        r.mean = b.mean;
+        r.m2 = b.m2;
+    } else {
+        // One division (a subroutine in float64) per merge keeps the tree within the
+        // registers of two blocks per SM; the weights are then within 2 ulp of wb / n.
+        const double inv = 1.0 / static_cast<double>(r.n);
+        const double wa = static_cast<double>(a.n);
+        const double wb = static_cast<double>(b.n);
+        if (is_finite_value(a.mean) && is_finite_value(b.mean)) {
+            const double delta = b.mean - a.mean;
+            r.mean = a.mean + delta * (wb * inv);
+            r.m2 = a.m2 + b.m2 + delta * delta * (wa * (wb * inv));
+        } else {  // inf - inf in the update: the weighted mean, and no variance
+            r.mean = (wa * a.mean + wb * b.mean) * inv;
+            r.m2 = __longlong_as_double(0x7ff8000000000000LL);
+        }
+    }
+    return r;
+}
+
+template <class S, class E>
+__device__ __forceinline__ MomentState<S, E> shfl_down_state(const MomentState<S, E>& v, int offset) {
+    MomentState<S, E> r;
+    r.n = shfl_down(v.n, offset);
+    r.nan = shfl_down(v.nan, offset);
+    r.total = shfl_down(v.total, offset);
+    r.mean = shfl_down(v.mean, offset);
+    r.m2 = shfl_down(v.m2, offset);
+    r.lo = shfl_down(v.lo, offset);
+    r.hi = shfl_down(v.hi, offset);
+    return r;
+}
+
+template <class S, class E>
+__device__ __forceinline__ MomentState<S, E> load_state(const MomentState<S, E>* p) {
+    const volatile MomentState<S, E>* q = p;  // written by other blocks: read from L2
+    MomentState<S, E> r;
+    r.n = q->n;
+    r.nan = q->nan;
+    r.total = q->total;
+    r.mean = q->mean;
+    r.m2 = q->m2;
+    r.lo = q->lo;
+    r.hi = q->hi;
+    return r;
+}
+
+// Thread 0 receives the merge of the block's states in a fixed order; one __syncthreads().
+template <int BLOCK, class State>
+__device__ __forceinline__ State block_merge(State v, const State& empty, State* warp_states) {
+    static_assert(BLOCK % 32 == 0 && BLOCK <= 1024, "BLOCK must be a multiple of 32, at most 1024");
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) v = merge_moments(v, shfl_down_state(v, offset));
+    if (lane == 0) warp_states[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        v = (lane < BLOCK / 32) ? warp_states[lane] : empty;
+#pragma unroll
+        for (int offset = 16; offset > 0; offset >>= 1) v = merge_moments(v, shfl_down_state(v, offset));
+    }
+    return v;
+}
+
+// One thread's accumulators of the moments kernel. Three kinds of element:
+//   floats: NaN count and float64 shifted sums (the sum is derived from them);
+//   integers of 1 or 2 bytes and bool: exact int64 shifted sums (d*d < 2**32, so s2 holds
+//     2**31 elements per thread), and the exact sum n*c + s1;
+//   integers of 4 and 8 bytes: float64 shifted sums of x converted to float64 (as the CPU's
+//     astype(float64)) and the exact sum in the sum accumulator.
+template <class T, class S, class E, int ACC>
+struct MomentAcc {
+    using V = typename Seen<T>::type;
+    static constexpr bool FLOAT = IsFloatElement<T>::value;
+    static constexpr bool SMALL = !FLOAT && sizeof(T) <= 2;
+
+    V cv;              // the shift, as an element value (finite)
+    double c;          // the shift
+    double s1[ACC];    // sum of (x - c) over non-NaN x (floats, wide integers)
+    double s2[ACC];    // sum of (x - c)**2
+    long long i1;      // sum of (x - c) (small integers)
+    long long i2;      // sum of (x - c)**2
+    unsigned int nan;  // NaN elements (floats)
+    S total;           // exact sum (wide integers)
+    E lo, hi;
+
+    __device__ __forceinline__ void init(T first, bool has_first, E lo_init, E hi_init) {
+        const V f = seen(first);
+        cv = (has_first && is_finite_value(f)) ? f : V(0);
+        c = static_cast<double>(cv);
+#pragma unroll
+        for (int k = 0; k < ACC; ++k) s1[k] = s2[k] = 0.0;
+        i1 = i2 = 0;
+        nan = 0u;
+        total = S(0);
+        lo = lo_init;
+        hi = hi_init;
+    }
+
+    __device__ __forceinline__ void add(T element, int k) {
+        const V x = seen(element);
+        if constexpr (FLOAT) {
+            const bool is_nan = x != x;
+            nan += is_nan ? 1u : 0u;
+            const double d = static_cast<double>(is_nan ? cv : x) - c;  // 0 for NaN
+            s1[k] += d;
+            s2[k] = fma(d, d, s2[k]);
+            // NaN compares false both ways and is skipped; -0.0 orders below +0.0.
+            const E e = static_cast<E>(x);
+            lo = (e < lo || (e == lo && sign_bit(e))) ? e : lo;
+            hi = (e > hi || (e == hi && !sign_bit(e))) ? e : hi;
+        } else if constexpr (SMALL) {
+            const int d = static_cast<int>(x) - static_cast<int>(cv);
+            i1 += d;
+            i2 += static_cast<long long>(d) * d;
+            lo = Min::combine(lo, static_cast<E>(x));
+            hi = Max::combine(hi, static_cast<E>(x));
+        } else {
+            total += static_cast<S>(x);  // wraps modulo 2**64, as NumPy's int64/uint64 sum
+            const double d = static_cast<double>(x) - c;
+            s1[k] += d;
+            s2[k] = fma(d, d, s2[k]);
+            lo = Min::combine(lo, static_cast<E>(x));
+            hi = Max::combine(hi, static_cast<E>(x));
+        }
+    }
+
+    __device__ __forceinline__ MomentState<S, E> state(long long count) const {
+        double a, b;
+        if constexpr (SMALL) {
+            a = static_cast<double>(i1);  // exact: |i1| < 2**47
+            b = static_cast<double>(i2);
+        } else {
+            a = s1[0];
+            b = s2[0];
+#pragma unroll
+            for (int k = 1; k < ACC; ++k) {
+                a += s1[k];
+                b += s2[k];
+            }
+        }
+        MomentState<S, E> r;
+        r.nan = static_cast<long long>(nan);
+        r.n = count - r.nan;
+        r.lo = lo;
+        r.hi = hi;
+        if (r.n > 0) {
+            const double nf = static_cast<double>(r.n);
+            const double q = a / nf;
+            r.mean = c + q;
+            const double m2 = b - a * q;
+            r.m2 = m2 < 0.0 ? 0.0 : m2;  // rounding below zero; NaN stays NaN
+        } else {
+            r.mean = 0.0;
+            r.m2 = 0.0;
+        }
+        if constexpr (FLOAT) {
+            r.total = r.n > 0 ? static_cast<S>(fma(static_cast<double>(r.n), c, a)) : S(0);
+        } else if constexpr (SMALL) {
+            // Exact; for uint64 the signed i1 wraps to the right non-negative total.
+            r.total = static_cast<S>(r.n) * static_cast<S>(static_cast<int>(cv)) + static_cast<S>(i1);
+        } else {
+            r.total = total;
+        }
+        return r;
+    }
+};
+
+// The moments of each of `rows` contiguous rows of `length` elements (ALGORITHM above).
+template <class T, class S, class E, int BLOCK, int UNROLL>
+__global__ void __launch_bounds__(BLOCK, 2)
+moments_rows_kernel(const T* __restrict__ in, long long rows, long long length, E lo_init, E hi_init,
+                    MomentState<S, E>* __restrict__ partials, unsigned int* __restrict__ counters,
+                    MomentState<S, E>* __restrict__ out) {
+    using State = MomentState<S, E>;
+    constexpr int VEC = 16 / sizeof(T);
+    constexpr int ACC = VEC < 2 ? VEC : 2;
+    static_assert(16 % sizeof(T) == 0, "element size must divide 16");
+    static_assert(BLOCK >= 16 / sizeof(T), "head and tail are handled by the first threads");
+    __shared__ State warp_states[BLOCK / 32];
+    __shared__ bool is_last_block;
+
+    const long long tid = static_cast<long long>(blockIdx.x) * BLOCK + threadIdx.x;
+    const long long nthreads = static_cast<long long>(gridDim.x) * BLOCK;
+    State empty;
+    empty.n = empty.nan = 0;
+    empty.total = S(0);
+    empty.mean = empty.m2 = 0.0;
+    empty.lo = lo_init;
+    empty.hi = hi_init;
+
+    for (long long row = blockIdx.y; row < rows; row += gridDim.y) {
+        const T* __restrict__ x = in + row * length;
+        const unsigned long long address = reinterpret_cast<unsigned long long>(x);
+        long long head = static_cast<long long>(((16u - (address & 15u)) & 15u) / sizeof(T));
+        if (head > length) head = length;
+        const long long nvec = (length - head) / VEC;
+        const long long tail_start = head + nvec * VEC;
+        const long long tail = length - tail_start;
+        const uint4* __restrict__ body = reinterpret_cast<const uint4*>(x + head);
+
+        // The shift: the thread's first element (head, else first vector, else tail).
+        long long first = -1;
+        if (tid < head) {
+            first = tid;
+        } else if (tid < nvec) {
+            first = head + tid * VEC;
+        } else if (tid < tail) {
+            first = tail_start + tid;
+        }
+        MomentAcc<T, S, E, ACC> acc;
+        acc.init(first >= 0 ? x[first] : T(0), first >= 0, lo_init, hi_init);
+
+        if (tid < head) acc.add(x[tid], 0);
+        long long i = tid;
+        for (; i + (UNROLL - 1) * nthreads < nvec; i += UNROLL * nthreads) {
+            uint4 raw[UNROLL];
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) raw[u] = load16<0>(body + i + u * nthreads);
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) {
+                const T* e = reinterpret_cast<const T*>(&raw[u]);
+#pragma unroll
+                for (int j = 0; j < VEC; ++j) acc.add(e[j], j % ACC);
+            }
+        }
+        for (; i < nvec; i += nthreads) {
+            const uint4 raw = load16<0>(body + i);
+            const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) acc.add(e[j], j % ACC);
+        }
+        if (tid < tail) acc.add(x[tail_start + tid], ACC - 1);
+
+        State v = acc.state(thread_count(tid, nthreads, head, nvec, tail, VEC));
+        v = block_merge<BLOCK>(v, empty, warp_states);
+
+        if (gridDim.x == 1) {
+            if (threadIdx.x == 0) out[row] = v;
+        } else {
+            State* row_partials = partials + row * gridDim.x;
+            if (threadIdx.x == 0) {
+                row_partials[blockIdx.x] = v;
+                __threadfence();  // publish the partial before the counter says it is there
+                const unsigned int done = atomicAdd(counters + row, 1u);
+                is_last_block = (done == gridDim.x - 1);
+            }
+            __syncthreads();
+            if (is_last_block) {
+                __threadfence();  // see every other block's partial
+                // Each thread merges blocks k, k + BLOCK, ... in order; then the block tree.
+                State w = empty;
+                for (unsigned int k = threadIdx.x; k < gridDim.x; k += BLOCK)
+                    w = merge_moments(w, load_state(row_partials + k));
+                __syncthreads();  // warp_states is reused
+                w = block_merge<BLOCK>(w, empty, warp_states);
+                if (threadIdx.x == 0) {
+                    out[row] = w;
+                    counters[row] = 0u;
+                }
+            }
+        }
+        __syncthreads();  // warp_states and is_last_block are written again for the next row
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// argmin / argmax.
+
+// Ordered keys: a larger key is a better candidate. KeyOf<T>::type is int for elements of
+// up to 4 bytes, long long for 8-byte ones.
+template <class T> struct KeyOf { using type = int; };
+template <> struct KeyOf<long long> { using type = long long; };
+template <> struct KeyOf<unsigned long long> { using type = long long; };
+template <> struct KeyOf<double> { using type = long long; };
+
+template <bool LARGEST, class T>
+__device__ __forceinline__ typename KeyOf<T>::type arg_key(T x) {
+    using K = typename KeyOf<T>::type;
+    K k;
+    if constexpr (IsFloatElement<T>::value) {
+        constexpr K TOP = sizeof(K) == 8 ? static_cast<K>(0x7fffffffffffffffLL) : static_cast<K>(0x7fffffff);
+        K bits;
+        bool is_nan;
+        if constexpr (sizeof(K) == 8) {
+            bits = __double_as_longlong(x);
+            is_nan = x != x;
+        } else {
+            const float f = seen(x);
+            bits = __float_as_int(f);
+            is_nan = f != f;
+        }
+        // Sign-magnitude to two's complement: integer order is the IEEE total order.
+        k = bits ^ ((bits >> (8 * sizeof(K) - 1)) & TOP);
+        if (!LARGEST) k = ~k;
+        k = is_nan ? TOP : k;  // the first NaN wins for both
+    } else {
+        if constexpr (sizeof(T) == 8 && static_cast<T>(-1) > T(0)) {
+            k = static_cast<K>(x ^ 0x8000000000000000ull);
+        } else if constexpr (sizeof(T) == 4 && static_cast<T>(-1) > T(0)) {
+            k = static_cast<K>(x ^ 0x80000000u);
+        } else {
+            k = static_cast<K>(x);
+        }
+        if (!LARGEST) k = ~k;
+    }
+    return k;
+}
+
+struct ArgPartial {
+    long long key;
+    long long index;  // -1: no element
+};
+
+__device__ __forceinline__ ArgPartial merge_arg(const ArgPartial& a, const ArgPartial& b) {
+    const bool b_wins = a.index < 0 || (b.index >= 0 && (b.key > a.key || (b.key == a.key && b.index < a.index)));
+    return b_wins ? b : a;
+}
+
+template <int BLOCK>
+__device__ __forceinline__ ArgPartial block_merge_arg(ArgPartial v, ArgPartial* warp_values) {
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        ArgPartial o;
+        o.key = shfl_down(v.key, offset);
+        o.index = shfl_down(v.index, offset);
+        v = merge_arg(v, o);
+    }
+    if (lane == 0) warp_values[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        if (lane < BLOCK / 32) {
+            v = warp_values[lane];
+        } else {
+            v.key = 0;
+            v.index = -1;
+        }
+#pragma unroll
+        for (int offset = 16; offset > 0; offset >>= 1) {
+            ArgPartial o;
+            o.key = shfl_down(v.key, offset);
+            o.index = shfl_down(v.index, offset);
+            v = merge_arg(v, o);
+        }
+    }
+    return v;
+}
+
+// argmax (LARGEST) or argmin of each of `rows` contiguous rows of `length` elements:
+// out_value[row] (in the extreme accumulator E) and out_index[row] (within the row).
+template <class T, class E, int BLOCK, int UNROLL, bool LARGEST>
+__global__ void __launch_bounds__(BLOCK, 2)
+arg_rows_kernel(const T* __restrict__ in, long long rows, long long length, ArgPartial* __restrict__ partials,
+                unsigned int* __restrict__ counters, E* __restrict__ out_value, long long* __restrict__ out_index) {
+    using K = typename KeyOf<T>::type;
+    constexpr int VEC = 16 / sizeof(T);
+    static_assert(16 % sizeof(T) == 0, "element size must divide 16");
+    static_assert(BLOCK >= 16 / sizeof(T), "head and tail are handled by the first threads");
+    __shared__ ArgPartial warp_values[BLOCK / 32];
+    __shared__ bool is_last_block;
+
+    const long long tid = static_cast<long long>(blockIdx.x) * BLOCK + threadIdx.x;
+    const long long nthreads = static_cast<long long>(gridDim.x) * BLOCK;
+
+    for (long long row = blockIdx.y; row < rows; row += gridDim.y) {
+        const T* __restrict__ x = in + row * length;
+        const unsigned long long address = reinterpret_cast<unsigned long long>(x);
+        long long head = static_cast<long long>(((16u - (address & 15u)) & 15u) / sizeof(T));
+        if (head > length) head = length;
+        const long long nvec = (length - head) / VEC;
+        const long long tail_start = head + nvec * VEC;
+        const uint4* __restrict__ body = reinterpret_cast<const uint4*>(x + head);
+
+        // Visited in increasing index order (head < body < tail), so a strictly larger key
+        // is needed to replace the best: the first occurrence stays.
+        K best = 0;
+        long long best_index = -1;
+        if (tid < head) {
+            best = arg_key<LARGEST>(x[tid]);
+            best_index = tid;
+        }
+        long long i = tid;
+        for (; i + (UNROLL - 1) * nthreads < nvec; i += UNROLL * nthreads) {
+            uint4 raw[UNROLL];
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) raw[u] = load16<0>(body + i + u * nthreads);
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) {
+                const T* e = reinterpret_cast<const T*>(&raw[u]);
+                K vk = arg_key<LARGEST>(e[0]);
+                int vj = 0;
+#pragma unroll
+                for (int j = 1; j < VEC; ++j) {
+                    const K k = arg_key<LARGEST>(e[j]);
+                    if (k > vk) {
+                        vk = k;
+                        vj = j;
+                    }
+                }
+                if (best_index < 0 || vk > best) {
+                    best = vk;
+                    best_index = head + (i + u * nthreads) * VEC + vj;
+                }
+            }
+        }
+        for (; i < nvec; i += nthreads) {
+            const uint4 raw = load16<0>(body + i);
+            const T* e = reinterpret_cast<const T*>(&raw);
+            K vk = arg_key<LARGEST>(e[0]);
+            int vj = 0;
+#pragma unroll
+            for (int j = 1; j < VEC; ++j) {
+                const K k = arg_key<LARGEST>(e[j]);
+                if (k > vk) {
+                    vk = k;
+                    vj = j;
+                }
+            }
+            if (best_index < 0 || vk > best) {
+                best = vk;
+                best_index = head + i * VEC + vj;
+            }
+        }
+        if (tid < length - tail_start) {
+            const K k = arg_key<LARGEST>(x[tail_start + tid]);
+            if (best_index < 0 || k > best) {
+                best = k;
+                best_index = tail_start + tid;
+            }
+        }
+
+        ArgPartial v;
+        v.key = static_cast<long long>(best);
+        v.index = best_index;
+        v = block_merge_arg<BLOCK>(v, warp_values);
+
+        bool write = gridDim.x == 1 && threadIdx.x == 0;
+        if (gridDim.x > 1) {
+            ArgPartial* row_partials = partials + row * gridDim.x;
+            if (threadIdx.x == 0) {
+                row_partials[blockIdx.x] = v;
+                __threadfence();  // publish the partial before the counter says it is there
+                const unsigned int done = atomicAdd(counters + row, 1u);
+                is_last_block = (done == gridDim.x - 1);
+            }
+            __syncthreads();
+            if (is_last_block) {
+                __threadfence();  // see every other block's partial
+                const volatile ArgPartial* vpartials = row_partials;
+                ArgPartial w;
+                w.key = 0;
+                w.index = -1;
+                for (unsigned int k = threadIdx.x; k < gridDim.x; k += BLOCK) {
+                    ArgPartial p;
+                    p.key = vpartials[k].key;
+                    p.index = vpartials[k].index;
+                    w = merge_arg(w, p);
+                }
+                __syncthreads();  // warp_values is reused
+                v = block_merge_arg<BLOCK>(w, warp_values);
+                write = threadIdx.x == 0;
+                if (write) counters[row] = 0u;
+            }
+        }
+        if (write) {
+            out_index[row] = v.index;
+            out_value[row] = convert<E>(x[v.index]);  // length >= 1: some index was found
+        }
+        __syncthreads();  // warp_values and is_last_block are written again for the next row
+    }
+}
+
+}  // namespace multireduce

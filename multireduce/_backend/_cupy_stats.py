@@ -1,0 +1,189 @@
+"""Host side of the GPU moments and argmin/argmax kernels (``kernels/multireduce/stats.cuh``).
+
+Both kernels reduce ``rows`` contiguous rows of ``length`` elements each, in one launch and one
+read of the input: a full reduction is one row (any dense view, in memory order, for moments;
+the C-order flattening for argmin/argmax), and an axis reduction is supported where the
+reduced axes are the last ones of C order (``inner == 1`` in
+:func:`multireduce._axes.axis_layout`). Other layouts raise ``NotImplementedError``.
+
+The states come back to the host as the NumPy arrays of :class:`multireduce._stats.Moments`
+and :class:`multireduce._stats.ArgState`, so the call waits for the kernel.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import threading
+
+import cupy
+import numpy as np
+
+from .. import _kernels, _stats
+from .._axes import axis_layout
+from ..ops import OPS, Op
+from .cupy import _MAX_GRID_Y, _compile, _dense_base, _missing
+
+__all__ = ["arg", "launch_moments", "moments", "state_dtype"]
+
+_log = logging.getLogger("multireduce")
+_lock = threading.Lock()
+_functions: dict[tuple[int, str], tuple] = {}
+_BLOCK = _kernels.STATS_BLOCK
+_ARG_PARTIAL_BYTES = 16  # struct ArgPartial { long long key, index; }
+
+
+def _function(device: int, name: str):
+    """(driver function, largest useful grid) for one kernel on one device, compiled once."""
+    key = (device, name)
+    found = _functions.get(key)
+    if found is None:
+        with _lock:
+            found = _functions.get(key)
+            if found is None:
+                found = _compile(device, name, _BLOCK)
+                _functions[key] = found
+    return found
+
+
+def state_dtype(dtype: np.dtype) -> np.dtype:
+    """The NumPy dtype of the kernel's ``MomentState<S, E>`` for input ``dtype``.
+
+    ``align=True`` lays the fields out by the C rules that nvcc and NVRTC follow.
+    """
+    dtype = np.dtype(dtype)
+    return np.dtype(
+        [
+            ("n", np.int64),
+            ("nan", np.int64),
+            ("total", _stats._sum_acc(dtype)),
+            ("mean", np.float64),
+            ("m2", np.float64),
+            ("lo", _stats._extreme_acc(dtype)),
+            ("hi", _stats._extreme_acc(dtype)),
+        ],
+        align=True,
+    )
+
+
+def _grid(rows: int, length: int, itemsize: int, unroll: int, max_grid: int) -> tuple[int, int]:
+    """(blocks per row, blocks over rows), as ``_launch_rows`` in cupy.py chooses them."""
+    per_block = (16 // itemsize) * _BLOCK * unroll  # elements one block loads per loop trip
+    per_row = 1 if rows >= max_grid else max(1, min(-(-length // per_block), -(-max_grid // rows)))
+    return per_row, min(rows, _MAX_GRID_Y)
+
+
+@functools.cache
+def _moments_constants(dtype: np.dtype) -> tuple[np.dtype, np.generic, np.generic]:
+    """(state dtype, lo identity, hi identity) of the moments kernel for input ``dtype``."""
+    ext = _stats._extreme_acc(dtype)
+    return state_dtype(dtype), OPS["min"].identity(ext), OPS["max"].identity(ext)
+
+
+def _rows_view(x: cupy.ndarray, axes: tuple[int, ...], what: str, order_free: bool):
+    """``(data, rows, length)``: ``x`` as rows of contiguous elements to reduce.
+
+    ``order_free``: a full reduction may read a dense view in memory order. Copies a
+    non-contiguous input to C order (logged at debug level) only where the layout is one the
+    kernels reduce; raises otherwise.
+    """
+    if len(axes) == x.ndim or math.prod(x.shape[a] for a in range(x.ndim) if a not in axes) == 1:
+        flat = _dense_base(x) if order_free else (x.ravel() if x.flags.c_contiguous else None)
+        if flat is None:
+            _log.debug("copying a %s view of shape %s to C order before %s", x.dtype, x.shape, what)
+            flat = cupy.ascontiguousarray(x).ravel()
+        return flat, 1, x.size
+    layout = axis_layout(x.shape, axes)
+    if layout is None or layout[2] != 1:
+        raise _missing(
+            f"{what} over axes {axes} of shape {x.shape} (the GPU kernel reduces all axes, or reduced "
+            "axes that are the last ones in C order)"
+        )
+    if not x.flags.c_contiguous:
+        _log.debug("copying a non-contiguous %s array of shape %s to C order before %s", x.dtype, x.shape, what)
+        x = cupy.ascontiguousarray(x)
+    return x, layout[0], layout[1]
+
+
+def _counters(device: int, count: int) -> cupy.ndarray:
+    """At least ``count`` zero counters for the current stream of ``device``.
+
+    Every launch leaves its counters at zero, so launches ordered on one stream share them.
+    """
+    key = (device, cupy.cuda.get_current_stream().ptr)
+    found = _counter_cache.get(key)
+    if found is None or found.size < count:
+        found = cupy.zeros(max(count, 1024), dtype=np.uint32)
+        _counter_cache[key] = found
+    return found
+
+
+_counter_cache: dict[tuple[int, int], cupy.ndarray] = {}
+
+
+def launch_moments(data: cupy.ndarray, rows: int, length: int) -> cupy.ndarray:
+    """Launch ``moments_rows_kernel`` on ``rows`` contiguous rows of ``length`` elements.
+
+    Returns the states as a device byte array of ``rows`` :func:`state_dtype` records (no
+    wait). ``data`` is C-contiguous and non-empty; call inside ``with data.device``.
+    """
+    device = data.data.device_id
+    kernel, max_grid = _function(device, _kernels.moments_kernel_name(data.dtype))
+    per_row, grid_y = _grid(rows, length, data.itemsize, _kernels.MOMENTS_UNROLL, max_grid)
+    sdt, lo, hi = _moments_constants(data.dtype)
+    partials = cupy.empty(max(rows * per_row, 1) * sdt.itemsize, dtype=np.uint8)
+    counters = _counters(device, rows if per_row > 1 else 1)
+    out = cupy.empty(rows * sdt.itemsize, dtype=np.uint8)
+    args = (data, np.int64(rows), np.int64(length), lo, hi, partials, counters, out)
+    kernel((per_row, grid_y), (_BLOCK,), args)
+    return out
+
+
+def moments(x: cupy.ndarray, axes: tuple[int, ...], op: Op) -> _stats.Moments:
+    """The :class:`multireduce._stats.Moments` of ``x`` over ``axes`` (normalized, sorted).
+
+    One fused pass (``moments_rows_kernel``); the state comes back as host NumPy arrays.
+
+    Raises
+    ------
+    NotImplementedError
+        Where the reduced axes are not the last ones in C order (nor all of them).
+    """
+    kshape = tuple(n for i, n in enumerate(x.shape) if i not in axes)
+    with x.device:
+        data, rows, length = _rows_view(x, axes, op.name, order_free=True)
+        if rows * length == 0:
+            return _stats.empty_moments(x.dtype, kshape)
+        sdt = _moments_constants(x.dtype)[0]
+        host = launch_moments(data, rows, length).get().view(sdt)
+    return _stats.Moments(*(np.ascontiguousarray(host[name]).reshape(kshape) for name in sdt.names))
+
+
+def arg(x: cupy.ndarray, axis: int | None, op: Op) -> _stats.ArgState:
+    """The :class:`multireduce._stats.ArgState` of argmin/argmax of ``x`` along ``axis``.
+
+    ``axis=None`` indexes the C-order flattening (a non-C-contiguous ``x`` is copied first,
+    logged at debug level). One pass (``arg_rows_kernel``); the state comes back to the host.
+
+    Raises
+    ------
+    NotImplementedError
+        Where ``axis`` is not the last axis in C order (axes of length one aside).
+    """
+    axes = tuple(range(x.ndim)) if axis is None else (axis,)
+    kshape = tuple(n for i, n in enumerate(x.shape) if i not in axes)
+    acc = _stats._extreme_acc(x.dtype)
+    with x.device:
+        data, rows, length = _rows_view(x, axes, op.name, order_free=False)
+        if rows * length == 0:
+            return _stats.empty_arg_state(acc, kshape)
+        device = data.data.device_id
+        kernel, max_grid = _function(device, _kernels.arg_kernel_name(x.dtype, largest=op.name == "argmax"))
+        per_row, grid_y = _grid(rows, length, x.itemsize, _kernels.ARG_UNROLL, max_grid)
+        partials = cupy.empty(max(rows * per_row, 1) * _ARG_PARTIAL_BYTES, dtype=np.uint8)
+        counters = _counters(device, rows if per_row > 1 else 1)
+        value = cupy.empty(rows, dtype=acc)
+        index = cupy.empty(rows, dtype=np.int64)
+        kernel((per_row, grid_y), (_BLOCK,), (data, np.int64(rows), np.int64(length), partials, counters, value, index))
+        return _stats.ArgState(value.get().reshape(kshape), index.get().reshape(kshape))

@@ -1,0 +1,288 @@
+"""The GPU moments and argmin/argmax kernels (kernels/multireduce/stats.cuh) against the CPU.
+
+Moments states: counts, integer sums, lo and hi must match the CPU bit for bit; float sums,
+means and M2 within float64 rounding (float16 sums: float32). Arg states must match exactly.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+from reference import make_data
+
+import multireduce
+from multireduce.ops import SUPPORTED_DTYPES
+
+pytestmark = pytest.mark.gpu
+
+cupy = pytest.importorskip("cupy")
+
+DTYPES = [dt.name for dt in SUPPORTED_DTYPES]
+SIZES = [1, 2, 31, 32, 33, 511, 512, 513, 4095, 4096, 4097, 2**20 + 3]
+
+
+def bits_equal(a: np.ndarray, b: np.ndarray) -> bool:
+    a, b = np.asarray(a), np.asarray(b)
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    if a.dtype.kind == "f":  # the sign of zero counts; NaN payloads do not
+        return bool(np.all((a.view(f"u{a.itemsize}") == b.view(f"u{b.itemsize}")) | (np.isnan(a) & np.isnan(b))))
+    return bool(np.all(a == b))
+
+
+def close(got: np.ndarray, ref: np.ndarray, scale: np.ndarray, rtol: float) -> bool:
+    got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
+    both_nan = np.isnan(got) & np.isnan(ref)
+    same_inf = np.isinf(got) & (got == ref)
+    err = np.abs(got - ref)
+    return bool(np.all(both_nan | same_inf | (err <= rtol * (np.abs(scale) + np.abs(ref)) + 1e-300)))
+
+
+def assert_moments_match(host: np.ndarray, axis=None) -> None:
+    gpu = multireduce.partial(cupy.asarray(host), "mean", axis=axis)
+    cpu = multireduce.partial(host, "mean", axis=axis)
+    assert bits_equal(gpu.n, cpu.n) and bits_equal(gpu.nan, cpu.nan), (gpu.n, cpu.n, gpu.nan, cpu.nan)
+    assert bits_equal(gpu.lo, cpu.lo) and bits_equal(gpu.hi, cpu.hi), (gpu.lo, cpu.lo, gpu.hi, cpu.hi)
+    assert gpu.total.dtype == cpu.total.dtype
+    if cpu.total.dtype.kind in "iu":
+        assert bits_equal(gpu.total, cpu.total), (gpu.total, cpu.total)
+    wide = np.where(np.isnan(host), 0, host).astype(np.float64) if host.dtype.kind == "f" else host.astype(np.float64)
+    axes = None if axis is None else axis
+    count = max(1, host.size if axis is None else math.prod(np.atleast_1d(host.shape)[list(np.atleast_1d(axis))]))
+    grow = math.log2(count + 1) + 4
+    eps = 2.0**-52
+    magnitude = np.sum(np.abs(wide), axis=axes)
+    if cpu.total.dtype.kind == "f":
+        teps = 2.0**-23 if cpu.total.dtype == np.float32 else eps
+        assert close(gpu.total, cpu.total, magnitude, teps * grow), (gpu.total, cpu.total)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean_scale = magnitude / np.maximum(np.asarray(cpu.n), 1)
+    assert close(gpu.mean, cpu.mean, mean_scale, eps * grow * 4), (gpu.mean, cpu.mean)
+    sq = np.sum(
+        (wide - np.expand_dims(np.asarray(cpu.mean), axis) if axis is not None else wide - cpu.mean) ** 2, axis=axes
+    )
+    assert close(gpu.m2, cpu.m2, sq, eps * grow * 16), (gpu.m2, cpu.m2)
+
+
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_moments_sizes(dtype, n):
+    host = make_data(dtype, n + 5, np.random.default_rng(n))
+    assert_moments_match(host[:n])
+    assert_moments_match(host[1 : n + 1])  # offset views: the head and tail paths
+    assert_moments_match(host[3 : n + 3])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_moments_values_match_numpy_float64(dtype):
+    host = make_data(dtype, 100_003, np.random.default_rng(5))
+    x = cupy.asarray(host)
+    ref = host.astype(np.float64)
+    for got, want in [
+        (multireduce.mean(x), ref.mean()),
+        (multireduce.var(x), ref.var()),
+        (multireduce.std(x, correction=1), ref.std(ddof=1)),
+    ]:
+        rtol = {"float16": 1e-3, "float32": 1e-6}.get(dtype, 1e-12)  # the result dtype's rounding
+        assert np.isclose(float(got), want, rtol=rtol, atol=0), (got, want)
+    s = multireduce.stats(x)
+    cpu = multireduce.stats(host)
+    assert s.count == cpu.count and s.nan_count == cpu.nan_count
+    assert bits_equal(np.asarray(s.min), np.asarray(cpu.min)) and bits_equal(np.asarray(s.max), np.asarray(cpu.max))
+
+
+def test_moments_empty():
+    x = cupy.zeros(0, dtype=cupy.float32)
+    with pytest.warns(RuntimeWarning):
+        assert math.isnan(float(multireduce.mean(x)))
+    with pytest.raises(ValueError):
+        multireduce.stats(x)
+    state = multireduce.partial(x, "mean")
+    assert int(state.n) == 0 and int(state.nan) == 0
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+def test_moments_special_values(dtype):
+    rng = np.random.default_rng(11)
+    base = make_data(dtype, 10_001, rng)
+    cases = {}
+    x = base.copy()
+    x[[3, 777, 9000]] = np.nan
+    cases["nan"] = x
+    x = base.copy()
+    x[4242] = np.inf
+    cases["inf"] = x
+    x = base.copy()
+    x[0] = np.inf  # a thread's shift candidate
+    x[1] = -np.inf
+    cases["both_inf"] = x
+    x = base.copy()
+    x[0] = np.nan
+    cases["nan_first"] = x
+    cases["all_nan"] = np.full(4099, np.nan, dtype=dtype)
+    cases["neg_zeros"] = np.full(5000, -0.0, dtype=dtype)
+    z = np.full(5000, -0.0, dtype=dtype)
+    z[2500] = 0.0
+    cases["mixed_zeros"] = z
+    z = np.abs(base)
+    z[[10, 20]] = [-0.0, 0.0]
+    cases["min_zero"] = z
+    for name, host in cases.items():
+        assert_moments_match(host)
+        gpu = multireduce.stats(cupy.asarray(host))
+        cpu = multireduce.stats(host)
+        for field in ("count", "nan_count", "min", "max"):
+            assert bits_equal(np.asarray(getattr(gpu, field)), np.asarray(getattr(cpu, field))), (name, field)
+        for field in ("sum", "mean", "var"):
+            g, c = float(getattr(gpu, field)), float(getattr(cpu, field))
+            assert (math.isnan(g) and math.isnan(c)) or math.isclose(g, c, rel_tol=1e-3, abs_tol=1e-6), (name, field)
+
+
+def test_stats_all_nan():
+    s = multireduce.stats(cupy.full(1000, np.nan, dtype=cupy.float32))
+    assert int(s.count) == 1000 and int(s.nan_count) == 1000
+    assert all(math.isnan(float(v)) for v in (s.sum, s.min, s.max, s.mean, s.var))
+
+
+def test_moments_large_offset_accuracy():
+    # The shifted sums must not cancel: values around 1e9 with unit spread.
+    host = 1e9 + np.random.default_rng(3).standard_normal(2**20 + 7)
+    got = float(multireduce.var(cupy.asarray(host)))
+    assert math.isclose(got, host.var(), rel_tol=1e-9), (got, host.var())
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int16", "uint8", "int64", "bool"])
+@pytest.mark.parametrize("shape", [(5, 7), (3, 1000), (1000, 3), (64, 4099), (2, 3, 4, 5), (1, 2**20 + 3), (7, 1, 5)])
+def test_moments_rows(dtype, shape):
+    host = make_data(dtype, math.prod(shape), np.random.default_rng(sum(shape))).reshape(shape)
+    assert_moments_match(host, axis=len(shape) - 1)
+    if len(shape) >= 3:
+        assert_moments_match(host, axis=(len(shape) - 2, len(shape) - 1))
+
+
+def test_moments_other_layouts_raise():
+    x = cupy.zeros((4, 5), dtype=cupy.float32)
+    with pytest.raises(NotImplementedError):
+        multireduce.mean(x, axis=0)
+
+
+def test_moments_non_contiguous_views():
+    host = make_data("float32", 60_000, np.random.default_rng(8)).reshape(200, 300)
+    x = cupy.asarray(host)
+    for view, hview in [(x.T, host.T), (x[:, ::2], host[:, ::2]), (x[::-1], host[::-1])]:
+        assert_moments_match(np.ascontiguousarray(hview))
+        gpu = multireduce.partial(view, "mean")
+        cpu = multireduce.partial(hview, "mean")
+        assert int(gpu.n) == int(cpu.n) and bits_equal(gpu.lo, cpu.lo) and bits_equal(gpu.hi, cpu.hi)
+        assert math.isclose(float(gpu.mean), float(cpu.mean), rel_tol=1e-12, abs_tol=1e-15)
+
+
+# ----------------------------------------------------------------------------------------
+# argmin / argmax
+
+
+def assert_arg_match(host: np.ndarray, axis=None) -> None:
+    for op in ("argmax", "argmin"):
+        gpu = multireduce.partial(cupy.asarray(host), op, axis=axis)
+        cpu = multireduce.partial(host, op, axis=axis)
+        assert bits_equal(gpu.index, cpu.index), (op, gpu.index, cpu.index)
+        assert bits_equal(gpu.value, cpu.value), (op, gpu.value, cpu.value)
+
+
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_arg_sizes(dtype, n):
+    host = make_data(dtype, n + 5, np.random.default_rng(n + 1))
+    assert_arg_match(host[:n])
+    assert_arg_match(host[1 : n + 1])
+    assert_arg_match(host[3 : n + 3])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_arg_ties_first_occurrence(dtype):
+    host = np.zeros(100_000, dtype=dtype)
+    host[[17, 5000, 99_999]] = 1
+    x = cupy.asarray(host)
+    assert int(multireduce.argmax(x)) == 17
+    assert int(multireduce.argmin(x)) == 0
+    assert int(multireduce.argmin(x[17:])) == 1
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+def test_arg_special_values(dtype):
+    host = make_data(dtype, 70_001, np.random.default_rng(2))
+    x = host.copy()
+    x[[40_000, 123, 60_000]] = np.nan
+    assert int(multireduce.argmax(cupy.asarray(x))) == 123
+    assert int(multireduce.argmin(cupy.asarray(x))) == 123
+    x = host.copy()
+    x[[500, 900]] = [np.inf, np.inf]
+    x[[50, 60_000]] = [-np.inf, -np.inf]
+    assert int(multireduce.argmax(cupy.asarray(x))) == 500
+    assert int(multireduce.argmin(cupy.asarray(x))) == 50
+    z = np.array([-0.0] * 3000 + [0.0] + [-0.0] * 3000, dtype=dtype)
+    assert int(multireduce.argmax(cupy.asarray(z))) == 3000  # +0.0 above -0.0
+    assert int(multireduce.argmin(cupy.asarray(z))) == 0
+    z = np.array([0.0] * 3000 + [-0.0] + [0.0] * 3000, dtype=dtype)
+    assert int(multireduce.argmin(cupy.asarray(z))) == 3000
+    assert int(multireduce.argmax(cupy.asarray(z))) == 0
+    for case in (x, z, np.full(5000, np.nan, dtype=dtype)):
+        assert_arg_match(case)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int8", "uint64", "bool", "float16"])
+@pytest.mark.parametrize("shape", [(5, 7), (3, 1000), (1000, 3), (64, 4099), (2, 3, 4, 5), (7, 1, 5), (4, 6, 1)])
+def test_arg_rows(dtype, shape):
+    host = make_data(dtype, math.prod(shape), np.random.default_rng(sum(shape))).reshape(shape)
+    assert_arg_match(host)
+    axis = max(i for i, n in enumerate(shape) if n != 1)
+    assert_arg_match(host, axis=axis)
+    got = multireduce.argmax(cupy.asarray(host), axis=axis)
+    assert np.array_equal(cupy.asnumpy(got), multireduce.argmax(host, axis=axis))
+
+
+def test_arg_other_layouts():
+    host = make_data("float32", 20 * 30, np.random.default_rng(4)).reshape(20, 30)
+    x = cupy.asarray(host)
+    with pytest.raises(NotImplementedError):
+        multireduce.argmax(x, axis=0)
+    # Full reductions index the C-order flattening, whatever the memory order.
+    for view, hview in [(x.T, host.T), (x[::-1, ::3], host[::-1, ::3])]:
+        assert int(multireduce.argmax(view)) == int(multireduce.argmax(hview))
+        assert int(multireduce.argmin(view)) == int(multireduce.argmin(hview))
+
+
+# ----------------------------------------------------------------------------------------
+# Properties
+
+
+def elements(dtype: np.dtype):
+    if dtype == np.float64:  # bounded: squares of 1e300 overflow on both sides, differently
+        return st.one_of(st.floats(-1e150, 1e150), st.just(np.nan), st.just(-0.0))
+    if dtype.kind == "f":
+        return hnp.from_dtype(dtype, allow_nan=True, allow_infinity=True)
+    return hnp.from_dtype(dtype)
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_property_matches_cpu(data):
+    dtype = np.dtype(data.draw(st.sampled_from(["float32", "float64", "int16", "uint32", "bool"])))
+    x = data.draw(
+        hnp.arrays(dtype, hnp.array_shapes(min_dims=1, max_dims=3, min_side=1, max_side=40), elements=elements(dtype))
+    )
+    offset = data.draw(st.integers(0, 3))
+    flat = x.ravel()[offset:]
+    if flat.size == 0:
+        return
+    assert_arg_match(flat)
+    gpu = multireduce.partial(cupy.asarray(flat), "mean")
+    cpu = multireduce.partial(flat, "mean")
+    assert bits_equal(gpu.n, cpu.n) and bits_equal(gpu.nan, cpu.nan)
+    assert bits_equal(gpu.lo, cpu.lo) and bits_equal(gpu.hi, cpu.hi)
+    assert_moments_match(flat)
