@@ -53,9 +53,10 @@ CTYPES: dict[np.dtype, str] = {
 DEFAULT_BLOCK = 512
 DEFAULT_UNROLL = 4
 DEFAULT_LOAD = 0
-#: Threads per block and rows in flight per thread of the column kernel (not yet tuned).
-COLS_BLOCK = 256
-COLS_UNROLL = 8
+#: Threads per block and rows in flight per thread of the column kernel, chosen with
+#: ``scripts/bench_axis.py --cols-variants`` (H200: 512x4 0.95x the full reduction, 256x8 0.88x).
+COLS_BLOCK = 512
+COLS_UNROLL = 4
 #: Threads per block, and 16-byte loads in flight per thread, of the moments and arg kernels
 #: (kernels/multireduce/stats.cuh). Measured once on an H200 (4 GiB float32, kernel alone):
 #: moments 512 x 8 reads 4.35 TB/s, as fast as reduce_kernel's sum (512 x 4: 4.2 TB/s). The

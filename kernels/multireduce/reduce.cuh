@@ -370,7 +370,8 @@ reduce_cols_kernel(const T* __restrict__ in, long long outer, long long R, long 
 // u = 2**(a - 23) (a float32's ulp at 2**a) below 2**(EXACT_WINDOW + 23) u, so a float64
 // sum of fewer than 2**(53 - EXACT_WINDOW - 23) of them is an integer multiple of u below
 // 2**53 u: every add is exact, and the fast path costs what the fast sum's float64
-// accumulation costs, one conversion and one add, plus two float compares. Every
+// accumulation costs, one conversion and one add, plus two float compares (four sums per
+// thread, for independent adds). Every
 // EXACT_FOLD elements the float64 sums are folded (exactly) into an int64 count of u, and
 // every EXACT_FLUSHES folds that goes to the block's limbs in shared memory with three
 // integer atomics. An element above the window moves the window up (after a fold and a
@@ -394,8 +395,8 @@ constexpr int EXACT_FOLD = 1024;    // elements per thread between folds (two fl
 constexpr int EXACT_FLUSHES = 64;   // folds between flushes of the int64 to shared memory
 // A float64 sum of fewer than 2**10 elements below 2**(EXACT_WINDOW + 23) u stays below 2**53 u.
 static_assert(EXACT_WINDOW + 23 + 10 <= 53, "the float64 window sums must stay exact");
-// Each fold adds less than 2 * 2**53 u to the int64; EXACT_FLUSHES folds stay below 2**62.
-static_assert(54 + 6 + 1 <= 62, "the int64 window sum must not overflow");
+// Each fold adds less than 4 * 2**53 u to the int64; EXACT_FLUSHES folds stay below 2**62.
+static_assert(55 + 6 + 1 <= 62, "the int64 window sum must not overflow");
 
 // The special-value counters: slot EXACT_LIMBS + 0 (NaN), + 1 (+inf), + 2 (-inf).
 __device__ __forceinline__ void exact_count_special(unsigned long long* slots, bool nan, bool negative) {
@@ -443,7 +444,7 @@ __device__ __forceinline__ void exact_add(unsigned long long* slots, double v) {
 // One thread's window over float32 values (float16 values are converted to float32 first,
 // exactly).
 struct ExactWindow {
-    double sum0 = 0.0, sum1 = 0.0;  // exact float64 sums of elements in the window
+    double sum[4] = {0.0, 0.0, 0.0, 0.0};  // exact float64 sums of elements in the window
     long long folded = 0;           // exact sum of earlier folds, in units u = 2**(a - 23)
     int a = -126;                   // the window's lowest exponent
     float lo = 0.0f, hi = 0.0f;     // 2**a (0 when a == -126) and 2**(a + EXACT_WINDOW); hi = 0: no window yet
@@ -451,9 +452,11 @@ struct ExactWindow {
 
     __device__ __forceinline__ void fold() {
         const double inv_u = __longlong_as_double(static_cast<long long>(1023 + 23 - a) << 52);  // 2**(23 - a)
-        folded += __double2ll_rn(sum0 * inv_u) + __double2ll_rn(sum1 * inv_u);  // exact integers
-        sum0 = 0.0;
-        sum1 = 0.0;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            folded += __double2ll_rn(sum[k] * inv_u);  // an exact integer
+            sum[k] = 0.0;
+        }
         since_fold = 0;
         ++folds;
     }
@@ -473,21 +476,17 @@ struct ExactWindow {
         }
     }
 
-    template <int K>
-    __device__ __forceinline__ void add(unsigned long long* slots, float x) {
+    // k (0..3, a constant after unrolling) picks the sum.
+    __device__ __forceinline__ void add(unsigned long long* slots, float x, int k) {
         const float ax = fabsf(x);
         if (ax < hi && (ax >= lo || ax == 0.0f)) {
-            if constexpr (K == 0) {
-                sum0 += static_cast<double>(x);
-            } else {
-                sum1 += static_cast<double>(x);
-            }
+            sum[k] += static_cast<double>(x);
         } else {
             slow(slots, x);
         }
     }
 
-    __device__ void slow(unsigned long long* slots, float x) {
+    __device__ __noinline__ void slow(unsigned long long* slots, float x) {
         const unsigned int bits = __float_as_uint(x);
         const int e = static_cast<int>((bits >> 23) & 0xFF);
         long long m = static_cast<long long>(bits & 0x7FFFFF);
@@ -509,7 +508,7 @@ struct ExactWindow {
         if (a < -126) a = -126;
         lo = a == -126 ? 0.0f : __int_as_float((a + 127) << 23);
         hi = a + EXACT_WINDOW > 127 ? __int_as_float(0x7F800000) : __int_as_float((a + EXACT_WINDOW + 127) << 23);
-        sum0 = static_cast<double>(x);
+        sum[0] = static_cast<double>(x);
     }
 };
 
@@ -527,7 +526,7 @@ __device__ __forceinline__ void exact_thread(const T* __restrict__ in, long long
         for (long long i = tid; i < n; i += nthreads) exact_add(slots, static_cast<double>(in[i]));
     } else {
         constexpr int VEC = 16 / sizeof(T);
-        constexpr int UNROLL = 2;
+        constexpr int UNROLL = 4;
         ExactWindow w;
         const unsigned long long address = reinterpret_cast<unsigned long long>(in);
         long long head = static_cast<long long>(((16u - (address & 15u)) & 15u) / sizeof(T));
@@ -535,8 +534,8 @@ __device__ __forceinline__ void exact_thread(const T* __restrict__ in, long long
         const long long nvec = (n - head) / VEC;
         const long long tail_start = head + nvec * VEC;
         const uint4* __restrict__ body = reinterpret_cast<const uint4*>(in + head);
-        if (tid < head) w.add<0>(slots, as_float(in[tid]));
-        if (tid < n - tail_start) w.add<1>(slots, as_float(in[tail_start + tid]));
+        if (tid < head) w.add(slots, as_float(in[tid]), 0);
+        if (tid < n - tail_start) w.add(slots, as_float(in[tail_start + tid]), 1);
         w.since_fold = 2;
         long long i = tid;
         for (; i + (UNROLL - 1) * nthreads < nvec; i += UNROLL * nthreads) {
@@ -547,13 +546,7 @@ __device__ __forceinline__ void exact_thread(const T* __restrict__ in, long long
             for (int u = 0; u < UNROLL; ++u) {
                 const T* e = reinterpret_cast<const T*>(&raw[u]);
 #pragma unroll
-                for (int j = 0; j < VEC; ++j) {
-                    if (j % 2 == 0) {
-                        w.add<0>(slots, as_float(e[j]));
-                    } else {
-                        w.add<1>(slots, as_float(e[j]));
-                    }
-                }
+                for (int j = 0; j < VEC; ++j) w.add(slots, as_float(e[j]), j % 4);
             }
             w.since_fold += UNROLL * VEC;
             w.maybe_fold(slots);
@@ -562,13 +555,7 @@ __device__ __forceinline__ void exact_thread(const T* __restrict__ in, long long
             const uint4 raw = __ldg(body + i);
             const T* e = reinterpret_cast<const T*>(&raw);
 #pragma unroll
-            for (int j = 0; j < VEC; ++j) {
-                if (j % 2 == 0) {
-                    w.add<0>(slots, as_float(e[j]));
-                } else {
-                    w.add<1>(slots, as_float(e[j]));
-                }
-            }
+            for (int j = 0; j < VEC; ++j) w.add(slots, as_float(e[j]), j % 4);
         }
         if (w.hi != 0.0f) w.flush(slots);
     }
