@@ -145,6 +145,13 @@ def _keep(value, shape: tuple[int, ...], axes: tuple[int, ...]):
     return value.reshape(kept)
 
 
+#: reduce()'s default correction, compared by identity on the fast path.
+_NO_CORRECTION = 0.0
+#: (op as given, dtype) -> (Op, accumulator, result) of fold ops with a GPU kernel, filled by
+#: the first full reduction of each combination; the fast path of later calls reads it.
+_fast_plans: dict[tuple, tuple[Op, np.dtype, np.dtype]] = {}
+
+
 def reduce(
     x: Any,
     op: str | Op,
@@ -152,7 +159,7 @@ def reduce(
     axis: Any = None,
     keepdims: bool = False,
     dtype: Any = None,
-    correction: float = 0.0,
+    correction: float = _NO_CORRECTION,
     reproducible: bool = False,
 ):
     """Reduce ``x`` with ``op`` over ``axis``.
@@ -234,8 +241,24 @@ def reduce(
     >>> multireduce.reduce(np.arange(6).reshape(2, 3), "sum", axis=0)
     array([3, 5, 7])
     """
+    if (
+        _cupy_backend is not None
+        and type(x) is _cupy_backend.cupy.ndarray
+        and axis is None
+        and dtype is None
+        and keepdims is False
+        and reproducible is False
+        and correction is _NO_CORRECTION
+    ):
+        # The per-call path of tiny GPU reductions: a fold op with a kernel, seen before.
+        fast = _fast_plans.get((op, x.dtype)) if type(op) is str else None
+        if fast is not None and x.size:
+            return _cupy_backend.reduce_full(x, *fast)
     backend, arr = _backend_and_array(x)
+    op_key = op
     op, result, acc = _plan(arr, op, dtype)
+    if backend is _cupy_backend and type(op_key) is str and op.kind == "fold" and op.functor and dtype is None:
+        _fast_plans[op_key, arr.dtype] = (op, acc, result)
     corr = _check_correction(op, correction) if correction or op.kind == "moments" else 0.0
     ndim = arr.ndim
     if op.kind == "arg":

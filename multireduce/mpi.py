@@ -474,9 +474,12 @@ def _timed_allreduce(x_local: Any, op: str | Op, comm=None) -> tuple[Any, float,
 
 
 class _Staging:
-    """Two 8-byte pinned host slots per (device, stream): the partial going to MPI, and the
-    result coming back. Pinned, so that both copies are single asynchronous DMA transfers
-    with nothing allocated per call (the per-call cost is what the MPI layer adds)."""
+    """Two 8-byte pinned host slots per (device, stream), for the partial and the result.
+
+    The first slot takes the partial going to MPI, the second the result coming back. Pinned,
+    so that both copies are single asynchronous DMA transfers with nothing allocated per call
+    (the per-call cost is what the MPI layer adds).
+    """
 
     _buffers: dict[tuple[int, int], tuple[np.ndarray, int]] = {}
 
