@@ -285,9 +285,13 @@ def reduce(
             value = backend.reduce(arr, op, acc, result, axes)
     elif op.kind == "moments":
         value = _stats.finalize_moments(backend.moments(arr, axes, op), op, result, corr)
+        if backend is _cupy_backend:  # the state came to the host; the result lives on the device
+            value = backend.from_host(value, result)
     else:
         state = backend.arg(arr, None if full and (axis is None or ndim <= 1) else axes[0], op)
         value = _stats.arg_finalize(state, op)
+        if backend is _cupy_backend:
+            value = backend.from_host(value, np.dtype(np.int64))
     if keepdims:
         value = _keep(value, arr.shape, axes)
     return value

@@ -535,7 +535,7 @@ def test_public_functions_and_docstrings():
         assert fn.__doc__ and fn.__module__ == "multireduce.core"
 
 
-# -- GPU: sum/max/min match; everything else refuses -------------------------------------------------
+# -- GPU: the ops with kernels match the CPU; the others refuse -------------------------------------------------
 
 
 @pytest.mark.gpu
@@ -558,11 +558,25 @@ def test_gpu_ops(op):
         got = multireduce.reduce(dev[:1], op, axis=(1, 2))
         assert got.shape == (1,)
         _bits_equal(got.get(), multireduce.reduce(host[:1], op, axis=(1, 2)))
+    elif op in ("mean", "var", "std", "nanmean", "argmin", "argmax"):
+        # The moments and arg kernels (tests/test_gpu_stats.py checks them in depth): all
+        # axes and trailing axes run, on the device; other axis sets are refused.
+        got = multireduce.reduce(dev, op)
+        assert isinstance(got, cupy.ndarray) and got.shape == ()
+        want = np.asarray(multireduce.reduce(host, op))
+        assert got.dtype == want.dtype and np.allclose(got.get(), want, rtol=1e-6, atol=1e-9)
+        rows = multireduce.reduce(dev, op, axis=-1)
+        assert isinstance(rows, cupy.ndarray) and rows.shape == (2, 3)
+        assert np.allclose(rows.get(), multireduce.reduce(host, op, axis=-1), rtol=1e-6, atol=1e-9)
+        with pytest.raises(NotImplementedError, match="needs a multireduce GPU kernel"):
+            multireduce.reduce(dev, op, axis=0)
     else:
         with pytest.raises(NotImplementedError, match=f"{op}.*needs a multireduce GPU kernel"):
             multireduce.reduce(dev, op)
-    with pytest.raises(NotImplementedError):
-        multireduce.stats(dev)
+    s = multireduce.stats(dev)
+    ref = multireduce.stats(host)
+    assert s.count == ref.count and s.sum == ref.sum and s.min == ref.min and s.max == ref.max
+    assert np.isclose(s.var, ref.var, rtol=1e-6) and np.isclose(s.mean, ref.mean, rtol=1e-6)
 
 
 @pytest.mark.gpu

@@ -173,10 +173,20 @@ def constant(value: np.generic, dtype: np.dtype, shape: tuple[int, ...] = ()) ->
     return cupy.broadcast_to(one.reshape(()), shape).copy() if shape else one.reshape(())
 
 
+def from_host(value, dtype: np.dtype) -> cupy.ndarray:
+    """A NumPy scalar or array as a CuPy array of ``dtype`` on the current device, bit for bit."""
+    value = np.asarray(value, dtype=dtype)
+    if value.ndim == 0:
+        return constant(value[()], dtype)
+    return cupy.asarray(np.ascontiguousarray(value))
+
+
 def _missing(what: str) -> NotImplementedError:
     return NotImplementedError(
-        f"{what} on CuPy arrays needs a multireduce GPU kernel that does not exist yet; only full "
-        "(axis=None) sum, max and min run on the GPU so far (design: docs/axis-kernels.md). "
+        f"{what} on CuPy arrays needs a multireduce GPU kernel that does not exist yet. The GPU "
+        "kernels cover sum, max and min over all axes, trailing axes or leading axes; mean, var, "
+        "std, nanmean, stats, argmin and argmax over all axes or trailing axes; and reproducible "
+        "sums and means over all axes (docs/axis-kernels.md). "
         "multireduce does not fall back to CuPy's reductions or to the host; convert with "
         "cupy.asnumpy(x) to reduce on the CPU."
     )
