@@ -271,7 +271,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--variants",
         default="",
         metavar="BxU,...",
-        help="extra launch configurations of our kernel, e.g. 256x8,512x4p (threads x unroll; p: L2-prefetch loads)",
+        help="extra launch configurations of our kernel, e.g. 256x8,512x4p (threads x unroll; load suffix "
+        "p: L2 prefetch, "
+        "n: L1 no-allocate, e: __ldcs streaming)",
     )
     parser.add_argument(
         "--quick",
@@ -658,7 +660,7 @@ class OursVariant(Peer):
 
     def __init__(self, mr: Any, backend: Any, block: int, unroll: int, load: int):
         self.mr, self.backend, self.block, self.unroll, self.load = mr, backend, block, unroll, load
-        self.name = f"ours-{block}x{unroll}" + ("p" if load else "")
+        self.name = f"ours-{block}x{unroll}" + ("", "p", "n", "e")[load]
 
     def bind(self, ds, op):
         o = self.mr.get_op(op)
@@ -750,8 +752,11 @@ def make_peers(cp, mr, backend, torch, torch_info, module, opts) -> list[Peer]:
     ]
     assert tuple(p.name for p in peers) == PEER_ORDER
     for variant in filter(None, opts.variants.split(",")):
-        load = 1 if variant.endswith("p") else 0  # "p": the L2-prefetch load policy
-        block, unroll = (int(v) for v in variant.lower().rstrip("p").split("x"))
+        # Suffixes: "p" the L2-prefetch load policy (LOAD 1), "n" L1::no_allocate alone (2),
+        # "e" cache-streaming __ldcs, evict first (3); none: __ldg (0). See load16 in kernels/multireduce/reduce.cuh.
+        variant = variant.lower()
+        load = {"p": 1, "n": 2, "e": 3}.get(variant[-1], 0)
+        block, unroll = (int(v) for v in variant.rstrip("pne").split("x"))
         peers.insert(1, OursVariant(mr, backend, block, unroll, load))
     return peers
 

@@ -120,16 +120,24 @@ struct Min {
 // ---------------------------------------------------------------------------------------
 // 16-byte loads of read-only data. LOAD 0: the non-coherent (texture) path, __ldg.
 // LOAD 1: the same, but not allocated in L1 and with a 256-byte L2 prefetch hint, for data
-// that is read exactly once.
+// that is read exactly once. LOAD 2: not allocated in L1, no hint. LOAD 3: cache-streaming (__ldcs).
+// (Measured on the H200: see docs/kernel-notes.md; 0 is the default.)
 
 template <int LOAD>
 __device__ __forceinline__ uint4 load16(const uint4* p) {
+    uint4 r;
     if constexpr (LOAD == 1) {
-        uint4 r;
         asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
             : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
             : "l"(p));
         return r;
+    } else if constexpr (LOAD == 2) {
+        asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+            : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+            : "l"(p));
+        return r;
+    } else if constexpr (LOAD == 3) {
+        return __ldcs(p);  // ld.global.cs: streaming, likely to be accessed once
     } else {
         return __ldg(p);
     }
