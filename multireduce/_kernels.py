@@ -53,10 +53,23 @@ CTYPES: dict[np.dtype, str] = {
 DEFAULT_BLOCK = 512
 DEFAULT_UNROLL = 4
 DEFAULT_LOAD = 0
-#: Threads per block and rows in flight per thread of the column kernel, chosen with
-#: ``scripts/bench_axis.py --cols-variants`` (H200: 512x4 0.95x the full reduction, 256x8 0.88x).
+#: Threads per block and rows in flight per thread of the column kernel, by accumulator size,
+#: chosen with ``scripts/bench_axis.py --cols-variants`` on the H200 (4 GiB float32, axis=0):
+#: float64 accumulators (sum) 256x8 reach 0.96x the full reduction (512x4: 0.86x); 4-byte ones
+#: (max, min) 512x4 reach 0.95x (256x8: 0.88x).
 COLS_BLOCK = 512
 COLS_UNROLL = 4
+COLS_BLOCK_WIDE = 256
+COLS_UNROLL_WIDE = 8
+
+
+def cols_config(acc: np.dtype) -> tuple[int, int]:
+    """(threads per block, rows in flight) of the column kernel for accumulator dtype ``acc``."""
+    if np.dtype(acc).itemsize == 8:
+        return COLS_BLOCK_WIDE, COLS_UNROLL_WIDE
+    return COLS_BLOCK, COLS_UNROLL
+
+
 #: Threads per block, and 16-byte loads in flight per thread, of the moments and arg kernels
 #: (kernels/multireduce/stats.cuh). Measured once on an H200 (4 GiB float32, kernel alone):
 #: moments 512 x 8 reads 4.35 TB/s, as fast as reduce_kernel's sum (512 x 4: 4.2 TB/s). The
@@ -178,7 +191,7 @@ def default_kernel_names(
             for out in (result, acc):
                 names.add(kernel_name(op, dt, acc, out, block, unroll, load))
                 names.add(kernel_name(op, dt, acc, out, block, unroll, load, kernel="reduce_rows_kernel"))
-                names.add(cols_kernel_name(op, dt, acc, out))
+                names.add(cols_kernel_name(op, dt, acc, out, *cols_config(acc)))
     for dt in SUPPORTED_DTYPES:
         if dt.kind == "f":
             names.add(exact_kernel_name(dt))

@@ -264,6 +264,8 @@ def finalize_moments(state: Moments, op: Op, result: np.dtype, correction: float
     non-positive count instead, giving inf or NaN). NumPy's RuntimeWarnings for these cases
     are emitted too.
     """
+    if state.n.ndim == 0:
+        return _finalize_moments_scalar(state, op, result, correction)
     skipna = op.name == "nanmean"
     n = state.n
     nan = state.nan
@@ -284,6 +286,26 @@ def finalize_moments(state: Moments, op: Op, result: np.dtype, correction: float
     if op.name == "std":
         value = np.sqrt(value)
     return _as_result(value, result)
+
+
+def _finalize_moments_scalar(state: Moments, op: Op, result: np.dtype, correction: float) -> np.generic:
+    # finalize_moments for a 0-d state, in Python floats: the same IEEE operations (float64
+    # division, sqrt) as the array code, without its per-call NumPy overhead, which is what a
+    # full GPU reduction would otherwise pay on the host after its kernel.
+    n, nan = int(state.n), int(state.nan)
+    if op.name in ("mean", "nanmean"):
+        count = n if op.name == "nanmean" else n + nan
+        if count == 0:
+            warnings.warn("Mean of empty slice", RuntimeWarning, stacklevel=3)
+        value = float(state.mean) if n > 0 and (nan == 0 or op.name == "nanmean") else math.nan
+        return result.type(value)
+    dof = n - correction
+    if dof <= 0:
+        warnings.warn("Degrees of freedom <= 0 for slice", RuntimeWarning, stacklevel=3)
+    value = float(state.m2) / dof if dof > 0 and nan == 0 else math.nan
+    if op.name == "std":
+        value = math.sqrt(value) if value >= 0 else math.nan
+    return result.type(value)
 
 
 @dataclass(frozen=True)
@@ -337,6 +359,8 @@ def finalize_stats(state: Moments, dtype: np.dtype, correction: float = 0.0) -> 
         If some output covers zero elements: min and max have no identity (as NumPy's).
     """
     dtype = np.dtype(dtype)
+    if state.n.ndim == 0:
+        return _finalize_stats_scalar(state, dtype, correction)
     count = state.n + state.nan
     if np.any(count == 0):
         raise empty_stats_error()
@@ -359,6 +383,30 @@ def finalize_stats(state: Moments, dtype: np.dtype, correction: float = 0.0) -> 
         max=_as_result(hi, dtype),
         mean=finalize_moments(state, OPS["mean"], mean_dt),
         var=var,
+    )
+
+
+def _finalize_stats_scalar(state: Moments, dtype: np.dtype, correction: float) -> Stats:
+    # finalize_stats for a 0-d state (a full reduction), in Python scalars; see
+    # _finalize_moments_scalar.
+    n, nan = int(state.n), int(state.nan)
+    if n + nan == 0:
+        raise empty_stats_error()
+    total, lo, hi = state.total[()], state.lo[()], state.hi[()]
+    if total.dtype.kind == "f":
+        total = total.dtype.type(math.nan) if nan else total + total.dtype.type(0)  # sums of zeros are +0.0
+    if dtype.kind == "f" and nan:
+        lo = hi = math.nan
+    mean_dt = OPS["mean"].result_dtype(dtype)
+    dof = n - correction
+    return Stats(
+        count=np.int64(n + nan),
+        nan_count=np.int64(nan),
+        sum=np.asarray(total).astype(OPS["sum"].result_dtype(dtype))[()],
+        min=np.asarray(lo).astype(dtype)[()],
+        max=np.asarray(hi).astype(dtype)[()],
+        mean=mean_dt.type(float(state.mean) if n > 0 and not nan else math.nan),
+        var=mean_dt.type(float(state.m2) / dof if dof > 0 and not nan else math.nan),
     )
 
 

@@ -266,8 +266,8 @@ def allreduce(
     x_local : numpy.ndarray or cupy.ndarray
         This rank's shard, of any shape, possibly empty. All ranks must pass the same dtype.
     op : str or Op
-        Any of ``multireduce.OPS``, the same on every rank. CuPy shards support sum, max
-        and min (the ops with a GPU kernel).
+        Any of ``multireduce.OPS``, the same on every rank. CuPy shards support the ops with
+        a GPU kernel: sum, max, min, mean, var, std, nanmean, argmin and argmax.
     comm : mpi4py.MPI.Comm, optional
         Defaults to ``MPI.COMM_WORLD``.
     dtype : dtype, optional
@@ -378,8 +378,9 @@ def stats(x_local: Any, *, comm=None, correction: float = 0.0) -> _stats.Stats:
 
     Parameters
     ----------
-    x_local : numpy.ndarray
-        This rank's shard, possibly empty. All ranks must pass the same dtype.
+    x_local : numpy.ndarray or cupy.ndarray
+        This rank's shard, possibly empty. All ranks must pass the same dtype. A CuPy shard's
+        state comes from the fused GPU moments kernel.
     comm : mpi4py.MPI.Comm, optional
     correction : float, optional
         For the variance, as in :func:`multireduce.var`.
@@ -393,7 +394,7 @@ def stats(x_local: Any, *, comm=None, correction: float = 0.0) -> _stats.Stats:
     ValueError
         On every rank if all shards are empty.
     NotImplementedError
-        On every rank if a rank passes a CuPy array (no GPU kernel yet).
+        On a rank whose CuPy shard has a layout the GPU moments kernel cannot read.
     RankError
         On the other ranks when some rank raised.
     """
@@ -430,7 +431,9 @@ def _combine_states(comm, plan: _Plan, state, correction: float, *, finalize: bo
     gathered = comm.allgather((_stats.to_structured(state), plan.count))
     if st.op.kind == "moments":
         merged = _stats.merge_all([_stats.moments_from_structured(s) for s, _ in gathered])
-        return _stats.finalize_moments(merged, st.op, st.result, correction) if finalize else merged
+        if not finalize:
+            return merged
+        return _on_device(_stats.finalize_moments(merged, st.op, st.result, correction), plan)
     # argmin/argmax: a rank's indices are into its own shard; the global index adds the
     # number of elements on the ranks before it (shards concatenate in rank order).
     states = []
@@ -439,7 +442,19 @@ def _combine_states(comm, plan: _Plan, state, correction: float, *, finalize: bo
         s = _stats.arg_from_structured(structured)
         states.append(_stats.ArgState(s.value, np.where(s.index >= 0, s.index + np.int64(offset), s.index)))
         offset += count
-    return _stats.arg_finalize(_stats.arg_merge_all(states, largest=st.op.name == "argmax"), st.op)
+    return _on_device(_stats.arg_finalize(_stats.arg_merge_all(states, largest=st.op.name == "argmax"), st.op), plan)
+
+
+def _on_device(value: np.generic, plan: _Plan):
+    """A host result as a 0-d CuPy array on the shard's device for GPU shards (bit-exact)."""
+    if not plan.on_gpu:
+        return value
+    import cupy
+
+    from ._backend import cupy as gpu
+
+    with cupy.cuda.Device(plan.device):
+        return gpu.constant(value, value.dtype)
 
 
 def _timed_allreduce(x_local: Any, op: str | Op, comm=None) -> tuple[Any, float, float]:

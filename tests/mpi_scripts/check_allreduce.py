@@ -410,6 +410,33 @@ def check_files(tmp: Path) -> None:
     assert not sentinel.exists(), "an object .npy was unpickled"
 
 
+def check_gpu_states() -> None:
+    """GPU shards of the moments and arg ops: the global result equals the one-rank CPU result
+    of the concatenation (values i % 7 - 3, exact in float64), on the device."""
+    import cupy
+
+    for per_rank in (0, 1000) if SIZE > 1 else (1, 1000):
+        counts = [per_rank + r for r in range(SIZE)]  # uneven shards
+        start = sum(counts[:RANK])
+        everything = (np.arange(sum(counts)) % 7 - 3).astype(np.float32)
+        everything[sum(counts) // 2 :: 97] = 3.0  # ties: argmax takes the first
+        shard = cupy.asarray(everything[start : start + counts[RANK]])
+        for op in ("mean", "var", "std", "argmax", "argmin"):
+            got = mpi.allreduce(shard, op)
+            want = multireduce.reduce(everything, op)
+            assert isinstance(got, cupy.ndarray) and got.shape == (), (op, type(got))
+            value = got.get()[()]
+            assert value.dtype == np.asarray(want).dtype, (op, value.dtype)
+            if op.startswith("arg"):
+                assert int(value) == int(want), (op, value, want)
+            else:
+                assert abs(float(value) - float(want)) <= 1e-6 * max(1.0, abs(float(want))), (op, value, want)
+        s = mpi.stats(shard)
+        ref = multireduce.stats(everything)
+        assert s.count == ref.count and s.sum == ref.sum and s.min == ref.min and s.max == ref.max
+        assert abs(float(s.var) - float(ref.var)) <= 1e-6 * float(ref.var), (s.var, ref.var)
+
+
 def check_helpers() -> None:
     for n in (0, 1, SIZE - 1, SIZE, 10 * SIZE + 1):
         s = mpi.shard(n)
@@ -442,12 +469,13 @@ def main() -> int:
     if XP is np:
         check_new_ops()
         check_stats()
-    else:  # the other ops have no GPU kernel yet: every rank refuses, none waits
+    else:
+        check_gpu_states()
+        # Ops without a GPU kernel: every rank refuses, none waits.
         ones = to_device(np.ones(3, dtype=np.float32))
-        for op in ("prod", "mean", "var", "argmax", "nanmax"):
+        for op in ("prod", "nanmax"):
             refuse = lambda op=op: mpi.allreduce(ones, op)  # noqa: E731
             expect_everywhere(refuse, NotImplementedError, "needs a multireduce GPU kernel")
-        expect_everywhere(lambda: mpi.stats(ones), NotImplementedError, "needs a multireduce GPU kernel")
     check_errors()
     if RANK == 0:
         args.tmp.mkdir(parents=True, exist_ok=True)
