@@ -277,10 +277,32 @@ __global__ void __launch_bounds__(BLOCK)
 reduce_kernel(const T* __restrict__ in, long long n, Acc identity, Acc* __restrict__ partials,
               unsigned int* __restrict__ counter, Out* __restrict__ out) {
     static_assert(BLOCK >= 16 / sizeof(T), "head and tail are handled by the first threads");
-    const long long tid = static_cast<long long>(blockIdx.x) * BLOCK + threadIdx.x;
-    const long long nthreads = static_cast<long long>(gridDim.x) * BLOCK;
-    const Acc v = thread_reduce<T, Acc, Out, Op, UNROLL, LOAD>(in, n, identity, tid, nthreads);
-    finish<Op, BLOCK>(v, identity, gridDim.x, blockIdx.x, partials, counter, out);
+    if constexpr (LOAD >= 4) {
+        // Variant (benchmark only, load policy LOAD - 4): each block reads one contiguous
+        // share of the aligned body instead of a grid-stride interleave; block 0 also takes
+        // the scalar head and tail.
+        constexpr int VEC = 16 / sizeof(T);
+        const unsigned long long address = reinterpret_cast<unsigned long long>(in);
+        long long head = static_cast<long long>(((16u - (address & 15u)) & 15u) / sizeof(T));
+        if (head > n) head = n;
+        const long long nvec = (n - head) / VEC;
+        const long long tail_start = head + nvec * VEC;
+        const long long share = (nvec + gridDim.x - 1) / gridDim.x;
+        const long long first = share * blockIdx.x;
+        const long long count = first < nvec ? (nvec - first < share ? nvec - first : share) : 0;
+        Acc v = thread_reduce<T, Acc, Out, Op, UNROLL, LOAD - 4>(in + head + first * VEC, count * VEC, identity,
+                                                                 threadIdx.x, BLOCK);
+        if (blockIdx.x == 0) {
+            if (threadIdx.x < head) v = Op::combine(v, load_as<Acc, Out>(in[threadIdx.x]));
+            if (threadIdx.x < n - tail_start) v = Op::combine(v, load_as<Acc, Out>(in[tail_start + threadIdx.x]));
+        }
+        finish<Op, BLOCK>(v, identity, gridDim.x, blockIdx.x, partials, counter, out);
+    } else {
+        const long long tid = static_cast<long long>(blockIdx.x) * BLOCK + threadIdx.x;
+        const long long nthreads = static_cast<long long>(gridDim.x) * BLOCK;
+        const Acc v = thread_reduce<T, Acc, Out, Op, UNROLL, LOAD>(in, n, identity, tid, nthreads);
+        finish<Op, BLOCK>(v, identity, gridDim.x, blockIdx.x, partials, counter, out);
+    }
 }
 
 // Row reduction: `rows` contiguous rows of `length` elements each (the last axis of a
