@@ -166,9 +166,18 @@ def arg_kernel_name(dtype: np.dtype, largest: bool, block: int = STATS_BLOCK, un
 EXACT_BLOCK = 256
 
 
-def exact_kernel_name(dtype: np.dtype, block: int = EXACT_BLOCK) -> str:
+#: 16-byte loads in flight and float64 window sums per thread of the exact-sum kernel.
+EXACT_UNROLL = 2
+EXACT_SUMS = 2
+
+
+def exact_kernel_name(
+    dtype: np.dtype, block: int = EXACT_BLOCK, unroll: int | None = None, sums: int | None = None
+) -> str:
     """The C++ name of one instantiation of ``exact_sum_kernel`` (reproducible sums)."""
-    return f"multireduce::exact_sum_kernel<{CTYPES[np.dtype(dtype)]}, {block}>"
+    unroll = EXACT_UNROLL if unroll is None else unroll
+    sums = EXACT_SUMS if sums is None else sums
+    return f"multireduce::exact_sum_kernel<{CTYPES[np.dtype(dtype)]}, {block}, {unroll}, {sums}>"
 
 
 def default_kernel_names(

@@ -42,6 +42,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--skip-repro", action="store_true", help="skip the reproducible-sum case")
     p.add_argument("--skip-axis", action="store_true", help="skip the row and column cases")
     p.add_argument(
+        "--exact-variants",
+        default="",
+        help="extra UNROLLxSUMS shapes of the exact-sum kernel to time on the uniform case, e.g. 2x4,4x2 "
+        "(each compared bit for bit with the CPU; the shipped one is multireduce._kernels.EXACT_UNROLL/EXACT_SUMS)",
+    )
+    p.add_argument(
         "--cols-variants",
         default="",
         help="extra BLOCKxUNROLL launch shapes of the column kernel to time, e.g. 512x8,256x16 "
@@ -155,6 +161,7 @@ def main(argv=None) -> int:
         same = exact_gpu.get().tobytes() == np.asarray(exact_cpu).tobytes()
         if not same:
             failures.append("reproducible sum: GPU and CPU bits differ")
+        exact_gpu_full = mr.sum(y, reproducible=True).get().tobytes()
         fast = timed(timer, lambda: mr.sum(y), opts)
         slow = timed(timer, lambda: mr.sum(y, reproducible=True), opts)
         repro = {
@@ -167,6 +174,26 @@ def main(argv=None) -> int:
             "timing": {"fast": fast, "reproducible": slow},
         }
         repro["status"] = "PASS" if repro["ratio"] >= 0.8 and same else "MISS"
+        repro["variants"] = []
+        for v in filter(None, args.exact_variants.split(",")):
+            unroll, sums = (int(k) for k in v.split("x"))
+            shipped_exact = (_kernels.EXACT_UNROLL, _kernels.EXACT_SUMS)
+            _kernels.EXACT_UNROLL, _kernels.EXACT_SUMS = unroll, sums  # read at each call
+            try:
+                v_same = mr.sum(head, reproducible=True).get().tobytes() == np.asarray(exact_cpu).tobytes()
+                v_full = mr.sum(y, reproducible=True).get().tobytes() == exact_gpu_full
+                t = timed(timer, lambda: mr.sum(y, reproducible=True), opts)
+            finally:
+                _kernels.EXACT_UNROLL, _kernels.EXACT_SUMS = shipped_exact
+            ratio = fast["median_us"] / t["median_us"]
+            ok = v_same and v_full
+            repro["variants"].append({"variant": v, "us": t["median_us"], "ratio": ratio, "bits_ok": ok})
+            bk.say(
+                f"reproducible sum variant {v}: {t['median_us']:.1f} us = {ratio:.2f}x fast; "
+                f"bits equal to the CPU (2^26) and to the shipped kernel (2^30): {ok}"
+            )
+            if not (v_same and v_full):
+                failures.append(f"reproducible sum variant {v}: bits differ")
         # The exact kernel's speed depends on the data's dynamic range: also a normal sample
         # (values near 0 fall below a thread's window) and a +-1e+-30 mix (the slow path).
         z = cp.random.default_rng(2).standard_normal(n, dtype=cp.float32)

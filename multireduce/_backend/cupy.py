@@ -267,7 +267,7 @@ def _launch_cols(x, op: Op, acc: np.dtype, result: np.dtype, outer: int, length:
     kernel((blocks_x, blocks_y, slabs), (block,), (x, outer, length, inner, identity, partials, counters, out))
 
 
-_exact_kernels: dict[tuple[int, np.dtype], tuple] = {}
+_exact_kernels: dict[tuple[int, str], tuple] = {}
 _EXACT_PER_BLOCK = 1 << 29  # elements one block may add before its int64 slots could overflow
 _EXACT_PER_LAUNCH = 1 << 30  # elements per launch: the sum over blocks stays below 2**63 too
 
@@ -288,10 +288,10 @@ def exact_sum(x: cupy.ndarray) -> _exact.ExactSum:
         acc = _exact.ExactSum()
         if n == 0:
             return acc
-        key = (flat.data.device_id, flat.dtype)
+        key = (flat.data.device_id, _kernels.exact_kernel_name(flat.dtype))
         with _lock:
             if key not in _exact_kernels:
-                _exact_kernels[key] = _compile(key[0], _kernels.exact_kernel_name(flat.dtype), _kernels.EXACT_BLOCK)
+                _exact_kernels[key] = _compile(key[0], key[1], _kernels.EXACT_BLOCK)
         kernel, max_grid = _exact_kernels[key]
         block = _kernels.EXACT_BLOCK
         slots = _exact.LIMBS + 3
