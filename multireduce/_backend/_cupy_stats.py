@@ -157,6 +157,11 @@ def moments(x: cupy.ndarray, axes: tuple[int, ...], op: Op) -> _stats.Moments:
             return _stats.empty_moments(x.dtype, kshape)
         sdt = _moments_constants(x.dtype)[0]
         host = launch_moments(data, rows, length).get().view(sdt)
+    if not kshape:
+        # A full reduction: NumPy scalars (0-d, typed) straight from the one record, with as
+        # few NumPy calls as possible; this runs on the host after the kernel, on every call.
+        record = host[0]
+        return _stats.Moments(*(record[name] for name in sdt.names))
     return _stats.Moments(*(np.ascontiguousarray(host[name]).reshape(kshape) for name in sdt.names))
 
 
