@@ -23,6 +23,7 @@ __all__ = [
     "DEFAULT_UNROLL",
     "cols_kernel_name",
     "exact_kernel_name",
+    "exact_round_kernel_name",
     "default_kernel_names",
     "arg_kernel_name",
     "kernel_dir",
@@ -180,6 +181,11 @@ def exact_kernel_name(
     return f"multireduce::exact_sum_kernel<{CTYPES[np.dtype(dtype)]}, {block}, {unroll}, {sums}>"
 
 
+def exact_round_kernel_name(result: np.dtype) -> str:
+    """The C++ name of ``exact_round_kernel`` for a float result dtype (reproducible sums)."""
+    return f"multireduce::exact_round_kernel<{CTYPES[np.dtype(result)]}>"
+
+
 def default_kernel_names(
     block: int = DEFAULT_BLOCK, unroll: int = DEFAULT_UNROLL, load: int = DEFAULT_LOAD
 ) -> list[str]:
@@ -204,6 +210,7 @@ def default_kernel_names(
     for dt in SUPPORTED_DTYPES:
         if dt.kind == "f":
             names.add(exact_kernel_name(dt))
+            names.add(exact_round_kernel_name(dt))
         names.add(moments_kernel_name(dt))
         names.add(arg_kernel_name(dt, largest=True))
         names.add(arg_kernel_name(dt, largest=False))

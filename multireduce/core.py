@@ -273,10 +273,14 @@ def reduce(
         raise op.empty_error()
     full = len(axes) == ndim
     if reproducible and _needs_exact(arr.dtype, op, result, full):
-        # The exact sum is formed where the data lives; the one rounding happens on the host.
-        value = backend.exact_sum(arr).result(result, mean=op.name == "mean")
-        if backend is _cupy_backend:
-            value = backend.constant(value, result)
+        # The exact sum is formed where the data lives. A GPU sum is also rounded there (no
+        # wait, nothing through the host); a mean, or a sum on the CPU, is rounded on the host.
+        if backend is _cupy_backend and op.name == "sum" and arr.dtype.kind == "f" and result.kind == "f":
+            value = backend.exact_sum_rounded(arr, result)
+        else:
+            value = backend.exact_sum(arr).result(result, mean=op.name == "mean")
+            if backend is _cupy_backend:
+                value = backend.constant(value, result)
         return _keep(value, arr.shape, axes) if keepdims else value
     if op.kind == "fold":
         if full and arr.size == 0 and op.functor is not None:

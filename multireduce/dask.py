@@ -285,8 +285,6 @@ def _composite_reduction(x, op: Op, result, axes, keepdims, split_every, correct
     )
 
 
-
-
 def treereduce(
     x: da.Array,
     op: str | Op = "sum",

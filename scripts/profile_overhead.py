@@ -44,3 +44,15 @@ for name in ("mr.sum(x)", "cp.sum(x)"):
     cp.cuda.Device().synchronize()
     print(f"--- {name}")
     pstats.Stats(prof).sort_stats("tottime").print_stats(12)
+
+# The host part of multireduce.stats on a GPU array (2^20 float32): where it goes.
+y = cp.random.default_rng(1).standard_normal(1 << 20, dtype=cp.float32)
+for _ in range(200):
+    mr.stats(y)
+prof = cProfile.Profile()
+prof.enable()
+for _ in range(2000):
+    mr.stats(y)
+prof.disable()
+print("--- mr.stats(y), 2^20 float32, 2000 calls")
+pstats.Stats(prof).sort_stats("tottime").print_stats(15)

@@ -622,4 +622,124 @@ exact_sum_kernel(const T* __restrict__ in, long long n, unsigned long long* __re
     if (threadIdx.x == 0) *counter = 0u;
 }
 
+// ---------------------------------------------------------------------------------------
+// The reproducible sum's one rounding, on the device: exact_round_kernel<Out> reads `parts`
+// exact accumulators (EXACT_SLOTS each, as exact_sum_kernel writes them), adds them exactly,
+// and writes the sum rounded once to Out (round half to even, subnormals, overflow to
+// +-inf), bit for bit what multireduce._exact.round_to_dtype gives on the host. NaN if any
+// NaN or both infinities; else an infinity if any; a zero sum is +0.0. One thread.
+
+template <class Out> struct FloatFormat;
+template <> struct FloatFormat<double> {
+    static constexpr int precision = 53, min_exp = -1022, max_exp = 1024, bias = 1023;
+    static __device__ __forceinline__ double from_bits(unsigned long long b) { return __longlong_as_double(static_cast<long long>(b)); }
+};
+template <> struct FloatFormat<float> {
+    static constexpr int precision = 24, min_exp = -126, max_exp = 128, bias = 127;
+    static __device__ __forceinline__ float from_bits(unsigned long long b) { return __uint_as_float(static_cast<unsigned int>(b)); }
+};
+template <> struct FloatFormat<__half> {
+    static constexpr int precision = 11, min_exp = -14, max_exp = 16, bias = 15;
+    static __device__ __forceinline__ __half from_bits(unsigned long long b) { return __ushort_as_half(static_cast<unsigned short>(b)); }
+};
+
+// Bits [start, start + count) of the little-endian digit array (count <= 53, start >= 0).
+__device__ __forceinline__ unsigned long long exact_bits(const unsigned int* d, int start, int count) {
+    const int k = start >> 5, shift = start & 31;
+    unsigned long long w = static_cast<unsigned long long>(d[k]) >> shift;
+    if (k + 1 < EXACT_LIMBS) w |= static_cast<unsigned long long>(d[k + 1]) << (32 - shift);
+    if (shift > 0 && k + 2 < EXACT_LIMBS && 64 - shift < count) w |= static_cast<unsigned long long>(d[k + 2]) << (64 - shift);
+    return count >= 64 ? w : (w & ((1ull << count) - 1));
+}
+
+// Whether any of bits [0, end) is set.
+__device__ __forceinline__ bool exact_any_below(const unsigned int* d, int end) {
+    const int k = end >> 5, shift = end & 31;
+    for (int j = 0; j < k; ++j)
+        if (d[j] != 0u) return true;
+    return shift > 0 && (d[k] & ((1u << shift) - 1u)) != 0u;
+}
+
+// The rounded sum of `parts` accumulators as the raw bits of an Out. `acc` and `d` are
+// EXACT_LIMBS of scratch (shared memory: one thread runs this).
+template <class Out>
+__device__ unsigned long long exact_round_bits(const unsigned long long* __restrict__ slots, int parts, long long* acc,
+                                               unsigned int* d) {
+    using F = FloatFormat<Out>;
+    constexpr int P = F::precision;
+    const int width = sizeof(Out) * 8;
+    const unsigned long long sign_bit = 1ull << (width - 1);
+    const unsigned long long exp_all = static_cast<unsigned long long>(2 * F::bias + 1) << (P - 1);  // all-ones exponent
+    unsigned long long nan = 0, pos_inf = 0, neg_inf = 0;
+    for (int k = 0; k < EXACT_LIMBS; ++k) acc[k] = 0;
+    long long top = 0;  // the carry out of the last digit: the sign (and size) beyond it
+    for (int p = 0; p < parts; ++p) {
+        const unsigned long long* part = slots + static_cast<long long>(p) * EXACT_SLOTS;
+        long long carry = 0;
+        for (int k = 0; k < EXACT_LIMBS; ++k) {  // carry each part into digits first: no overflow
+            const long long t = static_cast<long long>(part[k]) + carry;  // |part[k]| < 2**62
+            acc[k] += t & 0xFFFFFFFFll;
+            carry = t >> 32;  // arithmetic: floor division
+        }
+        top += carry;
+        nan += part[EXACT_LIMBS];
+        pos_inf += part[EXACT_LIMBS + 1];
+        neg_inf += part[EXACT_LIMBS + 2];
+    }
+    if (nan != 0 || (pos_inf != 0 && neg_inf != 0)) return exp_all | (1ull << (P - 2));  // quiet NaN
+    if (pos_inf != 0) return exp_all;
+    if (neg_inf != 0) return sign_bit | exp_all;
+    long long carry = 0;
+    for (int k = 0; k < EXACT_LIMBS; ++k) {
+        const long long t = acc[k] + carry;
+        d[k] = static_cast<unsigned int>(t & 0xFFFFFFFFll);
+        carry = t >> 32;
+    }
+    top += carry;  // 0 or -1: the value fits in the digits, two's complement
+    const bool negative = top < 0;
+    if (negative) {  // magnitude: two's complement negation of the digits
+        unsigned long long c = 1;
+        for (int k = 0; k < EXACT_LIMBS; ++k) {
+            const unsigned long long t = static_cast<unsigned long long>(~d[k]) + c;
+            d[k] = static_cast<unsigned int>(t);
+            c = t >> 32;
+        }
+    }
+    int high = EXACT_LIMBS - 1;
+    while (high >= 0 && d[high] == 0u) --high;
+    if (high < 0) return 0ull;  // +0.0
+    const int msb = high * 32 + (31 - __clz(d[high]));  // value = M * 2**-1074, 2**msb <= M
+    const int floor_log2 = msb - 1074;
+    int e = floor_log2 - (P - 1);
+    if (e < F::min_exp - (P - 1)) e = F::min_exp - (P - 1);
+    const int s = e + 1074;  // the last significand bit's position in M (>= 0)
+    // q: bits [s, msb] of M; none (q = 0) when M < 2**s, below the smallest subnormal, where
+    // the guard bit and the sticky bits decide between 0 and the smallest subnormal.
+    unsigned long long q = s <= msb ? exact_bits(d, s, msb - s + 1) : 0ull;
+    if (s > 0) {
+        const bool guard = (d[(s - 1) >> 5] >> ((s - 1) & 31)) & 1u;
+        if (guard && ((q & 1ull) || exact_any_below(d, s - 1))) ++q;
+    }
+    if (q >> P) {  // rounding carried into a new bit: q == 2**P
+        q >>= 1;
+        ++e;
+    }
+    const int bits = 64 - __clzll(static_cast<long long>(q));
+    const unsigned long long sign = negative ? sign_bit : 0ull;
+    if (e + bits - 1 >= F::max_exp) return sign | exp_all;  // beyond the largest finite value
+    if (q >> (P - 1)) {  // normal: the hidden bit is set
+        const unsigned long long field = static_cast<unsigned long long>(e + (P - 1) + F::bias);
+        return sign | (field << (P - 1)) | (q & ((1ull << (P - 1)) - 1));
+    }
+    return sign | q;  // subnormal: e is the smallest exponent, the field is 0
+}
+
+template <class Out>
+__global__ void exact_round_kernel(const unsigned long long* __restrict__ slots, int parts, Out* __restrict__ out) {
+    __shared__ long long acc[EXACT_LIMBS];
+    __shared__ unsigned int digits[EXACT_LIMBS];
+    if (blockIdx.x == 0 && threadIdx.x == 0)
+        *out = FloatFormat<Out>::from_bits(exact_round_bits<Out>(slots, parts, acc, digits));
+}
+
 }  // namespace multireduce

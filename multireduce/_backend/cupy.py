@@ -272,6 +272,43 @@ _EXACT_PER_BLOCK = 1 << 29  # elements one block may add before its int64 slots 
 _EXACT_PER_LAUNCH = 1 << 30  # elements per launch: the sum over blocks stays below 2**63 too
 
 
+def _exact_launch(x: cupy.ndarray):
+    """Launch the exact-sum kernel over the float CuPy array ``x`` (inside ``with x.device``).
+
+    Returns ``(outs, parts)``: a device array of ``parts`` exact accumulators of
+    ``EXACT_SLOTS`` slots each (one per launch of at most 2**30 elements), in stream order,
+    without waiting; ``outs`` is None for an empty ``x``.
+    """
+    flat = _dense_base(x)
+    if flat is None:
+        _log.debug("copying a non-dense %s view of shape %s before an exact sum", x.dtype, x.shape)
+        flat = cupy.ascontiguousarray(x).ravel()
+    n = flat.size
+    if n == 0:
+        return None, 0
+    device = flat.data.device_id
+    key = (device, _kernels.exact_kernel_name(flat.dtype))
+    found = _exact_kernels.get(key)
+    if found is None:
+        with _lock:
+            found = _exact_kernels.get(key)
+            if found is None:
+                found = _exact_kernels[key] = _compile(device, key[1], _kernels.EXACT_BLOCK)
+    kernel, max_grid = found
+    block = _kernels.EXACT_BLOCK
+    slots = _exact.LIMBS + 3
+    parts = -(-n // _EXACT_PER_LAUNCH)
+    _, counter = _workspace(device, _get_current_stream().ptr, 1)  # 0 on entry and exit
+    outs = cupy.empty(parts * slots, dtype=np.uint64)
+    for i, start in enumerate(range(0, n, _EXACT_PER_LAUNCH)):
+        part = flat[start : start + _EXACT_PER_LAUNCH]
+        m = part.size
+        grid = max(min(max_grid, -(-m // (4 * block))), -(-m // _EXACT_PER_BLOCK))
+        partials = cupy.empty(grid * slots, dtype=np.uint64)
+        kernel((grid,), (block,), (part, m, partials, counter, outs[i * slots : (i + 1) * slots]))
+    return outs, parts
+
+
 def exact_sum(x: cupy.ndarray) -> _exact.ExactSum:
     """The exact sum of a float CuPy array (reproducible mode), as a host ExactSum.
 
@@ -279,38 +316,44 @@ def exact_sum(x: cupy.ndarray) -> _exact.ExactSum:
     final rounding (on the host) gives the same bits. Waits for the kernel (the limbs come
     back to the host). Arrays of more than 2**30 elements take one launch per 2**30.
     """
+    acc = _exact.ExactSum()
     with x.device:
-        flat = _dense_base(x)
-        if flat is None:
-            _log.debug("copying a non-dense %s view of shape %s before an exact sum", x.dtype, x.shape)
-            flat = cupy.ascontiguousarray(x).ravel()
-        n = flat.size
-        acc = _exact.ExactSum()
-        if n == 0:
+        outs, parts = _exact_launch(x)
+        if outs is None:
             return acc
-        key = (flat.data.device_id, _kernels.exact_kernel_name(flat.dtype))
-        with _lock:
-            if key not in _exact_kernels:
-                _exact_kernels[key] = _compile(key[0], key[1], _kernels.EXACT_BLOCK)
-        kernel, max_grid = _exact_kernels[key]
-        block = _kernels.EXACT_BLOCK
-        slots = _exact.LIMBS + 3
-        counter = cupy.zeros(1, dtype=np.uint32)
-        outs = []
-        for start in range(0, n, _EXACT_PER_LAUNCH):
-            part = flat[start : start + _EXACT_PER_LAUNCH]
-            m = part.size
-            grid = max(min(max_grid, -(-m // (4 * block))), -(-m // _EXACT_PER_BLOCK))
-            partials = cupy.empty(grid * slots, dtype=np.uint64)
-            out = cupy.empty(slots, dtype=np.uint64)
-            kernel((grid,), (block,), (part, m, partials, counter, out))
-            outs.append(out)
-        packed = [o.get().view(np.int64) for o in outs]
-    for p in packed:
-        part = _exact.ExactSum(p[: _exact.LIMBS].copy(), p[_exact.LIMBS :].copy(), 0)
-        acc.merge(part)  # normalizes, so that the int64 limbs cannot overflow
-    acc.count = n
+        packed = outs.get().view(np.int64).reshape(parts, _exact.LIMBS + 3)
+    if parts == 1:  # one launch's slots are below 2**62: no normalization needed
+        acc.limbs[:] = packed[0, : _exact.LIMBS]
+        acc.flags[:] = packed[0, _exact.LIMBS :]
+    else:
+        for p in packed:
+            acc.merge(_exact.ExactSum(p[: _exact.LIMBS].copy(), p[_exact.LIMBS :].copy(), 0))  # normalizes
+    acc.count = x.size
     return acc
+
+
+def exact_sum_rounded(x: cupy.ndarray, result: np.dtype) -> cupy.ndarray:
+    """The reproducible sum of the float CuPy array ``x``, rounded once to ``result`` on the GPU.
+
+    Bit for bit ``exact_sum(x).result(result)``, but the rounding runs in
+    ``exact_round_kernel`` after the exact-sum kernel, so nothing waits for the device and
+    nothing goes through the host: a 0-d CuPy array on ``x``'s device, on the current stream.
+    """
+    with x.device:
+        outs, parts = _exact_launch(x)
+        if outs is None:
+            return constant(result.type(0.0), result)  # the sum of nothing is +0.0
+        device = x.data.device_id
+        key = (device, _kernels.exact_round_kernel_name(result))
+        found = _exact_kernels.get(key)
+        if found is None:
+            with _lock:
+                found = _exact_kernels.get(key)
+                if found is None:
+                    found = _exact_kernels[key] = _compile(device, key[1], 32)
+        out = cupy.empty((), dtype=result)
+        found[0]((1,), (32,), (outs, np.int32(parts), out))
+        return out
 
 
 def moments(x: cupy.ndarray, axes: tuple[int, ...], op: Op):
