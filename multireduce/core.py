@@ -273,8 +273,8 @@ def reduce(
         raise op.empty_error()
     full = len(axes) == ndim
     if reproducible and _needs_exact(arr.dtype, op, result, full):
-        # The exact sum is formed where the data lives. A GPU sum is also rounded there (no
-        # wait, nothing through the host); a mean, or a sum on the CPU, is rounded on the host.
+        # The exact sum is formed where the data lives, and rounded once: a GPU sum by
+        # exact_sum_rounded (see its ROUND_ON_DEVICE), a mean or a CPU sum on the host.
         if backend is _cupy_backend and op.name == "sum" and arr.dtype.kind == "f" and result.kind == "f":
             value = backend.exact_sum_rounded(arr, result)
         else:

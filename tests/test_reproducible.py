@@ -129,6 +129,37 @@ def test_gpu_gives_the_cpu_bits(dtype):
     assert exact.value() == multireduce.partial(dev[:1000].get(), "sum", reproducible=True).value()
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_device_rounding_matches_the_host(dtype):
+    """exact_round_kernel against round_to_dtype, whatever ROUND_ON_DEVICE says."""
+    cupy = pytest.importorskip("cupy")
+    from multireduce import _exact
+    from multireduce._backend import cupy as gpu
+
+    rng = np.random.default_rng(11)
+    cases = [adversarial(dtype, n, rng) for n in (1, 2, 31, 1000, 100_003)]
+    info = np.finfo(dtype)
+    cases += [
+        np.array([info.max, info.max], dtype=dtype),  # overflows to inf
+        np.array([info.max, -info.max, info.smallest_subnormal], dtype=dtype),
+        np.array([-info.smallest_subnormal], dtype=dtype),
+        np.array([-0.0, -0.0], dtype=dtype),  # a zero sum is +0.0
+        np.array([1.0, info.eps / 2], dtype=dtype),  # a tie: rounds to even
+        np.array([1.0, info.eps / 2, info.smallest_subnormal], dtype=dtype),  # just above the tie
+        np.array([np.nan, 1.0], dtype=dtype),
+        np.array([np.inf, -np.inf], dtype=dtype),
+        np.array([-np.inf, 1.0], dtype=dtype),
+    ]
+    for host in cases:
+        dev = cupy.asarray(host)
+        for result in {np.dtype(dtype), np.dtype(np.float64), np.dtype(np.float32)}:
+            want = _exact.exact_sum(host).result(result)
+            got = gpu.exact_sum_rounded(dev, result, on_device=True)
+            assert got.dtype == result and got.shape == ()
+            assert_bits(got.get()[()], want)
+
+
 @pytest.mark.mpi
 @pytest.mark.parametrize("ranks", [1, 2, 3, 4, 8])
 def test_mpi_ranks_give_the_one_rank_bits(mpiexec, ranks):
