@@ -316,19 +316,37 @@ def exact_sum(x: cupy.ndarray) -> _exact.ExactSum:
     final rounding (on the host) gives the same bits. Waits for the kernel (the limbs come
     back to the host). Arrays of more than 2**30 elements take one launch per 2**30.
     """
-    acc = _exact.ExactSum()
     with x.device:
-        outs, parts = _exact_launch(x)
-        if outs is None:
+        flat = _dense_base(x)
+        if flat is None:
+            _log.debug("copying a non-dense %s view of shape %s before an exact sum", x.dtype, x.shape)
+            flat = cupy.ascontiguousarray(x).ravel()
+        n = flat.size
+        acc = _exact.ExactSum()
+        if n == 0:
             return acc
-        packed = outs.get().view(np.int64).reshape(parts, _exact.LIMBS + 3)
-    if parts == 1:  # one launch's slots are below 2**62: no normalization needed
-        acc.limbs[:] = packed[0, : _exact.LIMBS]
-        acc.flags[:] = packed[0, _exact.LIMBS :]
-    else:
-        for p in packed:
-            acc.merge(_exact.ExactSum(p[: _exact.LIMBS].copy(), p[_exact.LIMBS :].copy(), 0))  # normalizes
-    acc.count = x.size
+        key = (flat.data.device_id, _kernels.exact_kernel_name(flat.dtype))
+        with _lock:
+            if key not in _exact_kernels:
+                _exact_kernels[key] = _compile(key[0], key[1], _kernels.EXACT_BLOCK)
+        kernel, max_grid = _exact_kernels[key]
+        block = _kernels.EXACT_BLOCK
+        slots = _exact.LIMBS + 3
+        counter = cupy.zeros(1, dtype=np.uint32)
+        outs = []
+        for start in range(0, n, _EXACT_PER_LAUNCH):
+            part = flat[start : start + _EXACT_PER_LAUNCH]
+            m = part.size
+            grid = max(min(max_grid, -(-m // (4 * block))), -(-m // _EXACT_PER_BLOCK))
+            partials = cupy.empty(grid * slots, dtype=np.uint64)
+            out = cupy.empty(slots, dtype=np.uint64)
+            kernel((grid,), (block,), (part, m, partials, counter, out))
+            outs.append(out)
+        packed = [o.get().view(np.int64) for o in outs]
+    for p in packed:
+        part = _exact.ExactSum(p[: _exact.LIMBS].copy(), p[_exact.LIMBS :].copy(), 0)
+        acc.merge(part)  # normalizes, so that the int64 limbs cannot overflow
+    acc.count = n
     return acc
 
 
