@@ -214,10 +214,10 @@ def reduce(
     numpy.exceptions.AxisError
         For an axis out of range.
     NotImplementedError
-        For CuPy input, anything but a full sum, max or min: the GPU kernels for axis
-        reductions and the other ops do not exist yet (docs/axis-kernels.md). With
-        ``reproducible=True``: prod, var, std, nansum and nanmean, and an ``axis`` that
-        leaves axes unreduced.
+        For CuPy input, an op or axis set without a GPU kernel: the GPU runs sum, max and min
+        over all, trailing or leading axes; mean, var, std, nanmean, argmin and argmax over
+        all or trailing axes (docs/axis-kernels.md). With ``reproducible=True``: prod, var,
+        std, nansum and nanmean, and an ``axis`` that leaves axes unreduced.
 
     Notes
     -----
@@ -530,7 +530,7 @@ def stats(x: Any, *, axis: Any = None, correction: float = 0.0) -> _stats.Stats:
     ValueError
         Over zero elements (min and max are undefined there).
     NotImplementedError
-        For CuPy input: the fused GPU kernel does not exist yet.
+        For CuPy input whose reduced axes are neither all the axes nor the trailing ones.
 
     Notes
     -----

@@ -1,7 +1,8 @@
-"""Reproducible sums and means: the same bits for any order, split or layout (CPU).
+"""Reproducible sums and means: the same bits for any order, split, layout, rank count,
+chunking or device.
 
-The MPI (1-8 ranks) and Dask variants live in test_mpi.py / test_dask.py next to their layers'
-other tests; the GPU kernel does not exist yet and must say so.
+The CPU cases run everywhere; the mpiexec cases (1-8 ranks) need an MPI launcher; the GPU
+cases compare the GPU exact-sum kernel (and the device rounding) with the CPU bit for bit.
 """
 
 from __future__ import annotations
