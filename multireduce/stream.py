@@ -56,6 +56,7 @@ from . import _partials, core
 from .ops import Op, get_op
 
 __all__ = [
+    "BYTES_PER_THREAD",
     "DEFAULT_BUDGET",
     "DEFAULT_SLOT_BYTES",
     "SimulatedDevice",
@@ -76,6 +77,8 @@ DEFAULT_SLOT_BYTES = 32 << 20
 #: copy in parallel without the per-piece overhead taking over.
 MIN_PIECE_BYTES = 1 << 20
 _MAX_DEFAULT_THREADS = 12
+#: Input bytes per default copy thread (see :func:`make_plan`).
+BYTES_PER_THREAD = 16 << 20
 _PIECE_ALIGN = 64 << 10
 # cudaMemoryTypeHost in CUDA's cudaMemoryType enum: page-locked host memory.
 _CUDA_MEMORY_TYPE_HOST = 1
@@ -135,7 +138,8 @@ def make_plan(
     slot_bytes : int, optional
         Size of one staging buffer; default ``min(DEFAULT_SLOT_BYTES, budget // 4)``.
     threads : int, optional
-        Copy threads; default the number of usable CPUs, at most 12.
+        Copy threads; default the number of usable CPUs, at most 12, and at most one per
+        :data:`BYTES_PER_THREAD` of input.
 
     Returns
     -------
@@ -158,7 +162,13 @@ def make_plan(
             f"budget={budget} bytes holds fewer than two staging buffers of {slot_bytes} bytes; "
             "double buffering needs two (lower slot_bytes or raise budget)"
         )
-    threads = _default_threads() if threads is None else int(threads)
+    if threads is None:
+        # At most one copy thread per BYTES_PER_THREAD of input: with more, the threads' Python
+        # work per piece contends for the GIL. On the H200 host, 2^24 float32 (64 MiB) from
+        # pageable memory took 3.8 ms with 4 threads, 5.6 ms with 8 and 8.2 ms with 12
+        # (bench/results/h200_86cb66d/diag_stream.txt).
+        threads = max(1, min(_default_threads(), nbytes // BYTES_PER_THREAD))
+    threads = int(threads)
     if threads < 1:
         raise ValueError(f"threads must be at least 1, not {threads}")
     # A few more slots than copy threads, so that slots whose copy over the link or kernel is
@@ -742,8 +752,9 @@ def reduce(
     slot_bytes : int, optional
         Bytes per staging buffer; default ``min(32 MiB, budget // 4)``.
     threads : int, optional
-        Host threads that copy into pinned buffers; default the usable CPUs, at most 12. For a
-        Dask array, Dask's own threads copy and this only sizes the slots.
+        Host threads that copy into pinned buffers; default the usable CPUs, at most 12 and at
+        most one per 16 MiB of input. For a Dask array, Dask's own threads copy and this only
+        sizes the slots.
     split_every : int or dict, optional
         For a Dask array, as in :func:`multireduce.dask.treereduce`.
 

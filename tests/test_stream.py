@@ -79,6 +79,15 @@ def test_make_plan_small_inputs_are_split_for_all_threads():
     assert stream.make_plan(100, 8, threads=8).piece_bytes == stream.MIN_PIECE_BYTES
 
 
+def test_default_threads_grow_with_the_input(monkeypatch):
+    monkeypatch.setattr(stream, "_default_threads", lambda: 12)
+    assert stream.make_plan(100, 4).threads == 1
+    assert stream.make_plan(64 << 20, 4).threads == 4  # the seed's case: 4 was fastest on the H200
+    assert stream.make_plan(64 << 20, 4).piece_bytes == 8 << 20
+    assert stream.make_plan(4 << 30, 4).threads == 12
+    assert stream.make_plan(4 << 30, 4, threads=2).threads == 2  # an explicit count wins
+
+
 def test_make_plan_errors():
     with pytest.raises(ValueError, match="two staging buffers"):
         stream.make_plan(100, 4, budget=1000, slot_bytes=600)
