@@ -104,9 +104,13 @@ def run_size(cp: Any, mr: Any, torch: Any, n: int, opts: argparse.Namespace) -> 
             fn()
     cp.cuda.Device().synchronize()
     samples = {name: [] for name in cases}
-    for _ in range(opts.repeat):
-        for name, fn in cases.items():
-            samples[name].append(event_time(cp, fn))
+    # The order rotates every round, so that no case always follows the slow CuPy peers
+    # (whose large temporaries churn the memory pool) or always runs first: in the first
+    # H200 runs stats(), always first, took 0.1-0.2 ms more than later cases of the same work.
+    names = list(cases)
+    for r in range(opts.repeat):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            samples[name].append(event_time(cp, cases[name]))
     nbytes = n * 4
     timings = {}
     for name, secs in samples.items():
