@@ -660,7 +660,7 @@ class OursVariant(Peer):
 
     def __init__(self, mr: Any, backend: Any, block: int, unroll: int, load: int):
         self.mr, self.backend, self.block, self.unroll, self.load = mr, backend, block, unroll, load
-        self.name = ("ours-c" if load >= 4 else "ours-") + f"{block}x{unroll}" + ("", "p", "n", "e")[load % 4]
+        self.name = f"ours-{block}x{unroll}" + ("", "p", "n", "e")[load]
 
     def bind(self, ds, op):
         o = self.mr.get_op(op)
@@ -754,12 +754,8 @@ def make_peers(cp, mr, backend, torch, torch_info, module, opts) -> list[Peer]:
     for variant in filter(None, opts.variants.split(",")):
         # Suffixes: "p" the L2-prefetch load policy (LOAD 1), "n" L1::no_allocate alone (2),
         # "e" cache-streaming __ldcs, evict first (3); none: __ldg (0). See load16 in kernels/multireduce/reduce.cuh.
-        # A leading "c": each block reads one contiguous share (LOAD + 4) instead of a
-        # grid-stride interleave.
         variant = variant.lower()
-        contiguous = variant.startswith("c")
-        variant = variant.lstrip("c")
-        load = {"p": 1, "n": 2, "e": 3}.get(variant[-1], 0) + (4 if contiguous else 0)
+        load = {"p": 1, "n": 2, "e": 3}.get(variant[-1], 0)
         block, unroll = (int(v) for v in variant.rstrip("pne").split("x"))
         peers.insert(1, OursVariant(mr, backend, block, unroll, load))
     return peers

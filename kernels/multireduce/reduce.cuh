@@ -182,6 +182,24 @@ __device__ __forceinline__ A block_reduce(A v, A identity, A* warp_values) {
 // ---------------------------------------------------------------------------------------
 // Building blocks shared by the kernels.
 
+// How a contiguous range in[0, n) splits for 16-byte loads: a scalar head up to the first
+// 16-byte boundary (at most n elements), `nvec` aligned vectors starting at `body`, and a
+// scalar tail from `tail_start` (fewer than one vector).
+template <class T>
+struct VectorSplit {
+    long long head, nvec, tail_start;
+    const uint4* body;
+    __device__ __forceinline__ VectorSplit(const T* in, long long n) {
+        constexpr int VEC = 16 / sizeof(T);
+        const unsigned long long address = reinterpret_cast<unsigned long long>(in);
+        head = static_cast<long long>(((16u - (address & 15u)) & 15u) / sizeof(T));
+        if (head > n) head = n;
+        nvec = (n - head) / VEC;
+        tail_start = head + nvec * VEC;
+        body = reinterpret_cast<const uint4*>(in + head);
+    }
+};
+
 // One thread's share of a reduction of the contiguous range in[0, n), where threads
 // tid = 0 .. nthreads-1 cooperate: a scalar head up to the first 16-byte boundary, the
 // aligned body as 16-byte vectors (UNROLL loads in flight, ACC accumulators), a scalar
@@ -197,12 +215,9 @@ __device__ __forceinline__ Acc thread_reduce(const T* __restrict__ in, long long
 #pragma unroll
     for (int k = 0; k < ACC; ++k) acc[k] = identity;
 
-    const unsigned long long address = reinterpret_cast<unsigned long long>(in);
-    long long head = static_cast<long long>(((16u - (address & 15u)) & 15u) / sizeof(T));
-    if (head > n) head = n;
-    const long long nvec = (n - head) / VEC;
-    const long long tail_start = head + nvec * VEC;
-    const uint4* __restrict__ body = reinterpret_cast<const uint4*>(in + head);
+    const VectorSplit<T> split(in, n);
+    const long long head = split.head, nvec = split.nvec, tail_start = split.tail_start;
+    const uint4* __restrict__ body = split.body;
 
     if (tid < head) acc[0] = Op::combine(acc[0], load_as<Acc, Out>(in[tid]));
     if (tid < n - tail_start) acc[ACC - 1] = Op::combine(acc[ACC - 1], load_as<Acc, Out>(in[tail_start + tid]));
@@ -277,32 +292,10 @@ __global__ void __launch_bounds__(BLOCK)
 reduce_kernel(const T* __restrict__ in, long long n, Acc identity, Acc* __restrict__ partials,
               unsigned int* __restrict__ counter, Out* __restrict__ out) {
     static_assert(BLOCK >= 16 / sizeof(T), "head and tail are handled by the first threads");
-    if constexpr (LOAD >= 4) {
-        // Variant (benchmark only, load policy LOAD - 4): each block reads one contiguous
-        // share of the aligned body instead of a grid-stride interleave; block 0 also takes
-        // the scalar head and tail.
-        constexpr int VEC = 16 / sizeof(T);
-        const unsigned long long address = reinterpret_cast<unsigned long long>(in);
-        long long head = static_cast<long long>(((16u - (address & 15u)) & 15u) / sizeof(T));
-        if (head > n) head = n;
-        const long long nvec = (n - head) / VEC;
-        const long long tail_start = head + nvec * VEC;
-        const long long share = (nvec + gridDim.x - 1) / gridDim.x;
-        const long long first = share * blockIdx.x;
-        const long long count = first < nvec ? (nvec - first < share ? nvec - first : share) : 0;
-        Acc v = thread_reduce<T, Acc, Out, Op, UNROLL, LOAD - 4>(in + head + first * VEC, count * VEC, identity,
-                                                                 threadIdx.x, BLOCK);
-        if (blockIdx.x == 0) {
-            if (threadIdx.x < head) v = Op::combine(v, load_as<Acc, Out>(in[threadIdx.x]));
-            if (threadIdx.x < n - tail_start) v = Op::combine(v, load_as<Acc, Out>(in[tail_start + threadIdx.x]));
-        }
-        finish<Op, BLOCK>(v, identity, gridDim.x, blockIdx.x, partials, counter, out);
-    } else {
-        const long long tid = static_cast<long long>(blockIdx.x) * BLOCK + threadIdx.x;
-        const long long nthreads = static_cast<long long>(gridDim.x) * BLOCK;
-        const Acc v = thread_reduce<T, Acc, Out, Op, UNROLL, LOAD>(in, n, identity, tid, nthreads);
-        finish<Op, BLOCK>(v, identity, gridDim.x, blockIdx.x, partials, counter, out);
-    }
+    const long long tid = static_cast<long long>(blockIdx.x) * BLOCK + threadIdx.x;
+    const long long nthreads = static_cast<long long>(gridDim.x) * BLOCK;
+    const Acc v = thread_reduce<T, Acc, Out, Op, UNROLL, LOAD>(in, n, identity, tid, nthreads);
+    finish<Op, BLOCK>(v, identity, gridDim.x, blockIdx.x, partials, counter, out);
 }
 
 // Row reduction: `rows` contiguous rows of `length` elements each (the last axis of a
@@ -560,12 +553,9 @@ __device__ __forceinline__ void exact_thread(const T* __restrict__ in, long long
         constexpr int VEC = 16 / sizeof(T);
         static_assert(SUMS >= 1 && SUMS <= 4, "one to four window sums");
         ExactWindow w;
-        const unsigned long long address = reinterpret_cast<unsigned long long>(in);
-        long long head = static_cast<long long>(((16u - (address & 15u)) & 15u) / sizeof(T));
-        if (head > n) head = n;
-        const long long nvec = (n - head) / VEC;
-        const long long tail_start = head + nvec * VEC;
-        const uint4* __restrict__ body = reinterpret_cast<const uint4*>(in + head);
+        const VectorSplit<T> split(in, n);
+        const long long head = split.head, nvec = split.nvec, tail_start = split.tail_start;
+        const uint4* __restrict__ body = split.body;
         if (tid < head) w.add(slots, as_float(in[tid]), 0);
         if (tid < n - tail_start) w.add(slots, as_float(in[tail_start + tid]), SUMS - 1);
         w.since_fold = 2;

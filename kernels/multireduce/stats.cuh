@@ -326,13 +326,10 @@ moments_rows_kernel(const T* __restrict__ in, long long rows, long long length, 
 
     for (long long row = blockIdx.y; row < rows; row += gridDim.y) {
         const T* __restrict__ x = in + row * length;
-        const unsigned long long address = reinterpret_cast<unsigned long long>(x);
-        long long head = static_cast<long long>(((16u - (address & 15u)) & 15u) / sizeof(T));
-        if (head > length) head = length;
-        const long long nvec = (length - head) / VEC;
-        const long long tail_start = head + nvec * VEC;
+        const VectorSplit<T> split(x, length);
+        const long long head = split.head, nvec = split.nvec, tail_start = split.tail_start;
         const long long tail = length - tail_start;
-        const uint4* __restrict__ body = reinterpret_cast<const uint4*>(x + head);
+        const uint4* __restrict__ body = split.body;
 
         // The shift: the thread's first element (head, else first vector, else tail).
         long long first = -1;
@@ -501,12 +498,9 @@ arg_rows_kernel(const T* __restrict__ in, long long rows, long long length, ArgP
 
     for (long long row = blockIdx.y; row < rows; row += gridDim.y) {
         const T* __restrict__ x = in + row * length;
-        const unsigned long long address = reinterpret_cast<unsigned long long>(x);
-        long long head = static_cast<long long>(((16u - (address & 15u)) & 15u) / sizeof(T));
-        if (head > length) head = length;
-        const long long nvec = (length - head) / VEC;
-        const long long tail_start = head + nvec * VEC;
-        const uint4* __restrict__ body = reinterpret_cast<const uint4*>(x + head);
+        const VectorSplit<T> split(x, length);
+        const long long head = split.head, nvec = split.nvec, tail_start = split.tail_start;
+        const uint4* __restrict__ body = split.body;
 
         // Visited in increasing index order (head < body < tail), so a strictly larger key
         // is needed to replace the best: the first occurrence stays.
