@@ -270,6 +270,19 @@ def _emit(ctx: _Context, text: str) -> None:
         print(text, flush=True)
 
 
+def _environment(ctx, mpi) -> dict:
+    """What every JSON document of the CLI says about where it ran."""
+    return {
+        "multireduce": __version__,
+        "ranks": ctx.size,
+        "backend": ctx.backend,
+        "backend_reason": ctx.backend_reason,
+        "device": ctx.device_name,
+        "mpi_library": _mpi_library_line(mpi),
+        "cuda_aware": mpi.cuda_aware().enabled,
+    }
+
+
 def _mpi_library_line(mpi) -> str:
     return " ".join(mpi.MPI.Get_library_version().strip().splitlines()[0].split())
 
@@ -502,13 +515,7 @@ def _cmd_run(args, comm, mpi) -> int:
     if ctx.rank == 0:
         nbytes = n * dt.itemsize
         report = {
-            "multireduce": __version__,
-            "ranks": ctx.size,
-            "backend": ctx.backend,
-            "backend_reason": ctx.backend_reason,
-            "device": ctx.device_name,
-            "mpi_library": _mpi_library_line(mpi),
-            "cuda_aware": mpi.cuda_aware().enabled,
+            **_environment(ctx, mpi),
             "cuda_aware_decided_by": mpi.cuda_aware().method,
             "transport": {k: sum(t[k] for t in transport) for k in transport[0]},
             "source": info["source"],
@@ -735,14 +742,8 @@ def _cmd_bench(args, comm, mpi) -> int:
         del x
     if ctx.rank == 0:
         doc = {
-            "multireduce": __version__,
+            **_environment(ctx, mpi),
             "git_commit": _provenance.git_commit(),
-            "ranks": ctx.size,
-            "backend": ctx.backend,
-            "backend_reason": ctx.backend_reason,
-            "device": ctx.device_name,
-            "mpi_library": _mpi_library_line(mpi),
-            "cuda_aware": mpi.cuda_aware().enabled,
             "warmup": args.warmup,
             "repeat": args.repeat,
             "timing": "Barrier + MPI.Wtime around each phase after a stream sync; max over ranks; "

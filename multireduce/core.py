@@ -147,9 +147,6 @@ def _keep(value, shape: tuple[int, ...], axes: tuple[int, ...]):
 
 #: reduce()'s default correction, compared by identity on the fast path.
 _NO_CORRECTION = 0.0
-#: (op as given, dtype) -> (Op, accumulator, result) of fold ops with a GPU kernel, filled by
-#: the first full reduction of each combination; the fast path of later calls reads it.
-_fast_plans: dict[tuple, tuple[Op, np.dtype, np.dtype]] = {}
 
 
 def reduce(
@@ -250,15 +247,12 @@ def reduce(
         and reproducible is False
         and correction is _NO_CORRECTION
     ):
-        # The per-call path of tiny GPU reductions: a fold op with a kernel, seen before.
-        fast = _fast_plans.get((op, x.dtype)) if type(op) is str else None
-        if fast is not None and x.size:
-            return _cupy_backend.reduce_full(x, *fast)
+        # The per-call path of tiny GPU reductions: a fold op with a kernel, planned before.
+        plan = _plans.get((op, x.dtype, None)) if type(op) is str else None
+        if plan is not None and plan[0].kind == "fold" and plan[0].functor is not None and x.size:
+            return _cupy_backend.reduce_full(x, plan[0], plan[2], plan[1])
     backend, arr = _backend_and_array(x)
-    op_key = op
     op, result, acc = _plan(arr, op, dtype)
-    if backend is _cupy_backend and type(op_key) is str and op.kind == "fold" and op.functor and dtype is None:
-        _fast_plans[op_key, arr.dtype] = (op, acc, result)
     corr = _check_correction(op, correction) if correction or op.kind == "moments" else 0.0
     ndim = arr.ndim
     if op.kind == "arg":

@@ -517,40 +517,12 @@ def _finalize_stats(states: np.ndarray, dtype: np.dtype, correction: float, ksha
     return _stats.finalize_stats(state, dtype, correction)
 
 
-def _treereduce_method(
-    self: da.Array,
-    op: str | Op = "sum",
-    *,
-    axis: Any = None,
-    keepdims: bool = False,
-    dtype: Any = None,
-    split_every: int | dict | None = None,
-    correction: float = 0.0,
-    reproducible: bool = False,
-) -> da.Array:
-    return treereduce(
-        self,
-        op,
-        axis=axis,
-        keepdims=keepdims,
-        dtype=dtype,
-        split_every=split_every,
-        correction=correction,
-        reproducible=reproducible,
-    )
-
-
-_treereduce_method.__doc__ = treereduce.__doc__
-_treereduce_method.__name__ = "treereduce"
-_treereduce_method.__qualname__ = "Array.treereduce"
-
-
 def _register() -> None:
     existing = getattr(da.Array, "treereduce", None)
     if existing is not None and getattr(existing, "__module__", None) != __name__:
         # Someone else's treereduce: replacing it silently would change their results.
         raise RuntimeError(f"dask.array.Array already has a treereduce attribute ({existing!r}); not replacing it")
-    da.Array.treereduce = _treereduce_method
+    da.Array.treereduce = treereduce  # x.treereduce(...) is treereduce(x, ...)
 
 
 _register()

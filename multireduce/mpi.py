@@ -454,7 +454,7 @@ def _on_device(value: np.generic, plan: _Plan):
     from ._backend import cupy as gpu
 
     with cupy.cuda.Device(plan.device):
-        return gpu.constant(value, value.dtype)
+        return gpu.from_host(value, value.dtype)
 
 
 def _timed_allreduce(x_local: Any, op: str | Op, comm=None) -> tuple[Any, float, float]:

@@ -289,3 +289,42 @@ def test_property_against_reference(xp, case, op):
             multireduce.reduce(dev, op)
         return
     check(np.ascontiguousarray(x), op, to_host(xp, multireduce.reduce(dev, op)))
+
+
+def test_gpu_fast_path_dispatch_uses_the_cached_plan(monkeypatch):
+    """The per-call fast path for CuPy arrays, with a stand-in backend: a full reduction of a
+    (op, dtype) already planned goes straight to reduce_full with the plan's accumulator and
+    result; anything else takes the general path (backend.reduce)."""
+    from types import SimpleNamespace
+
+    from multireduce import core
+
+    class FakeArray:
+        dtype = np.dtype(np.float32)
+        size = 8
+        ndim = 1
+        shape = (8,)
+
+    class General:
+        def reshape(self, shape):
+            return self
+
+    calls = []
+    stub = SimpleNamespace(
+        cupy=SimpleNamespace(ndarray=FakeArray),
+        reduce_full=lambda x, op, acc, result: calls.append((op.name, acc, result)) or "fast",
+        reduce=lambda x, op, acc, result, axes: General(),
+    )
+    monkeypatch.setattr(core, "_cupy_backend", stub)
+    multireduce.sum(np.ones(3, np.float32))  # plans ("sum", float32)
+    multireduce.max(np.ones(3, np.float32))
+    multireduce.prod(np.ones(3, np.float32))  # planned, but has no GPU kernel
+    assert multireduce.sum(FakeArray()) == "fast"
+    assert multireduce.max(FakeArray()) == "fast"
+    f64, f32 = np.dtype(np.float64), np.dtype(np.float32)
+    assert calls == [("sum", f64, f32), ("max", f32, f32)]
+    assert isinstance(multireduce.prod(FakeArray()), General)
+    assert isinstance(multireduce.sum(FakeArray(), axis=0), General)
+    assert isinstance(multireduce.sum(FakeArray(), dtype=np.float64), General)
+    assert isinstance(multireduce.sum(FakeArray(), keepdims=True), General)
+    assert len(calls) == 2

@@ -15,7 +15,6 @@ from __future__ import annotations
 import functools
 import logging
 import math
-import threading
 
 import cupy
 import numpy as np
@@ -23,28 +22,13 @@ import numpy as np
 from .. import _kernels, _stats
 from .._axes import axis_layout
 from ..ops import OPS, Op
-from .cupy import _MAX_GRID_Y, _compile, _dense_base, _missing
+from .cupy import _MAX_GRID_Y, _dense_base, _kernel, _missing
 
 __all__ = ["arg", "launch_moments", "moments", "state_dtype"]
 
 _log = logging.getLogger("multireduce")
-_lock = threading.Lock()
-_functions: dict[tuple[int, str], tuple] = {}
 _BLOCK = _kernels.STATS_BLOCK
 _ARG_PARTIAL_BYTES = 16  # struct ArgPartial { long long key, index; }
-
-
-def _function(device: int, name: str):
-    """(driver function, largest useful grid) for one kernel on one device, compiled once."""
-    key = (device, name)
-    found = _functions.get(key)
-    if found is None:
-        with _lock:
-            found = _functions.get(key)
-            if found is None:
-                found = _compile(device, name, _BLOCK)
-                _functions[key] = found
-    return found
 
 
 def state_dtype(dtype: np.dtype) -> np.dtype:
@@ -129,7 +113,7 @@ def launch_moments(data: cupy.ndarray, rows: int, length: int) -> cupy.ndarray:
     wait). ``data`` is C-contiguous and non-empty; call inside ``with data.device``.
     """
     device = data.data.device_id
-    kernel, max_grid = _function(device, _kernels.moments_kernel_name(data.dtype))
+    kernel, max_grid = _kernel(device, _kernels.moments_kernel_name(data.dtype), _BLOCK)
     per_row, grid_y = _grid(rows, length, data.itemsize, _kernels.MOMENTS_UNROLL, max_grid)
     sdt, lo, hi = _moments_constants(data.dtype)
     partials = cupy.empty(max(rows * per_row, 1) * sdt.itemsize, dtype=np.uint8)
@@ -184,7 +168,7 @@ def arg(x: cupy.ndarray, axis: int | None, op: Op) -> _stats.ArgState:
         if rows * length == 0:
             return _stats.empty_arg_state(acc, kshape)
         device = data.data.device_id
-        kernel, max_grid = _function(device, _kernels.arg_kernel_name(x.dtype, largest=op.name == "argmax"))
+        kernel, max_grid = _kernel(device, _kernels.arg_kernel_name(x.dtype, largest=op.name == "argmax"), _BLOCK)
         per_row, grid_y = _grid(rows, length, x.itemsize, _kernels.ARG_UNROLL, max_grid)
         partials = cupy.empty(max(rows * per_row, 1) * _ARG_PARTIAL_BYTES, dtype=np.uint8)
         counters = _counters(device, rows if per_row > 1 else 1)

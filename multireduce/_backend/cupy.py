@@ -46,18 +46,32 @@ def _launcher(
     """
     key = (device, op, dtype, acc, result, config, kind)
     found = _launchers.get(key)
-    if found is not None:
-        return found
-    with _lock:
-        found = _launchers.get(key)
-        if found is None:
-            if kind == "reduce_cols_kernel":
-                name = _kernels.cols_kernel_name(op, dtype, acc, result, config[0], config[1])
-            else:
-                name = _kernels.kernel_name(op, dtype, acc, result, *config, kernel=kind)
-            kernel, max_grid = _compile(device, name, config[0])
-            found = (kernel, max_grid, op.identity(acc))
-            _launchers[key] = found
+    if found is None:
+        if kind == "reduce_cols_kernel":
+            name = _kernels.cols_kernel_name(op, dtype, acc, result, config[0], config[1])
+        else:
+            name = _kernels.kernel_name(op, dtype, acc, result, *config, kernel=kind)
+        kernel, max_grid = _kernel(device, name, config[0])
+        found = _launchers.setdefault(key, (kernel, max_grid, op.identity(acc)))
+    return found
+
+
+_functions: dict[tuple[int, str, int], tuple] = {}
+
+
+def _kernel(device: int, name: str, block: int):
+    """(driver function, largest useful grid) of one instantiation, compiled once.
+
+    ``name`` on ``device`` for ``block`` threads per block: compiled on first use
+    (:func:`_compile`), then cached.
+    """
+    key = (device, name, block)
+    found = _functions.get(key)
+    if found is None:
+        with _lock:
+            found = _functions.get(key)
+            if found is None:
+                found = _functions[key] = _compile(device, name, block)
     return found
 
 
@@ -267,7 +281,6 @@ def _launch_cols(x, op: Op, acc: np.dtype, result: np.dtype, outer: int, length:
     kernel((blocks_x, blocks_y, slabs), (block,), (x, outer, length, inner, identity, partials, counters, out))
 
 
-_exact_kernels: dict[tuple[int, str], tuple] = {}
 _EXACT_PER_BLOCK = 1 << 29  # elements one block may add before its int64 slots could overflow
 _EXACT_PER_LAUNCH = 1 << 30  # elements per launch: the sum over blocks stays below 2**63 too
 
@@ -287,15 +300,8 @@ def _exact_launch(x: cupy.ndarray):
     if n == 0:
         return None, 0
     device = flat.data.device_id
-    key = (device, _kernels.exact_kernel_name(flat.dtype))
-    found = _exact_kernels.get(key)
-    if found is None:
-        with _lock:
-            found = _exact_kernels.get(key)
-            if found is None:
-                found = _exact_kernels[key] = _compile(device, key[1], _kernels.EXACT_BLOCK)
-    kernel, max_grid = found
     block = _kernels.EXACT_BLOCK
+    kernel, max_grid = _kernel(device, _kernels.exact_kernel_name(flat.dtype), block)
     slots = _exact.LIMBS + 3
     parts = -(-n // _EXACT_PER_LAUNCH)
     _, counter = _workspace(device, _get_current_stream().ptr, 1)  # 0 on entry and exit
@@ -316,37 +322,15 @@ def exact_sum(x: cupy.ndarray) -> _exact.ExactSum:
     final rounding (on the host) gives the same bits. Waits for the kernel (the limbs come
     back to the host). Arrays of more than 2**30 elements take one launch per 2**30.
     """
+    acc = _exact.ExactSum()
     with x.device:
-        flat = _dense_base(x)
-        if flat is None:
-            _log.debug("copying a non-dense %s view of shape %s before an exact sum", x.dtype, x.shape)
-            flat = cupy.ascontiguousarray(x).ravel()
-        n = flat.size
-        acc = _exact.ExactSum()
-        if n == 0:
+        outs, parts = _exact_launch(x)
+        if outs is None:
             return acc
-        key = (flat.data.device_id, _kernels.exact_kernel_name(flat.dtype))
-        with _lock:
-            if key not in _exact_kernels:
-                _exact_kernels[key] = _compile(key[0], key[1], _kernels.EXACT_BLOCK)
-        kernel, max_grid = _exact_kernels[key]
-        block = _kernels.EXACT_BLOCK
-        slots = _exact.LIMBS + 3
-        counter = cupy.zeros(1, dtype=np.uint32)
-        outs = []
-        for start in range(0, n, _EXACT_PER_LAUNCH):
-            part = flat[start : start + _EXACT_PER_LAUNCH]
-            m = part.size
-            grid = max(min(max_grid, -(-m // (4 * block))), -(-m // _EXACT_PER_BLOCK))
-            partials = cupy.empty(grid * slots, dtype=np.uint64)
-            out = cupy.empty(slots, dtype=np.uint64)
-            kernel((grid,), (block,), (part, m, partials, counter, out))
-            outs.append(out)
-        packed = [o.get().view(np.int64) for o in outs]
+        packed = outs.get().view(np.int64).reshape(parts, _exact.LIMBS + 3)
     for p in packed:
-        part = _exact.ExactSum(p[: _exact.LIMBS].copy(), p[_exact.LIMBS :].copy(), 0)
-        acc.merge(part)  # normalizes, so that the int64 limbs cannot overflow
-    acc.count = n
+        acc.merge(_exact.ExactSum(p[: _exact.LIMBS].copy(), p[_exact.LIMBS :].copy(), 0))  # normalizes
+    acc.count = x.size
     return acc
 
 
@@ -373,16 +357,9 @@ def exact_sum_rounded(x: cupy.ndarray, result: np.dtype, *, on_device: bool | No
         outs, parts = _exact_launch(x)
         if outs is None:
             return constant(result.type(0.0), result)  # the sum of nothing is +0.0
-        device = x.data.device_id
-        key = (device, _kernels.exact_round_kernel_name(result))
-        found = _exact_kernels.get(key)
-        if found is None:
-            with _lock:
-                found = _exact_kernels.get(key)
-                if found is None:
-                    found = _exact_kernels[key] = _compile(device, key[1], 32)
+        kernel, _ = _kernel(x.data.device_id, _kernels.exact_round_kernel_name(result), 32)
         out = cupy.empty((), dtype=result)
-        found[0]((1,), (32,), (outs, np.int32(parts), out))
+        kernel((1,), (32,), (outs, np.int32(parts), out))
         return out
 
 
