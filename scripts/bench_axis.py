@@ -53,6 +53,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="extra BLOCKxUNROLL launch shapes of the column kernel to time, e.g. 512x8,256x16 "
         "(each is checked against the CPU; the shipped ones are multireduce._kernels.cols_config)",
     )
+    p.add_argument(
+        "--round-modes",
+        default="host,device",
+        help="where the reproducible sum is rounded, each timed and checked bit for bit: host (the accumulator "
+        "comes back and is rounded by multireduce._exact) and/or device (exact_round_kernel); the shipped "
+        "default is multireduce._backend.cupy.ROUND_ON_DEVICE",
+    )
     p.add_argument("--out", type=Path, default=None)
     return p.parse_args(argv)
 
@@ -194,6 +201,33 @@ def main(argv=None) -> int:
             )
             if not (v_same and v_full):
                 failures.append(f"reproducible sum variant {v}: bits differ")
+        # Where the rounding runs: on the host (the limbs come back, the stream waits) or in
+        # exact_round_kernel (nothing waits). Both are checked against the CPU's bits.
+        from multireduce._backend import cupy as gpu
+
+        repro["round_modes"] = {}
+        for mode in filter(None, args.round_modes.split(",")):
+            shipped_round = gpu.ROUND_ON_DEVICE
+            gpu.ROUND_ON_DEVICE = mode == "device"
+            try:
+                m_same = mr.sum(head, reproducible=True).get().tobytes() == np.asarray(exact_cpu).tobytes()
+                m_full = mr.sum(y, reproducible=True).get().tobytes() == exact_gpu_full
+                t = timed(timer, lambda: mr.sum(y, reproducible=True), opts)
+            finally:
+                gpu.ROUND_ON_DEVICE = shipped_round
+            ratio = fast["median_us"] / t["median_us"]
+            repro["round_modes"][mode] = {"us": t["median_us"], "ratio": ratio, "bits_ok": m_same and m_full}
+            bk.say(
+                f"reproducible sum, rounded on the {mode}: {t['median_us']:.1f} us = {ratio:.2f}x fast; "
+                f"bits equal to the CPU (2^26) and to the shipped path (2^30): {m_same and m_full}"
+            )
+            if not (m_same and m_full):
+                failures.append(f"reproducible sum rounded on the {mode}: bits differ")
+        # The exact kernel alone (no rounding, no result): what the rounding costs on top.
+        with y.device:
+            repro["kernel_only_us"] = timed(timer, lambda: gpu._exact_launch(y), opts)["median_us"]
+        bk.say(f"exact-sum kernel alone: {repro['kernel_only_us']:.1f} us")
+        repro["round_on_device_shipped"] = gpu.ROUND_ON_DEVICE
         # The exact kernel's speed depends on the data's dynamic range: also a normal sample
         # (values near 0 fall below a thread's window) and a +-1e+-30 mix (the slow path).
         z = cp.random.default_rng(2).standard_normal(n, dtype=cp.float32)
