@@ -151,3 +151,21 @@ def test_transfer_of_single_negative_zero(dtype):
     assert bool(cupy.signbit(exact).get()[0])
     assert same_float(multireduce.max(exact).get()[()], -0.0)
     assert same_float(multireduce.min(exact[0]).get()[()], -0.0)
+
+
+def test_float32_subnormals_as_documented():
+    """docs/semantics.md: CuPy compiles with -ftz=true, so the float32 fast paths treat
+    subnormal inputs as zero (as CuPy's own reductions do), float16/float64 keep them, and the
+    reproducible sum keeps them exactly. This pins the documented difference from the CPU."""
+    sub = np.finfo(np.float32).smallest_subnormal
+    host = np.full(1000, sub, dtype=np.float32)
+    dev = cupy.asarray(host)
+    assert float(multireduce.sum(host)) == 1000 * float(sub)  # the CPU keeps them
+    assert float(multireduce.sum(dev)) == 0.0  # flushed
+    assert float(multireduce.sum(dev, reproducible=True)) == float(np.float32(1000 * float(sub)))
+    # max/min still return one of the elements (bitwise), never a value not in the input.
+    pair = cupy.asarray(np.array([sub, 0.0], dtype=np.float32))
+    assert float(multireduce.max(pair)) in (0.0, float(sub))
+    for dtype in ("float16", "float64"):
+        tiny = np.full(1000, np.finfo(dtype).smallest_subnormal, dtype=dtype)
+        assert float(multireduce.sum(cupy.asarray(tiny))) == float(multireduce.sum(tiny)) > 0.0

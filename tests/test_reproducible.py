@@ -131,6 +131,40 @@ def test_gpu_gives_the_cpu_bits(dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("on_device", [False, True])
+@pytest.mark.parametrize(
+    "case",
+    ["one", "minus one", "cancelled max", "many", "tiny mix", "subnormals among normals", "subnormal then normal"],
+)
+def test_gpu_float32_subnormals_are_exact(case, on_device):
+    """CuPy compiles every kernel with -ftz=true: the exact-sum kernel must not let float32
+    subnormals near float arithmetic (they compared and converted as zero there: the H200 run
+    at 877b12b summed [2**-149] to 0.0)."""
+    cupy = pytest.importorskip("cupy")
+    from multireduce import _exact
+    from multireduce._backend import cupy as gpu
+
+    info = np.finfo(np.float32)
+    sub = float(info.smallest_subnormal)
+    rng = np.random.default_rng(12)
+    host = {
+        "one": [sub],
+        "minus one": [-sub],
+        "cancelled max": [float(info.max), -float(info.max), sub],
+        "many": [sub] * 100_003,  # the vector body, every thread
+        "tiny mix": [1e-40, -3e-41, 2e-45, 5e-39, 2.0**-126, -(2.0**-127)],
+        "subnormals among normals": np.where(rng.random(50_001) < 0.3, rng.random(50_001) * 1e-38, rng.random(50_001)),
+        "subnormal then normal": [1e-45, 1e-40, 2.0**-126, 1e-44, 2.0**-125],
+    }[case]
+    host = np.asarray(host, dtype=np.float32)
+    dev = cupy.asarray(host)
+    for result in (np.dtype(np.float32), np.dtype(np.float64)):
+        got = gpu.exact_sum_rounded(dev, result, on_device=on_device)
+        assert_bits(got.get()[()], correctly_rounded(fraction_sum(host), result.type))
+    assert gpu.exact_sum(dev).value() == _exact.exact_sum(host).value()
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", FLOATS)
 def test_device_rounding_matches_the_host(dtype):
     """exact_round_kernel against round_to_dtype, whatever ROUND_ON_DEVICE says."""

@@ -393,7 +393,7 @@ reduce_cols_kernel(const T* __restrict__ in, long long outer, long long R, long 
 // u = 2**(a - 23) (a float32's ulp at 2**a) below 2**(EXACT_WINDOW + 23) u, so a float64
 // sum of fewer than 2**(53 - EXACT_WINDOW - 23) of them is an integer multiple of u below
 // 2**53 u: every add is exact, and the fast path costs what the fast sum's float64
-// accumulation costs, one conversion and one add, plus two float compares (SUMS independent
+// accumulation costs, one conversion and one add, plus two integer compares (SUMS independent
 // sums per thread, UNROLL 16-byte loads in flight). The slow path is inlined: as an
 // out-of-line call it forced the thread's window into local memory (3.6 ms vs 1.3 ms for
 // 2^30 float32 on the H200). Every
@@ -401,8 +401,10 @@ reduce_cols_kernel(const T* __restrict__ in, long long outer, long long R, long 
 // every EXACT_FLUSHES folds that goes to the block's limbs in shared memory with three
 // integer atomics. An element above the window moves the window up (after a fold and a
 // flush); an element below it (more than 2**17 times smaller than the largest of the
-// thread's window), NaN and infinities go straight to the block's slots. When a = -126 the
-// window reaches down to 0 (float32 subnormals are multiples of 2**-149 = u). Zeros always
+// thread's window), subnormals, NaN and infinities go straight to the block's slots.
+// Subnormals never take the float path: CuPy compiles every kernel with -ftz=true, under
+// which a float32 subnormal compares and converts as zero, so the window tests use the
+// bits (integer compares) and a subnormal's digits go to the slots as integers. Zeros always
 // take the fast path. Data spread over a huge dynamic range leaves the fast path often and
 // is slower; every path is exact.
 // float64 inputs: every element's digits go to the block's slots with three integer
@@ -471,8 +473,10 @@ __device__ __forceinline__ void exact_add(unsigned long long* slots, double v) {
 struct ExactWindow {
     double sum[4] = {0.0, 0.0, 0.0, 0.0};  // exact float64 sums of elements in the window
     long long folded = 0;           // exact sum of earlier folds, in units u = 2**(a - 23)
-    int a = -126;                   // the window's lowest exponent
-    float lo = 0.0f, hi = 0.0f;     // 2**a (0 when a == -126) and 2**(a + EXACT_WINDOW); hi = 0: no window yet
+    int a = -126;                   // the window's lowest exponent (-126: the smallest normal's)
+    // The bits of 2**a and of 2**(a + EXACT_WINDOW) (or of +inf): the window holds the x with
+    // lo <= bits(|x|) < hi, normal numbers only. hi = 0: no window yet.
+    unsigned int lo = 0u, hi = 0u;
     int since_fold = 0, folds = 0;
 
     __device__ __forceinline__ void fold() {
@@ -503,8 +507,8 @@ struct ExactWindow {
 
     // k (0..3, a constant after unrolling) picks the sum.
     __device__ __forceinline__ void add(unsigned long long* slots, float x, int k) {
-        const float ax = fabsf(x);
-        if (ax < hi && (ax >= lo || ax == 0.0f)) {
+        const unsigned int ax = __float_as_uint(x) & 0x7FFFFFFFu;
+        if (ax - lo < hi - lo || ax == 0u) {  // lo <= ax < hi (unsigned wrap-around), or a zero
             sum[k] += static_cast<double>(x);
         } else {
             slow(slots, x);
@@ -522,18 +526,17 @@ struct ExactWindow {
         }
         if (e != 0) m |= 1ll << 23;
         if (m == 0) return;  // +-0.0 before the first window
-        if (fabsf(x) < hi) {  // below the window: x = m * 2**(max(e, 1) - 150)
+        if (e == 0 || (bits & 0x7FFFFFFFu) < hi) {  // subnormal or below the window: x = m * 2**(max(e, 1) - 150)
             exact_add_scaled(slots, negative ? -m : m, (e == 0 ? 1 : e) + 924);
             return;
         }
         // Above the window (or no window yet): move it up so that x lies near its top.
-        if (hi != 0.0f) flush(slots);
-        const int top = e == 0 ? -127 : e - 127;  // floor(log2|x|) for normals
-        a = top - (EXACT_WINDOW - 1 - EXACT_HEADROOM);
+        if (hi != 0u) flush(slots);
+        a = (e - 127) - (EXACT_WINDOW - 1 - EXACT_HEADROOM);  // e - 127 = floor(log2|x|), x normal
         if (a < -126) a = -126;
-        lo = a == -126 ? 0.0f : __int_as_float((a + 127) << 23);
-        hi = a + EXACT_WINDOW > 127 ? __int_as_float(0x7F800000) : __int_as_float((a + EXACT_WINDOW + 127) << 23);
-        sum[0] = static_cast<double>(x);
+        lo = static_cast<unsigned int>(a + 127) << 23;
+        hi = a + EXACT_WINDOW > 127 ? 0x7F800000u : static_cast<unsigned int>(a + EXACT_WINDOW + 127) << 23;
+        sum[0] = static_cast<double>(x);  // exact: x is normal
     }
 };
 
@@ -579,7 +582,7 @@ __device__ __forceinline__ void exact_thread(const T* __restrict__ in, long long
 #pragma unroll
             for (int j = 0; j < VEC; ++j) w.add(slots, as_float(e[j]), j % SUMS);
         }
-        if (w.hi != 0.0f) w.flush(slots);
+        if (w.hi != 0u) w.flush(slots);
     }
 }
 
