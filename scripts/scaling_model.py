@@ -18,7 +18,10 @@ with ``F`` the fixed cost of one ``compute()``, ``c`` the cost of one task and
 ``split_every=4``). ``t_kernel`` interpolates the committed H200 kernel times (log-log between
 measured sizes, proportional to bytes beyond the largest).
 
-``python scripts/scaling_model.py [--cpu-scaling FILE]`` prints the tables of docs/scaling.md.
+``python scripts/scaling_model.py [--gpu-scaling FILE] [--cpu-scaling FILE]`` prints the tables of
+docs/scaling.md. ``--gpu-scaling`` takes a ``bench_scaling.py`` JSON from the GPU machine: its
+8-byte ``MPI_Allreduce`` latencies (1-8 ranks) replace the Open MPI figures of
+``bench_mpi_n{1,2,4}.json``, and its Dask task overhead replaces the CPU run's.
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 KERNEL_JSON = "bench/results/kernel_h200_adcb0f5.json"
 MPI_H200_DIR = "bench/results/mpi_h200_cf98947"
+#: The latest 1-rank bench_mpi run on the H200 (after the pinned staging of the MPI layer).
+LAYER_OVERHEAD_JSON = "bench/results/h200_9a51d59/bench_mpi_n1.json"
 GiB = 2**30
 
 
@@ -213,26 +218,75 @@ def load_dask_overhead(scaling_json: Path, workers: int = 1) -> tuple[float, flo
     return r["fixed_s"], r["per_task_s"], r["workers"]
 
 
-def load_inputs(repo: Path = REPO, cpu_scaling: Path | None = None) -> Inputs:
-    """Build :class:`Inputs` from the committed results (and a CPU scaling JSON for Dask)."""
+def load_scaling_latency(scaling_json: Path, max_ranks: int = 8) -> tuple[list[int], list[float]]:
+    """(ranks, median 8-byte MPI_Allreduce seconds) of the ``latency`` records of a bench_scaling
+    JSON, up to ``max_ranks`` ranks and never oversubscribed."""
+    doc = json.loads(scaling_json.read_text())
+    rows = sorted(
+        (r["ranks"], r["us_median"] * 1e-6)
+        for r in doc["records"]
+        if r["kind"] == "latency"
+        and r["payload"] == "allreduce_8B"
+        and r["ranks"] <= max_ranks
+        and not r["oversubscribed"]
+    )
+    if len(rows) < 2:
+        raise ValueError(f"{scaling_json}: fewer than two 8-byte latency records up to {max_ranks} ranks")
+    return [p for p, _ in rows], [t for _, t in rows]
+
+
+def _shown(path: Path, repo: Path) -> str:
+    return str(path.relative_to(repo) if path.is_absolute() and path.is_relative_to(repo) else path)
+
+
+def load_inputs(repo: Path = REPO, cpu_scaling: Path | None = None, gpu_scaling: Path | None = None) -> Inputs:
+    """Build :class:`Inputs` from the committed results.
+
+    ``gpu_scaling``: a bench_scaling JSON from the GPU machine, for the MPI latency and the Dask
+    overhead; ``cpu_scaling``: one from a CPU machine, for the Dask overhead where
+    ``gpu_scaling`` is not given.
+    """
     sizes, times = load_kernel_points(repo / KERNEL_JSON)
-    ranks, lat = load_openmpi_latency(repo / MPI_H200_DIR)
-    a, b = fit_log2(ranks, lat)
-    overhead = load_layer_overhead(repo / MPI_H200_DIR / "bench_mpi_n1.json")
+    overhead = load_layer_overhead(repo / LAYER_OVERHEAD_JSON)
     sources = {
         "kernel": f"{KERNEL_JSON} (float32 sum, peer ours, median_us)",
-        "latency": f"{MPI_H200_DIR}/bench_mpi_n{{1,2,4}}.json raw_allreduce_8B_us_median (Open MPI 4.1.6)",
-        "layer_overhead_1": f"{MPI_H200_DIR}/bench_mpi_n1.json overhead_us_median",
+        "layer_overhead_1": f"{LAYER_OVERHEAD_JSON} overhead_us_median",
         "links": "../shared/BASELINES.md (55 GB/s pinned, 7-8.7 GB/s pageable)",
     }
+    if gpu_scaling is not None:
+        ranks, lat = load_scaling_latency(gpu_scaling)
+        sources["latency"] = f"{_shown(gpu_scaling, repo)} latency allreduce_8B, ranks {ranks}"
+    else:
+        ranks, lat = load_openmpi_latency(repo / MPI_H200_DIR)
+        sources["latency"] = f"{MPI_H200_DIR}/bench_mpi_n{{1,2,4}}.json raw_allreduce_8B_us_median (Open MPI 4.1.6)"
+    a, b = fit_log2(ranks, lat)
+    links = {"h2d_pinned": 55e9, "h2d_pageable": 7e9}
+    if gpu_scaling is not None:
+        measured = {
+            r["link"]: r["gbps"] * 1e9
+            for r in json.loads(gpu_scaling.read_text())["records"]
+            if r["kind"] == "bandwidth" and r["link"] in links
+        }
+        if measured:
+            links.update(measured)
+            sources["links"] = f"{_shown(gpu_scaling, repo)} bandwidth {sorted(measured)}"
     fixed = per_task = 0.0
-    if cpu_scaling is not None:
-        fixed, per_task, workers = load_dask_overhead(cpu_scaling)
-        sources["dask"] = (
-            f"{cpu_scaling.relative_to(repo) if cpu_scaling.is_absolute() else cpu_scaling} "
-            f"dask_task_overhead, {workers} workers"
-        )
-    return Inputs(tuple(sizes), tuple(times), a, b, overhead, dask_fixed=fixed, dask_per_task=per_task, sources=sources)
+    dask_source = gpu_scaling if gpu_scaling is not None else cpu_scaling
+    if dask_source is not None:
+        fixed, per_task, workers = load_dask_overhead(dask_source)
+        sources["dask"] = f"{_shown(dask_source, repo)} dask_task_overhead, {workers} workers"
+    return Inputs(
+        tuple(sizes),
+        tuple(times),
+        a,
+        b,
+        overhead,
+        link_pinned=links["h2d_pinned"],
+        link_pageable=links["h2d_pageable"],
+        dask_fixed=fixed,
+        dask_per_task=per_task,
+        sources=sources,
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -295,7 +349,8 @@ def tables(inputs: Inputs) -> str:
         "| link | copy ms | total ms | reduce share |",
         "|---|---|---|---|",
     ]
-    for name, link in (("pinned 55 GB/s", inputs.link_pinned), ("pageable 7 GB/s", inputs.link_pageable)):
+    for kind, link in (("pinned", inputs.link_pinned), ("pageable", inputs.link_pageable)):
+        name = f"{kind} {link / 1e9:.1f} GB/s"
         r = predict(inputs, 4 * GiB, 8, link=link)
         lines.append(
             f"| {name} | {r['copy_s'] * 1e3:.1f} | {r['total_s'] * 1e3:.1f} | {r['reduce_s'] / r['total_s']:.1%} |"
@@ -322,8 +377,17 @@ def tables(inputs: Inputs) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--cpu-scaling", type=Path, default=None, help="bench_scaling JSON with dask_task_overhead records")
+    p.add_argument(
+        "--gpu-scaling",
+        type=Path,
+        default=None,
+        help="bench_scaling JSON from the GPU machine: its latency and dask_task_overhead records",
+    )
     args = p.parse_args(argv)
-    print(tables(load_inputs(REPO, args.cpu_scaling)))
+    inputs = load_inputs(REPO, args.cpu_scaling, args.gpu_scaling)
+    print("Sources: " + "; ".join(f"{k}: {v}" for k, v in inputs.sources.items()))
+    print()
+    print(tables(inputs))
     return 0
 
 

@@ -180,9 +180,23 @@ def test_treereduce_task_count_matches_dask():
 def test_model_loads_the_committed_measurements():
     inp = sm.load_inputs(REPO)
     assert math.isclose(sm.kernel_time(inp, 4 * GiB), 931.1e-6, rel_tol=0.01)
-    assert 0.5e-6 < sm.latency(inp, 1) < 2e-6 and 40e-6 < inp.layer_overhead_1 < 80e-6
+    assert 0.5e-6 < sm.latency(inp, 1) < 2e-6 and 15e-6 < inp.layer_overhead_1 < 80e-6
     assert "bench/results" in inp.sources["kernel"]
     assert "| 8 |" in sm.tables(inp)
+
+
+def test_model_loads_the_gpu_machine_scaling_run():
+    run = REPO / "bench" / "results" / "scaling_h200x1_877b12b.json"
+    inp = sm.load_inputs(REPO, gpu_scaling=run)
+    # Open MPI 4.1.6 on the H200 host: 0.88, 2.07, 3.02, 4.14 us at 1, 2, 4, 8 ranks.
+    assert sm.fit_log2([1, 2, 4, 8], [0.88e-6, 2.07e-6, 3.02e-6, 4.14e-6]) == pytest.approx(
+        (inp.latency_a, inp.latency_b), rel=0.01
+    )
+    assert inp.dask_fixed == pytest.approx(22.07e-3, rel=0.01) and inp.dask_per_task == pytest.approx(
+        1.233e-3, rel=0.01
+    )
+    assert inp.link_pinned == pytest.approx(55.05e9, rel=0.01) and inp.link_pageable == pytest.approx(6.23e9, rel=0.01)
+    assert "scaling_h200x1_877b12b.json" in inp.sources["latency"]
 
 
 # -- plotting ---------------------------------------------------------------------------------
