@@ -30,6 +30,7 @@ __all__ = [
     "kernel_name",
     "moments_kernel_name",
     "read_source",
+    "stats_finalize_kernel_name",
 ]
 
 #: The one table from NumPy dtype to the C++ type the kernels use for it.
@@ -156,6 +157,21 @@ def moments_kernel_name(dtype: np.dtype, block: int = STATS_BLOCK, unroll: int =
     return f"multireduce::moments_rows_kernel<{t}, {s}, {e}, {block}, {unroll}>"
 
 
+def stats_finalize_kernel_name(dtype: np.dtype) -> str:
+    """The C++ name of ``stats_finalize_kernel`` for ``dtype`` input (``multireduce.stats`` on the GPU).
+
+    Its state is that of :func:`moments_kernel_name`; its outputs have the result dtypes of
+    count (int64), sum, min and max (the input's dtype), mean and var.
+    """
+    dt = np.dtype(dtype)
+    total = OPS["sum"].accumulator_dtype(OPS["sum"].result_dtype(dt))
+    extreme = OPS["max"].accumulator_dtype(OPS["max"].result_dtype(dt))
+    t, s, e, so, mo = (
+        CTYPES[d] for d in (dt, total, extreme, OPS["sum"].result_dtype(dt), OPS["mean"].result_dtype(dt))
+    )
+    return f"multireduce::stats_finalize_kernel<{t}, {s}, {e}, {so}, {mo}>"
+
+
 def arg_kernel_name(dtype: np.dtype, largest: bool, block: int = STATS_BLOCK, unroll: int = ARG_UNROLL) -> str:
     """The C++ name of one instantiation of ``arg_rows_kernel`` (argmax if ``largest``, else argmin)."""
     dt = np.dtype(dtype)
@@ -193,7 +209,8 @@ def default_kernel_names(
 
     Without ``dtype=``: each op that has a kernel, on each supported dtype, to its result and
     to its accumulator, as a full, a row and a column reduction; the exact-sum kernel of
-    each float dtype; and the moments, argmin and argmax kernels of each supported dtype.
+    each float dtype; and the moments, stats-finalize, argmin and argmax kernels of each
+    supported dtype.
     The nvcc and NVRTC build tests compile exactly these.
     """
     names = set()
@@ -212,6 +229,7 @@ def default_kernel_names(
             names.add(exact_kernel_name(dt))
             names.add(exact_round_kernel_name(dt))
         names.add(moments_kernel_name(dt))
+        names.add(stats_finalize_kernel_name(dt))
         names.add(arg_kernel_name(dt, largest=True))
         names.add(arg_kernel_name(dt, largest=False))
     return sorted(names)

@@ -312,7 +312,8 @@ def _finalize_moments_scalar(state: Moments, op: Op, result: np.dtype, correctio
 class Stats:
     """What :func:`multireduce.stats` returns: several statistics from one pass.
 
-    Every field is a NumPy scalar (axis=None) or an array with the shape of the kept axes.
+    Every field is a NumPy scalar (axis=None) or an array with the shape of the kept axes; for
+    CuPy input to :func:`multireduce.stats`, a CuPy array (0-d for axis=None) on its device.
 
     Attributes
     ----------

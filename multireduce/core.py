@@ -517,7 +517,9 @@ def stats(x: Any, *, axis: Any = None, correction: float = 0.0) -> _stats.Stats:
         Fields ``count``, ``nan_count``, ``sum``, ``min``, ``max``, ``mean``, ``var`` (and the
         property ``std``), each with the dtype of the single op of that name and its value up
         to the order of floating-point accumulation (integer sums, min and max are exact). NaN
-        propagates into all but the counts.
+        propagates into all but the counts. For NumPy input the fields are NumPy scalars
+        (``axis=None``) or arrays; for CuPy input they are CuPy arrays (0-d for ``axis=None``)
+        on the input's device, computed there without waiting for the device.
 
     Raises
     ------
@@ -544,4 +546,4 @@ def stats(x: Any, *, axis: Any = None, correction: float = 0.0) -> _stats.Stats:
     axes = normalize_axes(axis, arr.ndim)
     if math.prod(arr.shape[a] for a in axes) == 0:
         raise _stats.empty_stats_error()
-    return _stats.finalize_stats(backend.moments(arr, axes, OPS["mean"]), arr.dtype, float(correction))
+    return backend.stats(arr, axes, float(correction))

@@ -15,7 +15,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -388,6 +388,8 @@ def stats(x_local: Any, *, comm=None, correction: float = 0.0) -> _stats.Stats:
     Returns
     -------
     multireduce.Stats
+        The same on every rank: NumPy scalars, or 0-d CuPy arrays on the shard's device for a
+        CuPy shard (as :func:`multireduce.stats`).
 
     Raises
     ------
@@ -409,7 +411,10 @@ def stats(x_local: Any, *, comm=None, correction: float = 0.0) -> _stats.Stats:
     if error is not None:
         return _combine(comm, plan, None, error)
     merged = _combine_states(comm, plan, state, correction, finalize=False, stats=True)
-    return _stats.finalize_stats(merged, plan.static.in_dtype, correction)
+    result = _stats.finalize_stats(merged, plan.static.in_dtype, correction)
+    if not plan.on_gpu:
+        return result
+    return _stats.Stats(*(_on_device(getattr(result, f.name), plan) for f in fields(result)))
 
 
 def _combine_states(comm, plan: _Plan, state, correction: float, *, finalize: bool = True, stats: bool = False):

@@ -9,7 +9,9 @@ with CUDA events, each case interleaved with the others round after round:
   ``x.var()`` alone, ``cupy.argmax(x)``;
 * PyTorch, if importable, on the same memory: ``torch.var_mean`` and ``torch.aminmax``.
 
-multireduce's moments and arg calls return host states, so each of their timings includes
+``stats`` on a CuPy array finalizes on the device (CuPy results, no wait), as ``sum`` does;
+``stats, var to host`` adds the copy of one field back (the synchronization). ``mean``,
+``var``, ``argmax`` and ``partial`` finalize their states on the host, so their timings include
 the copy of a few bytes back and the synchronization. GB/s counts the input bytes once per
 call. Writes a JSON (``--out``, default ``bench/results/stats_<gpu>_<commit>.json``) with
 the git commit, the GPU, sizes, times, GB/s and the ratio stats/sum (target: >= 0.9).
@@ -63,6 +65,7 @@ def cases_for(cp: Any, mr: Any, torch: Any, x: Any) -> dict:
 
     cases = {
         "multireduce.stats": lambda: mr.stats(x),
+        "multireduce.stats, var to host": lambda: mr.stats(x).var.get(),
         # The fused kernel alone (no copy back, no host finalization).
         "multireduce moments kernel": lambda: _cupy_stats.launch_moments(x, 1, x.size),
         "multireduce.sum": lambda: mr.sum(x),

@@ -92,8 +92,8 @@ def test_moments_values_match_numpy_float64(dtype):
         assert np.isclose(float(got), want, rtol=rtol, atol=0), (got, want)
     s = multireduce.stats(x)
     cpu = multireduce.stats(host)
-    assert s.count == cpu.count and s.nan_count == cpu.nan_count
-    assert bits_equal(np.asarray(s.min), np.asarray(cpu.min)) and bits_equal(np.asarray(s.max), np.asarray(cpu.max))
+    assert int(s.count) == cpu.count and int(s.nan_count) == cpu.nan_count
+    assert bits_equal(cupy.asnumpy(s.min), np.asarray(cpu.min)) and bits_equal(cupy.asnumpy(s.max), np.asarray(cpu.max))
 
 
 def test_moments_empty():
@@ -137,10 +137,61 @@ def test_moments_special_values(dtype):
         gpu = multireduce.stats(cupy.asarray(host))
         cpu = multireduce.stats(host)
         for field in ("count", "nan_count", "min", "max"):
-            assert bits_equal(np.asarray(getattr(gpu, field)), np.asarray(getattr(cpu, field))), (name, field)
+            assert bits_equal(cupy.asnumpy(getattr(gpu, field)), np.asarray(getattr(cpu, field))), (name, field)
         for field in ("sum", "mean", "var"):
             g, c = float(getattr(gpu, field)), float(getattr(cpu, field))
             assert (math.isnan(g) and math.isnan(c)) or math.isclose(g, c, rel_tol=1e-3, abs_tol=1e-6), (name, field)
+
+
+def assert_device_stats_match_host_finalize(x, axis, correction: float) -> None:
+    """multireduce.stats on the GPU (stats_finalize_kernel) against the host's finalize_stats
+    of the very same GPU moments state: every field bit for bit."""
+    from multireduce import _stats
+
+    got = multireduce.stats(x, axis=axis, correction=correction)
+    state = multireduce.partial(x, "mean", axis=axis)  # the GPU kernel's state, on the host
+    want = _stats.finalize_stats(state, x.dtype, correction)
+    for field in ("count", "nan_count", "sum", "min", "max", "mean", "var"):
+        g, w = getattr(got, field), np.asarray(getattr(want, field))
+        assert isinstance(g, cupy.ndarray) and g.device == x.device, field
+        assert g.dtype == w.dtype and g.shape == w.shape, (field, g.dtype, w.dtype, g.shape, w.shape)
+        assert bits_equal(cupy.asnumpy(g), w), (field, g, w)
+    std = got.std  # NumPy's sqrt dispatches to CuPy's: still on the device
+    assert isinstance(std, cupy.ndarray)
+    assert np.allclose(cupy.asnumpy(std), np.asarray(want.std), rtol=1e-3, equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [1, 2, 33, 4097, 2**20 + 3])
+def test_stats_finalized_on_the_device(dtype, n):
+    host = make_data(dtype, n + 3, np.random.default_rng(n + 5))[3:]  # an offset view
+    x = cupy.asarray(host)
+    for correction in (0.0, 1.0, 2.5, float(n), float(n) + 1):
+        assert_device_stats_match_host_finalize(x, None, correction)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+def test_stats_finalized_on_the_device_special_values(dtype):
+    base = make_data(dtype, 5003, np.random.default_rng(13))
+    cases = [np.full(17, np.nan, dtype=dtype), np.full(9, -0.0, dtype=dtype), np.array([np.inf, 1.0], dtype=dtype)]
+    x = base.copy()
+    x[[4, 4000]] = np.nan
+    cases.append(x)
+    x = base.copy()
+    x[10], x[20] = np.inf, -np.inf
+    cases.append(x)
+    for host in cases:
+        for correction in (0.0, 1.0):
+            assert_device_stats_match_host_finalize(cupy.asarray(host), None, correction)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "int32", "uint8", "bool"])
+@pytest.mark.parametrize("shape, axis", [((7, 1000), 1), ((3, 4, 5), (1, 2)), ((1, 2**20 + 3), -1), ((0, 5), 1)])
+def test_stats_finalized_on_the_device_over_axes(dtype, shape, axis):
+    host = make_data(dtype, math.prod(shape), np.random.default_rng(math.prod(shape))).reshape(shape)
+    if host.size and dtype.startswith("float"):
+        host[0, 0] = np.nan  # one row with a NaN
+    assert_device_stats_match_host_finalize(cupy.asarray(host), axis, 1.0)
 
 
 def test_stats_all_nan():

@@ -601,4 +601,43 @@ arg_rows_kernel(const T* __restrict__ in, long long rows, long long length, ArgP
     }
 }
 
+// ---------------------------------------------------------------------------------------
+// Stats, finalized on the device: multireduce._stats.finalize_stats for `rows` states, so
+// that multireduce.stats on a CuPy array neither waits for the moments kernel nor touches
+// the host. T: the input element; SumOut and MeanOut: the result dtypes of sum and mean.
+// The same rules as the host: NaN (any NaN element) propagates into sum, min, max, mean and
+// var; a float sum of zeros is +0.0; mean needs n > 0, var needs n - correction > 0 (else
+// NaN). Each result is rounded once from the float64 value, as NumPy's astype.
+
+template <class T, class S, class E, class SumOut, class MeanOut>
+__global__ void stats_finalize_kernel(const MomentState<S, E>* __restrict__ states, long long rows, double correction,
+                                      long long* __restrict__ count, long long* __restrict__ nan_count,
+                                      SumOut* __restrict__ sum, T* __restrict__ lo, T* __restrict__ hi,
+                                      MeanOut* __restrict__ mean, MeanOut* __restrict__ var) {
+    const double qnan = __longlong_as_double(0x7ff8000000000000LL);
+    for (long long r = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; r < rows;
+         r += static_cast<long long>(gridDim.x) * blockDim.x) {
+        const MomentState<S, E> st = states[r];
+        const bool has_nan = st.nan > 0;
+        count[r] = st.n + st.nan;
+        nan_count[r] = st.nan;
+        if constexpr (IsFloating<S>::value) {
+            const S total = has_nan ? static_cast<S>(qnan) : (st.total == S(0) ? S(0) : st.total);  // +0.0
+            sum[r] = Convert<SumOut, S>::apply(total);
+        } else {
+            sum[r] = static_cast<SumOut>(st.total);
+        }
+        if constexpr (IsFloatElement<T>::value) {
+            lo[r] = Convert<T, E>::apply(has_nan ? static_cast<E>(qnan) : st.lo);
+            hi[r] = Convert<T, E>::apply(has_nan ? static_cast<E>(qnan) : st.hi);
+        } else {
+            lo[r] = static_cast<T>(st.lo);
+            hi[r] = static_cast<T>(st.hi);
+        }
+        const double dof = static_cast<double>(st.n) - correction;
+        mean[r] = Convert<MeanOut, double>::apply(st.n > 0 && !has_nan ? st.mean : qnan);
+        var[r] = Convert<MeanOut, double>::apply(dof > 0.0 && !has_nan ? st.m2 / dof : qnan);
+    }
+}
+
 }  // namespace multireduce

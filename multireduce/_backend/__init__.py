@@ -10,10 +10,13 @@ Each backend module provides the same functions:
     The same over every axis of a non-empty array.
 ``moments(x, axes, op)`` and ``arg(x, axis, op)``
     The mergeable states of :mod:`multireduce._stats` (moments ops; argmin/argmax).
+``stats(x, axes, correction)``
+    :func:`multireduce.stats` of a non-empty ``x``: the :class:`multireduce._stats.Stats`
+    fields on ``x``'s device (NumPy scalars or arrays; CuPy arrays, finalized by a kernel).
 ``constant(value, dtype)``
     A result holding ``value``, for empty inputs.
 
-The CuPy backend implements only what its kernels do (full sum, max and min) and raises
+The CuPy backend implements only what its kernels do (see docs/semantics.md) and raises
 NotImplementedError, naming what is missing, for the rest: it never falls back silently to
 CuPy's own reductions or to the host.
 """

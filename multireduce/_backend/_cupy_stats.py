@@ -7,7 +7,8 @@ reduced axes are the last ones of C order (``inner == 1`` in
 :func:`multireduce._axes.axis_layout`). Other layouts raise ``NotImplementedError``.
 
 The states come back to the host as the NumPy arrays of :class:`multireduce._stats.Moments`
-and :class:`multireduce._stats.ArgState`, so the call waits for the kernel.
+and :class:`multireduce._stats.ArgState`, so the call waits for the kernel; :func:`stats`
+instead finalizes the states on the device (``stats_finalize_kernel``) and waits for nothing.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from .._axes import axis_layout
 from ..ops import OPS, Op
 from .cupy import _MAX_GRID_Y, _dense_base, _kernel, _missing
 
-__all__ = ["arg", "launch_moments", "moments", "state_dtype"]
+__all__ = ["arg", "launch_moments", "moments", "state_dtype", "stats"]
 
 _log = logging.getLogger("multireduce")
 _BLOCK = _kernels.STATS_BLOCK
@@ -147,6 +148,42 @@ def moments(x: cupy.ndarray, axes: tuple[int, ...], op: Op) -> _stats.Moments:
         record = host[0]
         return _stats.Moments(*(record[name] for name in sdt.names))
     return _stats.Moments(*(np.ascontiguousarray(host[name]).reshape(kshape) for name in sdt.names))
+
+
+@functools.cache
+def _stats_dtypes(dtype: np.dtype) -> tuple[np.dtype, ...]:
+    """The dtypes of the fields of :class:`multireduce._stats.Stats` for ``dtype`` input."""
+    mean = OPS["mean"].result_dtype(dtype)
+    i8 = np.dtype(np.int64)
+    return (i8, i8, OPS["sum"].result_dtype(dtype), dtype, dtype, mean, mean)
+
+
+_FINALIZE_BLOCK = 128
+
+
+def stats(x: cupy.ndarray, axes: tuple[int, ...], correction: float) -> _stats.Stats:
+    """:func:`multireduce.stats` of the non-empty ``x`` over ``axes``, on the device.
+
+    One pass of ``moments_rows_kernel``, then ``stats_finalize_kernel`` turns the states into
+    the seven fields (CuPy arrays with the shape of the kept axes, on ``x``'s device) by the
+    rules of :func:`multireduce._stats.finalize_stats`. Nothing waits for the device.
+
+    Raises
+    ------
+    NotImplementedError
+        Where the reduced axes are not the last ones in C order (nor all of them).
+    """
+    kshape = tuple(n for i, n in enumerate(x.shape) if i not in axes)
+    with x.device:
+        if x.size == 0:  # kept axes of length 0 (the caller raises where a reduced axis is)
+            return _stats.Stats(*(cupy.empty(kshape, dtype=dt) for dt in _stats_dtypes(x.dtype)))
+        data, rows, length = _rows_view(x, axes, "stats", order_free=True)
+        states = launch_moments(data, rows, length)  # first: the host work below overlaps it
+        fields = tuple(cupy.empty(kshape, dtype=dt) for dt in _stats_dtypes(x.dtype))
+        kernel, max_grid = _kernel(data.data.device_id, _kernels.stats_finalize_kernel_name(x.dtype), _FINALIZE_BLOCK)
+        grid = min(max_grid, -(-rows // _FINALIZE_BLOCK))
+        kernel((grid,), (_FINALIZE_BLOCK,), (states, np.int64(rows), np.float64(correction), *fields))
+    return _stats.Stats(*fields)
 
 
 def arg(x: cupy.ndarray, axis: int | None, op: Op) -> _stats.ArgState:

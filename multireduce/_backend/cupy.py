@@ -370,6 +370,13 @@ def moments(x: cupy.ndarray, axes: tuple[int, ...], op: Op):
     return _cupy_stats.moments(x, axes, op)
 
 
+def stats(x: cupy.ndarray, axes: tuple[int, ...], correction: float):
+    """:func:`multireduce.stats` finalized on the device (:mod:`._cupy_stats`): CuPy fields."""
+    from . import _cupy_stats
+
+    return _cupy_stats.stats(x, axes, correction)
+
+
 def arg(x: cupy.ndarray, axis: int | None, op: Op):
     """The argmin/argmax state of ``x`` along ``axis`` (None: flattened) (:mod:`._cupy_stats`)."""
     from . import _cupy_stats

@@ -43,6 +43,11 @@ def moments(x: np.ndarray, axes: tuple[int, ...], op: Op) -> _stats.Moments:
     return _stats.moments(x, axes)
 
 
+def stats(x: np.ndarray, axes: tuple[int, ...], correction: float) -> _stats.Stats:
+    """:func:`multireduce.stats` of the non-empty ``x`` over ``axes``: NumPy scalars or arrays."""
+    return _stats.finalize_stats(_stats.moments(x, axes), x.dtype, correction)
+
+
 def arg(x: np.ndarray, axis: int | None, op: Op) -> _stats.ArgState:
     """The argmin/argmax state of the non-empty ``x`` along ``axis`` (None: flattened)."""
     return _stats.arg_state(x, axis, largest=op.name == "argmax")

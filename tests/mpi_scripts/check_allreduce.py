@@ -243,13 +243,23 @@ def check_new_ops() -> None:
                 check_new(np.full(n, np.nan, dtype=dtype), "nanmax")  # all NaN: NaN
 
 
+def host_stats(s):
+    """A Stats whose fields are host values (a CuPy shard's are 0-d CuPy arrays on its device)."""
+    if XP is not np:
+        assert all(isinstance(getattr(s, f), XP.ndarray) for f in STATS_FIELDS), s
+    return multireduce.Stats(*(to_host(getattr(s, f)) for f in STATS_FIELDS))
+
+
+STATS_FIELDS = ("count", "nan_count", "sum", "min", "max", "mean", "var")
+
+
 def check_stats() -> None:
     global CASES
     rng = np.random.default_rng(9)
     for n in (1, 2, 3, 1001):
         g = 1e6 + rng.standard_normal(n)
         g[n // 2] = -0.0 if n < 3 else g[n // 2]
-        s = mpi.stats(to_device(g[mpi.shard(g.size)]), correction=1)
+        s = host_stats(mpi.stats(to_device(g[mpi.shard(g.size)]), correction=1))
         CASES += 1
         same_everywhere([s.count, s.nan_count, s.sum, s.min, s.max, s.mean, s.var])
         assert s.count == n and s.nan_count == 0
@@ -264,7 +274,7 @@ def check_stats() -> None:
             assert math.isnan(s.var)
     h = np.arange(7, dtype=np.float32)
     h[3] = np.nan
-    s = mpi.stats(to_device(h[mpi.shard(h.size)]))
+    s = host_stats(mpi.stats(to_device(h[mpi.shard(h.size)])))
     assert s.count == 7 and s.nan_count == 1 and math.isnan(s.sum) and math.isnan(s.max) and math.isnan(s.var)
     expect_everywhere(lambda: mpi.stats(to_device(np.zeros(0))), ValueError, "zero-size array to stats")
 
@@ -432,6 +442,8 @@ def check_gpu_states() -> None:
             else:
                 assert abs(float(value) - float(want)) <= 1e-6 * max(1.0, abs(float(want))), (op, value, want)
         s = mpi.stats(shard)
+        assert all(isinstance(getattr(s, f), cupy.ndarray) for f in STATS_FIELDS), s
+        s = multireduce.Stats(*(getattr(s, f).get()[()] for f in STATS_FIELDS))
         ref = multireduce.stats(everything)
         assert s.count == ref.count and s.sum == ref.sum and s.min == ref.min and s.max == ref.max
         assert abs(float(s.var) - float(ref.var)) <= 1e-6 * float(ref.var), (s.var, ref.var)
