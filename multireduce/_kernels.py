@@ -9,6 +9,7 @@ The wheel carries the top-level ``kernels/`` directory as ``multireduce/kernels`
 
 from __future__ import annotations
 
+import functools
 import importlib.resources
 from pathlib import Path
 
@@ -144,6 +145,7 @@ def cols_kernel_name(
     return f"multireduce::reduce_cols_kernel<{t}, {a}, {o}, multireduce::{op.functor}, {block}, {unroll}>"
 
 
+@functools.cache  # called on every launch: the name is formatted once per dtype
 def moments_kernel_name(dtype: np.dtype, block: int = STATS_BLOCK, unroll: int = MOMENTS_UNROLL) -> str:
     """The C++ name of one instantiation of ``moments_rows_kernel`` (moments of ``dtype`` input).
 
@@ -157,6 +159,7 @@ def moments_kernel_name(dtype: np.dtype, block: int = STATS_BLOCK, unroll: int =
     return f"multireduce::moments_rows_kernel<{t}, {s}, {e}, {block}, {unroll}>"
 
 
+@functools.cache  # called on every launch: the name is formatted once per dtype
 def stats_finalize_kernel_name(dtype: np.dtype) -> str:
     """The C++ name of ``stats_finalize_kernel`` for ``dtype`` input (``multireduce.stats`` on the GPU).
 
@@ -172,6 +175,7 @@ def stats_finalize_kernel_name(dtype: np.dtype) -> str:
     return f"multireduce::stats_finalize_kernel<{t}, {s}, {e}, {so}, {mo}>"
 
 
+@functools.cache  # called on every launch: the name is formatted once per dtype
 def arg_kernel_name(dtype: np.dtype, largest: bool, block: int = STATS_BLOCK, unroll: int = ARG_UNROLL) -> str:
     """The C++ name of one instantiation of ``arg_rows_kernel`` (argmax if ``largest``, else argmin)."""
     dt = np.dtype(dtype)

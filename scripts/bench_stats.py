@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import re
 import sys
 from pathlib import Path
@@ -107,12 +108,15 @@ def run_size(cp: Any, mr: Any, torch: Any, n: int, opts: argparse.Namespace) -> 
             fn()
     cp.cuda.Device().synchronize()
     samples = {name: [] for name in cases}
-    # The order rotates every round, so that no case always follows the slow CuPy peers
-    # (whose large temporaries churn the memory pool) or always runs first: in the first
-    # H200 runs stats(), always first, took 0.1-0.2 ms more than later cases of the same work.
+    # A new random order every round (seeded), so that no case always follows the same one:
+    # a rotation kept each case's predecessor fixed, and in the H200 runs stats() (always
+    # after torch.aminmax) took 0.1-0.2 ms more than stats() plus a copy back (always after
+    # stats()).
     names = list(cases)
-    for r in range(opts.repeat):
-        for name in names[r % len(names) :] + names[: r % len(names)]:
+    order = random.Random(n)
+    for _ in range(opts.repeat):
+        order.shuffle(names)
+        for name in names:
             samples[name].append(event_time(cp, cases[name]))
     nbytes = n * 4
     timings = {}
