@@ -73,6 +73,16 @@ def cols_config(acc: np.dtype) -> tuple[int, int]:
     return COLS_BLOCK, COLS_UNROLL
 
 
+def rows_config() -> tuple[int, int, int]:
+    """(threads per block, 16-byte loads in flight, waves) of the row kernel.
+
+    ``waves`` 0: one block per row (gridDim.y = rows, up to 65535, the kernel strides over the
+    rest); otherwise at most ``waves`` times the blocks the GPU holds at once, each looping
+    over rows. ``scripts/bench_axis.py --rows-variants`` times others.
+    """
+    return DEFAULT_BLOCK, DEFAULT_UNROLL, 0
+
+
 #: Threads per block, and 16-byte loads in flight per thread, of the moments and arg kernels
 #: (kernels/multireduce/stats.cuh). Measured once on an H200 (4 GiB float32, kernel alone):
 #: moments 512 x 8 reads 4.35 TB/s, as fast as reduce_kernel's sum (512 x 4: 4.2 TB/s). The

@@ -54,6 +54,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         "(each is checked against the CPU; the shipped ones are multireduce._kernels.cols_config)",
     )
     p.add_argument(
+        "--rows-variants",
+        default="",
+        help="extra BLOCKxUNROLL[wWAVES] launch shapes of the row kernel to time, e.g. 256x4,512x4w4 "
+        "(each is checked against the CPU; the shipped one is multireduce._kernels.rows_config)",
+    )
+    p.add_argument(
         "--round-modes",
         default="host,device",
         help="where the reproducible sum is rounded, each timed and checked bit for bit: host (the accumulator "
@@ -133,10 +139,38 @@ def main(argv=None) -> int:
             }
             rec["status"] = "PASS" if rec["vs_full"] >= 0.9 and rec["vs_cupy"] >= 1.0 else "MISS"
             records.append(rec)
+            if axis == -1:
+                rows_cupy_us = rec["cupy_us"]
             bk.say(
                 f"{op:>4} {label:<17} ours {rec['ours_us']:9.1f} us ({rec['ours_gbps']:6.0f} GB/s)  "
                 f"cupy {rec['cupy_us']:9.1f} us  full {rec['full_us']:9.1f} us  "
                 f"{rec['vs_full']:.2f}x full, {rec['vs_cupy']:.2f}x cupy  {rec['status']}"
+            )
+        for v in filter(None, args.rows_variants.split(",")):
+            shape, _, waves = v.partition("w")
+            block, unroll = (int(k) for k in shape.split("x"))
+            shipped_rows = _kernels.rows_config
+            _kernels.rows_config = lambda b=block, u=unroll, w=int(waves or 0): (b, u, w)  # read at each launch
+            try:
+                ok = check_against_cpu(cp, mr, mr.reduce(x, op, axis=-1), host, op, -1)
+                t = timed(timer, lambda op=op, a=x: mr.reduce(a, op, axis=-1), opts)
+            finally:
+                _kernels.rows_config = shipped_rows
+            if not ok:
+                failures.append(f"{op} rows {v}: does not match the CPU")
+            variants.append(
+                {
+                    "op": op,
+                    "case": "rows",
+                    "variant": v,
+                    "us": t["median_us"],
+                    "vs_full": full["median_us"] / t["median_us"],
+                    "vs_cupy": rows_cupy_us / t["median_us"],
+                }
+            )
+            bk.say(
+                f"{op:>4} rows variant {v:<10} {t['median_us']:9.1f} us  {variants[-1]['vs_full']:.2f}x full, "
+                f"{variants[-1]['vs_cupy']:.2f}x cupy"
             )
         for v in filter(None, args.cols_variants.split(",")):
             block, unroll = (int(k) for k in v.split("x"))
@@ -150,7 +184,13 @@ def main(argv=None) -> int:
             if not ok:
                 failures.append(f"{op} columns {v}: does not match the CPU")
             variants.append(
-                {"op": op, "variant": v, "us": t["median_us"], "vs_full": full["median_us"] / t["median_us"]}
+                {
+                    "op": op,
+                    "case": "columns",
+                    "variant": v,
+                    "us": t["median_us"],
+                    "vs_full": full["median_us"] / t["median_us"],
+                }
             )
             bk.say(f"{op:>4} columns variant {v:<8} {t['median_us']:9.1f} us  {variants[-1]['vs_full']:.2f}x full")
     del x
