@@ -459,7 +459,9 @@ def stats(x: da.Array, *, axis: Any = None, correction: float = 0.0, split_every
     Parameters
     ----------
     x : dask.array.Array
-        NumPy chunks (CuPy chunks raise NotImplementedError when computed: no GPU kernel yet).
+        NumPy or CuPy chunks. CuPy chunks go through the GPU moments kernel (over all axes,
+        or the trailing axes of C order; other axis sets raise NotImplementedError when
+        computed), and the merged statistics come back as NumPy values.
     axis : None, int or tuple of int, optional
     correction : float, optional
         For the variance, as in :func:`multireduce.var`.

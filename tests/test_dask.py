@@ -366,6 +366,26 @@ def test_gpu_cupy_chunks(op, dtype):
 
 
 @pytest.mark.gpu
+def test_gpu_cupy_chunks_stats():
+    """multireduce.dask.stats over CuPy chunks: each chunk's state from the GPU moments kernel,
+    merged on the host; the same values as the core on the whole array (NumPy)."""
+    cupy = _cupy()
+    x = make_data("float32", 100_003, np.random.default_rng(6))
+    x[777] = np.nan
+    d = da.from_array(cupy.asarray(x), chunks=7000, asarray=False)
+    got = mdask.stats(d, correction=1).compute(scheduler="threads")
+    want = multireduce.stats(x, correction=1)
+    assert int(got.count) == want.count and int(got.nan_count) == want.nan_count == 1
+    assert all(math.isnan(float(v)) for v in (got.sum, got.min, got.max, got.mean, got.var))
+    clean = np.nan_to_num(x, nan=0.5)
+    got = mdask.stats(da.from_array(cupy.asarray(clean), chunks=7000, asarray=False)).compute()
+    want = multireduce.stats(clean)
+    assert float(got.min) == float(want.min) and float(got.max) == float(want.max)
+    for field in ("sum", "mean", "var"):
+        assert math.isclose(float(getattr(got, field)), float(getattr(want, field)), rel_tol=1e-5), field
+
+
+@pytest.mark.gpu
 def test_gpu_cupy_nan_empty_chunks_and_keepdims():
     cupy = _cupy()
     x = make_data("float64", 1000, np.random.default_rng(8))
