@@ -49,9 +49,7 @@ import os
 import platform
 import shlex
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -63,6 +61,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from multireduce._provenance import git_state  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _mpiexec  # noqa: E402
 
 PARTS = ("mpi", "dask", "sweep", "bandwidth", "latency")
 PATTERN_PERIOD = 1024
@@ -311,28 +312,13 @@ def find_mpiexec() -> str:
     FileNotFoundError
         If none is found.
     """
-    chosen = os.environ.get("MULTIREDUCE_MPIEXEC")
-    if chosen:
-        return chosen
-    beside = Path(sys.executable).parent / "mpiexec"
-    if beside.exists() and os.access(beside, os.X_OK):
-        return str(beside)
-    found = shutil.which("mpiexec")
+    found = _mpiexec.find_mpiexec()
     if found is None:
         raise FileNotFoundError("mpiexec: not in $MULTIREDUCE_MPIEXEC, next to the interpreter, or on PATH")
     return found
 
 
-def mpiexec_command(mpiexec: str, ranks: int, args: list[str]) -> list[str]:
-    """``mpiexec [$MULTIREDUCE_MPIEXEC_ARGS] -n R python ARGS``."""
-    extra = shlex.split(os.environ.get("MULTIREDUCE_MPIEXEC_ARGS", ""))
-    return [mpiexec, *extra, "-n", str(ranks), sys.executable, *args]
-
-
-def child_env() -> dict:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
-    return env
+mpiexec_command = _mpiexec.command
 
 
 def launch(cmd: list[str], timeout: float) -> str:
@@ -343,23 +329,12 @@ def launch(cmd: list[str], timeout: float) -> str:
     RuntimeError
         On a non-zero exit or a timeout (the whole group is killed first).
     """
-    proc = subprocess.Popen(
-        cmd,
-        cwd=REPO,
-        env=child_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
     try:
-        stdout, stderr = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        stdout, stderr = proc.communicate()
-        raise RuntimeError(f"timed out after {timeout} s: {shlex.join(cmd)}\n{stdout}{stderr}") from None
-    if proc.returncode != 0:
-        raise RuntimeError(f"exit status {proc.returncode}: {shlex.join(cmd)}\n{stdout}{stderr}")
+        returncode, stdout, stderr = _mpiexec.run_group(cmd, cwd=REPO, env=_mpiexec.repo_env(REPO), timeout=timeout)
+    except TimeoutError as exc:
+        raise RuntimeError(str(exc)) from None
+    if returncode != 0:
+        raise RuntimeError(f"exit status {returncode}: {shlex.join(cmd)}\n{stdout}{stderr}")
     return stdout
 
 

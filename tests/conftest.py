@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import os
-import shutil
 import sys
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "scripts"))
+import _mpiexec  # noqa: E402
 
 
 @functools.cache
@@ -37,17 +37,8 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(pytest.mark.skip(reason=reason))
 
 
-@functools.cache
-def find_mpiexec() -> str | None:
-    """``$MULTIREDUCE_MPIEXEC`` if set, else the mpiexec next to this interpreter (the PyPI
-    mpich wheel installs it there), else the one on PATH."""
-    chosen = os.environ.get("MULTIREDUCE_MPIEXEC")
-    if chosen:
-        return chosen
-    beside = Path(sys.executable).parent / "mpiexec"
-    if beside.exists() and os.access(beside, os.X_OK):
-        return str(beside)
-    return shutil.which("mpiexec")
+# The same launcher lookup as the scripts (scripts/_mpiexec.py), found once per session.
+find_mpiexec = functools.cache(_mpiexec.find_mpiexec)
 
 
 @pytest.fixture(scope="session")

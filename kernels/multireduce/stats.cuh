@@ -449,10 +449,8 @@ __device__ __forceinline__ ArgPartial merge_arg(const ArgPartial& a, const ArgPa
     return b_wins ? b : a;
 }
 
-template <int BLOCK>
-__device__ __forceinline__ ArgPartial block_merge_arg(ArgPartial v, ArgPartial* warp_values) {
-    const int lane = threadIdx.x & 31;
-    const int warp = threadIdx.x >> 5;
+// Lane 0 receives the merge of its warp's pairs (shuffle tree).
+__device__ __forceinline__ ArgPartial warp_merge_arg(ArgPartial v) {
 #pragma unroll
     for (int offset = 16; offset > 0; offset >>= 1) {
         ArgPartial o;
@@ -460,6 +458,14 @@ __device__ __forceinline__ ArgPartial block_merge_arg(ArgPartial v, ArgPartial* 
         o.index = shfl_down(v.index, offset);
         v = merge_arg(v, o);
     }
+    return v;
+}
+
+template <int BLOCK>
+__device__ __forceinline__ ArgPartial block_merge_arg(ArgPartial v, ArgPartial* warp_values) {
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    v = warp_merge_arg(v);
     if (lane == 0) warp_values[warp] = v;
     __syncthreads();
     if (warp == 0) {
@@ -469,13 +475,7 @@ __device__ __forceinline__ ArgPartial block_merge_arg(ArgPartial v, ArgPartial* 
             v.key = 0;
             v.index = -1;
         }
-#pragma unroll
-        for (int offset = 16; offset > 0; offset >>= 1) {
-            ArgPartial o;
-            o.key = shfl_down(v.key, offset);
-            o.index = shfl_down(v.index, offset);
-            v = merge_arg(v, o);
-        }
+        v = warp_merge_arg(v);
     }
     return v;
 }
