@@ -321,7 +321,9 @@ def _needs_exact(dtype: np.dtype, op: Op, result: np.dtype, full: bool) -> bool:
     return True
 
 
-def partial(x: Any, op: str | Op, *, axis: Any = None, keepdims: bool = False, reproducible: bool = False):
+def partial(
+    x: Any, op: str | Op, *, axis: Any = None, keepdims: bool = False, reproducible: bool = False, out: Any = None
+):
     """Reduce ``x`` to a partial result: what the distributed layers exchange and combine.
 
     Fold ops give values in the op's accumulator dtype (float32 sums as float64, integer
@@ -339,14 +341,24 @@ def partial(x: Any, op: str | Op, *, axis: Any = None, keepdims: bool = False, r
     With ``reproducible=True``, float sums and means give an
     :class:`multireduce._exact.ExactSum` (exact, mergeable in any order) instead.
 
+    ``out``, for a full reduction of a fold op only, is a 0-d array of the accumulator dtype
+    from the input's library (NumPy or CuPy) that receives the partial and is returned. For
+    CuPy input the kernel writes it directly, so ``out`` may be pinned host memory mapped into
+    the device's address space: the MPI layer receives partials that way, without a copy.
+
     Raises
     ------
     NotImplementedError
         For CuPy input, anything but a full sum, max or min partial; with
         ``reproducible=True``, as :func:`reduce`.
+    TypeError, ValueError
+        For an ``out`` of the wrong library, dtype or shape, or with an op or axis it does not
+        take.
     """
     backend, arr = _backend_and_array(x)
     op, result, acc = _plan(arr, op, None)
+    if out is not None:
+        return _partial_into(backend, arr, op, acc, axis, keepdims, reproducible, out)
     ndim = arr.ndim
     if reproducible:  # the axes are normalized below too; only this path needs them first
         full = axis is None or len(normalize_axes(axis, ndim)) == ndim
@@ -378,6 +390,27 @@ def partial(x: Any, op: str | Op, *, axis: Any = None, keepdims: bool = False, r
     if keepdims:
         state = state.map(lambda a: _keep(np.asarray(a), arr.shape, axes))
     return state
+
+
+def _partial_into(backend, arr, op: Op, acc: np.dtype, axis, keepdims: bool, reproducible: bool, out):
+    """:func:`partial` with ``out=``: a full fold partial written into the 0-d array ``out``."""
+    if op.kind != "fold" or reproducible:
+        raise ValueError(f"out= takes a fold op without reproducible=True, not op {op.name!r}")
+    if keepdims or len(normalize_axes(axis, arr.ndim)) != arr.ndim:
+        raise ValueError("out= takes full reductions only (axis=None or every axis, keepdims=False)")
+    if type(out) is not type(arr) or out.shape != () or out.dtype != acc:
+        raise TypeError(
+            f"out= must be a 0-d {type(arr).__module__}.ndarray of the accumulator dtype {acc} "
+            f"(op {op.name!r} on {arr.dtype}), not {type(out).__name__} of shape "
+            f"{getattr(out, 'shape', None)} and dtype {getattr(out, 'dtype', None)}"
+        )
+    if arr.size and backend is _cupy_backend and op.functor is not None:
+        return backend.reduce_full(arr, op, acc, acc, out=out)
+    if arr.size == 0:
+        out[...] = backend.constant(op.identity(acc), acc)
+    else:
+        out[...] = backend.reduce(arr, op, acc, acc, _ALL_AXES[arr.ndim])
+    return out
 
 
 # ----------------------------------------------------------------------------------------

@@ -237,6 +237,9 @@ def _plan(x: Any, op, dtype) -> tuple[_Plan, Any]:
 
 def _local_partial(x: Any, plan: _Plan):
     if plan.static.requested is None:
+        if plan.on_gpu and x.size and not cuda_aware().enabled:
+            # The kernel writes the partial straight into a pinned host slot (_Staging.slot).
+            return core.partial(x, plan.op, out=_Staging.slot(plan))
         return core.partial(x, plan.op)
     # dtype= changes the accumulator (e.g. int input summed as float16 accumulates in
     # float32), so the partial is a reduction to the accumulator dtype of the requested one.
@@ -494,32 +497,61 @@ def _timed_allreduce(x_local: Any, op: str | Op, comm=None) -> tuple[Any, float,
 
 
 class _Staging:
-    """Two 8-byte pinned host slots per (device, stream), for the partial and the result.
+    """Two 8-byte slots of pinned, device-mapped host memory per (device, stream).
 
-    The first slot takes the partial going to MPI, the second the result coming back. Pinned,
-    so that both copies are single asynchronous DMA transfers with nothing allocated per call
-    (the per-call cost is what the MPI layer adds).
+    The first slot takes the partial going to MPI (the reduction kernel writes it there
+    directly; see :meth:`slot`), the second the result coming back. Nothing is allocated per
+    call, and the partial needs no copy (the per-call cost is what the MPI layer adds).
     """
 
-    _buffers: dict[tuple[int, int], tuple[np.ndarray, int]] = {}
+    _buffers: dict[tuple[int, int], tuple[np.ndarray, int, int]] = {}
+    _slots: dict[tuple[int, int, np.dtype], Any] = {}
 
     @classmethod
-    def get(cls, device: int, stream: int) -> tuple[np.ndarray, int]:
+    def get(cls, device: int, stream: int) -> tuple[np.ndarray, int, int]:
+        """(host bytes, host address, device address) of the current device's slots."""
         found = cls._buffers.get((device, stream))
         if found is None:
             import cupy
 
-            memory = cupy.cuda.alloc_pinned_memory(16)
+            runtime = cupy.cuda.runtime
+            flags = runtime.hostAllocPortable | runtime.hostAllocMapped
+            memory = cupy.cuda.PinnedMemoryPointer(cupy.cuda.PinnedMemory(16, flags), 0)
             host = np.frombuffer(memory, dtype=np.uint8, count=16)  # holds a reference to memory
-            found = cls._buffers[(device, stream)] = (host, host.ctypes.data)
+            mapped = runtime.hostGetDevicePointer(host.ctypes.data, 0)
+            found = cls._buffers[(device, stream)] = (host, host.ctypes.data, mapped)
         return found
+
+    @classmethod
+    def slot(cls, plan: _Plan):
+        """The first slot as a 0-d CuPy array of the accumulator dtype on ``plan.device``.
+
+        Its memory is the pinned host slot, mapped into the device's address space: a kernel
+        that writes it stores the partial in host memory, readable once the stream is done.
+        """
+        import cupy
+
+        if cupy.cuda.runtime.getDevice() != plan.device:
+            with cupy.cuda.Device(plan.device):
+                return cls.slot(plan)
+        acc = plan.static.acc
+        stream = cupy.cuda.get_current_stream().ptr
+        key = (plan.device, stream, acc)
+        view = cls._slots.get(key)
+        if view is None:
+            host, _, mapped = cls.get(plan.device, stream)
+            unowned = cupy.cuda.UnownedMemory(mapped, 8, host, plan.device)
+            view = cls._slots[key] = cupy.ndarray((), dtype=acc, memptr=cupy.cuda.MemoryPointer(unowned, 0))
+        return view
 
 
 def _to_host(partial, plan: _Plan) -> np.generic:
     """Bring a partial to host memory as a NumPy scalar: the one place that stages.
 
-    For a CuPy partial: an asynchronous copy into a pinned slot on the current stream, then a
-    wait for that stream (so the kernel that wrote the partial has finished).
+    For a CuPy partial: if the kernel did not write it into the pinned slot already
+    (:meth:`_Staging.slot`; it did unless ``dtype=`` was given), an asynchronous copy into
+    the slot on the current stream; then a wait for that stream, so that the kernel that wrote
+    the partial has finished.
     """
     if plan.on_gpu:
         import cupy
@@ -530,9 +562,10 @@ def _to_host(partial, plan: _Plan) -> np.generic:
             with cupy.cuda.Device(plan.device):
                 return _to_host(partial, plan)
         stream = cupy.cuda.get_current_stream()
-        host, ptr = _Staging.get(plan.device, stream.ptr)
+        host, ptr, mapped = _Staging.get(plan.device, stream.ptr)
         size = partial.dtype.itemsize
-        runtime.memcpyAsync(ptr, partial.data.ptr, size, runtime.memcpyDeviceToHost, stream.ptr)
+        if partial.data.ptr != mapped:
+            runtime.memcpyAsync(ptr, partial.data.ptr, size, runtime.memcpyDeviceToHost, stream.ptr)
         stream.synchronize()
         return host[:size].view(partial.dtype)[0]
     _transport_counts["host"] += 1
@@ -552,7 +585,7 @@ def _from_host(value: np.generic, plan: _Plan):
         with cupy.cuda.Device(plan.device):
             return _from_host(value, plan)
     stream = cupy.cuda.get_current_stream()
-    host, ptr = _Staging.get(plan.device, stream.ptr)
+    host, ptr, _ = _Staging.get(plan.device, stream.ptr)
     size = value.dtype.itemsize
     host[8 : 8 + size] = np.asarray(value).reshape(1).view(np.uint8)
     out = cupy.empty((), dtype=value.dtype)

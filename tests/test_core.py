@@ -196,6 +196,41 @@ def test_partial_is_in_accumulator_dtype(xp):
     assert to_host(xp, multireduce.partial(to_device(xp, np.array([3], np.uint8)), "sum")).dtype == np.uint64
 
 
+@pytest.mark.parametrize("n", [0, 1, 33, 257, 2**20 + 1])
+@pytest.mark.parametrize("op", OPS)
+def test_partial_into_out(xp, op, n):
+    # out= receives the partial (what the MPI layer uses to land it in pinned host memory).
+    x = make_data("float32", n, rng_for("out", op, n))
+    acc = np.float64 if op == "sum" else np.float32  # the accumulator dtype
+    out = xp.full((), 7.0, dtype=acc)
+    got = multireduce.partial(to_device(xp, x), op, out=out)
+    assert got is out and out.dtype == acc and out.shape == ()
+    value = float(out.get() if xp is not np else out)
+    wide = x.astype(np.float64).tolist()
+    expected = {"sum": math.fsum(wide), "max": max(wide, default=-math.inf), "min": min(wide, default=math.inf)}[op]
+    assert same_float(value, expected) if op != "sum" else abs(value - expected) <= 1e-12 * max(1.0, abs(expected))
+    # The same as the partial without out=.
+    assert same_float(value, float(to_host(xp, multireduce.partial(to_device(xp, x), op))))
+
+
+def test_partial_out_is_checked(xp):
+    x = to_device(xp, np.ones((2, 3), dtype=np.float32))
+    with pytest.raises(TypeError, match=r"out= must be a 0-d .*ndarray of the accumulator dtype float64"):
+        multireduce.partial(x, "sum", out=xp.zeros((), dtype=np.float32))
+    with pytest.raises(TypeError, match="out= must be a 0-d"):
+        multireduce.partial(x, "sum", out=xp.zeros(1, dtype=np.float64))
+    other = np.zeros((), dtype=np.float64) if xp is not np else None
+    if other is not None:  # a NumPy out for CuPy input: the wrong library
+        with pytest.raises(TypeError, match="out= must be a 0-d cupy"):
+            multireduce.partial(x, "sum", out=other)
+    with pytest.raises(ValueError, match="out= takes full reductions only"):
+        multireduce.partial(x, "sum", axis=0, out=xp.zeros((), dtype=np.float64))
+    with pytest.raises(ValueError, match="out= takes a fold op"):
+        multireduce.partial(x, "mean", out=xp.zeros((), dtype=np.float64))
+    with pytest.raises(ValueError, match="out= takes a fold op without reproducible=True"):
+        multireduce.partial(x, "sum", reproducible=True, out=xp.zeros((), dtype=np.float64))
+
+
 @pytest.mark.parametrize(
     "bad", [np.array([1 + 2j]), np.array(["a"]), np.array([object()]), np.array(["2020-01-01"], "M8[D]")]
 )

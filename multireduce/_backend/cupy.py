@@ -139,12 +139,14 @@ def reduce_full(
     block: int | None = None,
     unroll: int | None = None,
     load: int | None = None,
+    out: cupy.ndarray | None = None,
 ) -> cupy.ndarray:
     """Reduce all of the non-empty CuPy array ``x`` on its device with one kernel launch.
 
     ``block``, ``unroll`` and ``load`` override the tuned launch configuration (for the
     benchmark's variants). Returns a 0-d CuPy array of dtype ``result`` on ``x``'s device,
-    on the current stream.
+    on the current stream: ``out`` if given (a 0-d array of dtype ``result`` whose memory the
+    device can write, which the caller checks), else a new one.
     """
     config = _DEFAULT_CONFIG
     if block or unroll or load is not None:
@@ -152,11 +154,19 @@ def reduce_full(
     device = x.data.device_id
     if device != _runtime.getDevice():
         with x.device:
-            return _launch(x, op, acc, result, config, device)
-    return _launch(x, op, acc, result, config, device)
+            return _launch(x, op, acc, result, config, device, out)
+    return _launch(x, op, acc, result, config, device, out)
 
 
-def _launch(x: cupy.ndarray, op: Op, acc: np.dtype, result: np.dtype, config: tuple[int, int, int], device: int):
+def _launch(
+    x: cupy.ndarray,
+    op: Op,
+    acc: np.dtype,
+    result: np.dtype,
+    config: tuple[int, int, int],
+    device: int,
+    out: cupy.ndarray | None = None,
+):
     # Every step here is on the path of every call: tiny reductions are dominated by it.
     flat = _dense_base(x)
     if flat is None:
@@ -167,7 +177,8 @@ def _launch(x: cupy.ndarray, op: Op, acc: np.dtype, result: np.dtype, config: tu
     per_block = (16 // flat.itemsize) * config[0] * config[1]  # elements one block loads per loop trip
     grid = min(max_grid, -(-n // per_block))
     partials, counter = _workspace(device, _get_current_stream().ptr, max_grid)
-    out = cupy.empty((), dtype=result)
+    if out is None:
+        out = cupy.empty((), dtype=result)
     kernel((grid,), (config[0],), (flat, n, identity, partials, counter, out))
     return out
 

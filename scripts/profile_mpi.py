@@ -1,0 +1,178 @@
+"""Where the MPI layer's per-call time goes, piece by piece, for one-element CuPy shards.
+
+Each line times one piece per call (best of ``--repeat`` repetitions of ``--inner`` calls,
+each repetition between ``Barrier``s, the maximum over ranks), every piece that touches the
+GPU followed by a stream synchronization:
+
+``sync``               an idle stream's synchronization alone
+``local``              ``core.partial(x, "sum")`` (a new 0-d device array)
+``local+d2h``          the same, then an 8-byte device-to-host copy into pinned memory
+``local->mapped``      ``core.partial(x, "sum", out=slot)``: the kernel writes pinned host memory
+``empty``              ``cupy.empty(())`` alone (no synchronization)
+``upload memcpy``      a new 0-d array filled from pinned memory with ``memcpyAsync``
+``upload pageable``    the same from ordinary memory with a synchronous ``memcpy``
+``upload writevalue``  the same with the driver's ``cuStreamWriteValue64`` (where it runs)
+``allreduce OP``       ``multireduce.mpi.allreduce(x, OP)``
+``allreduce OP (d2h)`` the same with the partial copied, as before the kernel wrote host memory
+``Allreduce 8B/72B``   ``comm.Allreduce`` of a host buffer alone (MPI's floor)
+
+Run with ``mpirun -n 1|2 python scripts/profile_mpi.py --output FILE.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from multireduce import _provenance, core, mpi
+from multireduce.mpi import MPI
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--inner", type=int, default=2000)
+    p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--output", type=Path, default=None)
+    args = p.parse_args()
+
+    import cupy
+
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    device = mpi.select_device(comm)
+    runtime = cupy.cuda.runtime
+    stream = cupy.cuda.get_current_stream()
+    x = cupy.arange(1, dtype=np.float32) + 1
+    plan, _ = mpi._plan(x, "sum", None)
+    slot = mpi._Staging.slot(plan)
+    host, hptr, _ = mpi._Staging.get(device, stream.ptr)
+    value = np.float32(1.0)
+    page = np.zeros(1, dtype=np.float64)
+
+    def timed(fn) -> float:
+        best = float("inf")
+        for _ in range(args.repeat):
+            comm.Barrier()
+            t0 = time.perf_counter()
+            for _ in range(args.inner):
+                fn()
+            t = (time.perf_counter() - t0) / args.inner
+            best = min(best, comm.allreduce(t, op=MPI.MAX))
+        return best * 1e6
+
+    def local():
+        core.partial(x, "sum")
+        stream.synchronize()
+
+    def local_d2h():
+        part = core.partial(x, "sum")
+        runtime.memcpyAsync(hptr, part.data.ptr, 8, runtime.memcpyDeviceToHost, stream.ptr)
+        stream.synchronize()
+
+    def local_mapped():
+        core.partial(x, "sum", out=slot)
+        stream.synchronize()
+
+    def upload_memcpy():
+        mpi._from_host(value, plan)
+        stream.synchronize()
+
+    def upload_pageable():
+        out = cupy.empty((), dtype=np.float64)
+        runtime.memcpy(out.data.ptr, page.ctypes.data, 8, runtime.memcpyHostToDevice)
+        stream.synchronize()
+
+    cases = {
+        "sync": stream.synchronize,
+        "local": local,
+        "local+d2h": local_d2h,
+        "local->mapped": local_mapped,
+        "empty": lambda: cupy.empty((), dtype=np.float64),
+        "upload memcpy": upload_memcpy,
+        "upload pageable": upload_pageable,
+    }
+    try:
+        libcuda = ctypes.CDLL("libcuda.so.1")
+        write64 = libcuda.cuStreamWriteValue64_v2
+        write64.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint]
+        probe = cupy.empty((), dtype=np.float64)
+        rc = write64(stream.ptr, probe.data.ptr, np.float64(2.5).view(np.uint64).item(), 0)
+        stream.synchronize()
+        if rc == 0 and float(probe) == 2.5:
+
+            def upload_writevalue():
+                out = cupy.empty((), dtype=np.float64)
+                write64(stream.ptr, out.data.ptr, 4611686018427387904, 0)
+                stream.synchronize()
+
+            cases["upload writevalue"] = upload_writevalue
+        elif rank == 0:
+            print(f"cuStreamWriteValue64_v2: rc {rc}, value {float(probe)}")
+    except (OSError, AttributeError) as exc:
+        if rank == 0:
+            print(f"cuStreamWriteValue64_v2 unavailable: {exc}")
+
+    old_local = mpi._local_partial
+
+    def d2h_local(xx, pl):  # the layer before the kernel wrote host memory
+        if pl.static.requested is None:
+            return core.partial(xx, pl.op)
+        return old_local(xx, pl)
+
+    for op in ("sum", "max", "min"):
+
+        def call(op=op):
+            mpi.allreduce(x, op)
+            stream.synchronize()
+
+        cases[f"allreduce {op}"] = call
+    for op in ("sum", "max"):
+
+        def call_old(op=op):
+            mpi._local_partial = d2h_local
+            try:
+                mpi.allreduce(x, op)
+                stream.synchronize()
+            finally:
+                mpi._local_partial = old_local
+
+        cases[f"allreduce {op} (d2h)"] = call_old
+    buf8, buf72 = np.zeros(1), np.zeros(9, dtype=np.int64)
+    cases["Allreduce 8B"] = lambda: comm.Allreduce(MPI.IN_PLACE, buf8, op=MPI.SUM)
+    cases["Allreduce 72B"] = lambda: comm.Allreduce(MPI.IN_PLACE, buf72, op=MPI.MAX)
+
+    for fn in cases.values():  # warm up: compile, connect
+        for _ in range(50):
+            fn()
+    results = {name: timed(fn) for name, fn in cases.items()}
+    # Interleaved second pass: the figures must not depend on the order of the cases.
+    second = {name: timed(fn) for name, fn in reversed(list(cases.items()))}
+    results = {name: min(results[name], second[name]) for name in results}
+    if rank == 0:
+        gpu = runtime.getDeviceProperties(device)["name"]
+        gpu = gpu.decode() if isinstance(gpu, bytes) else gpu
+        print(f"profile_mpi: {size} rank(s), {gpu}, {MPI.Get_library_version().splitlines()[0]}")
+        for name, us in results.items():
+            print(f"{name:22s} {us:8.2f} us")
+        if args.output:
+            report = {
+                "meta": {
+                    **_provenance.git_state(),
+                    "gpu": gpu,
+                    "ranks": size,
+                    "inner": args.inner,
+                    "repeat": args.repeat,
+                },
+                "per_call_us": results,
+            }
+            args.output.write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
