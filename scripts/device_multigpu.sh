@@ -13,8 +13,8 @@ set -uo pipefail
 mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-$(command -v python3)}"  # absolute: mpirun's children may not share PATH
-"$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  >"$OUT/wheels.txt" 2>&1 || echo "wheel install failed" >>"$OUT/wheels.txt"
+[ -d /tmp/site/dask_cuda ] || "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target /tmp/site .whl/*.whl >"$OUT/wheels.txt" 2>&1 || echo "wheel install failed" >>"$OUT/wheels.txt"
 export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 export MULTIREDUCE_MPIEXEC="${MULTIREDUCE_MPIEXEC:-/usr/bin/mpirun}"
