@@ -518,7 +518,8 @@ class _Staging:
             flags = runtime.hostAllocPortable | runtime.hostAllocMapped
             memory = cupy.cuda.PinnedMemoryPointer(cupy.cuda.PinnedMemory(16, flags), 0)
             host = np.frombuffer(memory, dtype=np.uint8, count=16)  # holds a reference to memory
-            mapped = runtime.hostGetDevicePointer(host.ctypes.data, 0)
+            # Under unified addressing this is the host address itself; asked, not assumed.
+            mapped = runtime.pointerGetAttributes(host.ctypes.data).devicePointer
             found = cls._buffers[(device, stream)] = (host, host.ctypes.data, mapped)
         return found
 
