@@ -512,6 +512,11 @@ def moments_dtype(dtype: np.dtype) -> np.dtype:
     )
 
 
+def arg_dtype(dtype: np.dtype) -> np.dtype:
+    """The structured dtype of an :class:`ArgState` for input dtype ``dtype``."""
+    return np.dtype([("value", _extreme_acc(np.dtype(dtype))), ("index", np.int64)])
+
+
 def to_structured(state: Moments | ArgState) -> np.ndarray:
     """A state as one structured array (fields named as the dataclass's)."""
     names = [f.name for f in fields(state)]

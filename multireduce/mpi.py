@@ -239,7 +239,7 @@ def _local_partial(x: Any, plan: _Plan):
     if plan.static.requested is None:
         if plan.on_gpu and x.size and not cuda_aware().enabled:
             # The kernel writes the partial straight into a pinned host slot (_Staging.slot).
-            return core.partial(x, plan.op, out=_Staging.slot(plan))
+            return core.partial(x, plan.op.name, out=_Staging.slot(plan))
         return core.partial(x, plan.op)
     # dtype= changes the accumulator (e.g. int input summed as float16 accumulates in
     # float32), so the partial is a reduction to the accumulator dtype of the requested one.
@@ -417,7 +417,12 @@ def stats(x_local: Any, *, comm=None, correction: float = 0.0) -> _stats.Stats:
     result = _stats.finalize_stats(merged, plan.static.in_dtype, correction)
     if not plan.on_gpu:
         return result
-    return _stats.Stats(*(_on_device(getattr(result, f.name), plan) for f in fields(result)))
+    import cupy
+
+    from ._backend import cupy as gpu
+
+    with cupy.cuda.Device(plan.device):  # the seven fields in one copy
+        return _stats.Stats(*gpu.from_host_many([getattr(result, f.name) for f in fields(result)]))
 
 
 def _combine_states(comm, plan: _Plan, state, correction: float, *, finalize: bool = True, stats: bool = False):
@@ -436,7 +441,9 @@ def _combine_states(comm, plan: _Plan, state, correction: float, *, finalize: bo
         exc = _stats.empty_stats_error() if stats else st.op.empty_error()
         raise _mark(exc, dict.fromkeys(range(comm.Get_size()), _describe(exc)))
     _transport_counts["host"] += 1
-    gathered = comm.allgather((_stats.to_structured(state), plan.count))
+    # One layout on every rank (an empty shard's arg state holds an int64 placeholder value).
+    layout = (_stats.moments_dtype if st.op.kind == "moments" else _stats.arg_dtype)(st.in_dtype)
+    gathered = _allgather_state(comm, _stats.to_structured(state).astype(layout), plan.count)
     if st.op.kind == "moments":
         merged = _stats.merge_all([_stats.moments_from_structured(s) for s, _ in gathered])
         if not finalize:
@@ -451,6 +458,21 @@ def _combine_states(comm, plan: _Plan, state, correction: float, *, finalize: bo
         states.append(_stats.ArgState(s.value, np.where(s.index >= 0, s.index + np.int64(offset), s.index)))
         offset += count
     return _on_device(_stats.arg_finalize(_stats.arg_merge_all(states, largest=st.op.name == "argmax"), st.op), plan)
+
+
+def _allgather_state(comm, structured: np.ndarray, count: int) -> list[tuple[np.ndarray, int]]:
+    """Every rank's (0-d structured state, element count), in rank order.
+
+    The states travel as raw bytes in one ``Allgather`` (the dtype agreement before it makes
+    every rank's layout the same), never pickled.
+    """
+    size = structured.dtype.itemsize
+    mine = np.empty(size + 8, dtype=np.uint8)
+    mine[:size] = np.ascontiguousarray(structured).reshape(1).view(np.uint8)
+    mine[size:] = np.array([count], dtype=np.int64).view(np.uint8)
+    every = np.empty((comm.Get_size(), size + 8), dtype=np.uint8)
+    comm.Allgather(mine, every)
+    return [(row[:size].view(structured.dtype).reshape(()).copy(), int(row[size:].view(np.int64)[0])) for row in every]
 
 
 def _on_device(value: np.generic, plan: _Plan):

@@ -75,6 +75,9 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--timeout", type=float, default=420.0, help="seconds per mpiexec launch")
+    p.add_argument(
+        "--per-device", type=int, default=0, help="also time devices 1..N-1 alone (one rank each) at the weak size"
+    )
     p.add_argument("--output", type=Path, default=None)
     p.add_argument("--worker", type=Path, default=None, help=argparse.SUPPRESS)
     p.add_argument("--sizes", type=_int_list, default=None, help=argparse.SUPPRESS)
@@ -103,13 +106,14 @@ def worker(args) -> int:
     stream = cupy.cuda.get_current_stream()
     ops = args.ops.split(",")
 
-    def timed(fn, x) -> float:
+    def timed(fn, x) -> list[float]:
+        """One call's seconds on every rank (rank order)."""
         comm.Barrier()
         stream.synchronize()
         start = MPI.Wtime()
         fn(x)
         stream.synchronize()
-        return comm.allreduce(MPI.Wtime() - start, op=MPI.MAX)
+        return comm.allgather(MPI.Wtime() - start)
 
     calls = {
         "sum": (lambda x: core.partial(x, "sum"), lambda x: mpi.allreduce(x, "sum")),
@@ -134,8 +138,10 @@ def worker(args) -> int:
             for _ in range(args.warmup):
                 local_fn(x)
                 result = total_fn(x)
-            local = min(timed(local_fn, x) for _ in range(args.repeat))
-            total = min(timed(total_fn, x) for _ in range(args.repeat))
+            local_runs = [timed(local_fn, x) for _ in range(args.repeat)]
+            total_runs = [timed(total_fn, x) for _ in range(args.repeat)]
+            local = min(max(run) for run in local_runs)
+            total = min(max(run) for run in total_runs)
             result = total_fn(x)
             if op == "stats":
                 value = {f: float(getattr(result, f)) for f in STATS_FIELDS}
@@ -152,6 +158,8 @@ def worker(args) -> int:
                     "local_s": local,
                     "total_s": total,
                     "combine_s": total - local,
+                    "local_s_per_rank": [min(run[r] for run in local_runs) for r in range(size)],
+                    "total_s_per_rank": [min(run[r] for run in total_runs) for r in range(size)],
                     "value": value,
                     "bits": bits,
                 }
@@ -214,6 +222,7 @@ def driver(args) -> int:
     env = _mpiexec.repo_env(REPO)
     launches = []
     docs = {}
+    per_device = []
     started = time.time()
     with tempfile.TemporaryDirectory() as tmp:
         for r in args.ranks:
@@ -245,6 +254,23 @@ def driver(args) -> int:
                 return 1
             docs[r] = json.loads(out.read_text())
             launches.append({"ranks": r, "sizes": sizes, "seconds": time.time() - t0})
+        # Each other GPU alone, at the weak size: how much the GPUs differ by themselves.
+        for d in range(1, args.per_device):
+            out = Path(tmp) / f"device{d}.json"
+            cmd = _mpiexec.command(
+                mpiexec,
+                1,
+                [str(Path(__file__).resolve()), "--worker", str(out), "--sizes", str(args.weak_per_rank)]
+                + ["--ops", "sum,max", "--warmup", str(args.warmup), "--repeat", str(args.repeat)],
+            )
+            rc, stdout, stderr = _mpiexec.run_group(
+                cmd, cwd=REPO, env={**env, "MULTIREDUCE_DEVICE": str(d)}, timeout=args.timeout
+            )
+            print(stdout, end="", flush=True)
+            if rc != 0:
+                print(stderr, file=sys.stderr)
+                return 1
+            per_device.append(json.loads(out.read_text()))
     elapsed = time.time() - started
 
     ref = {(rec["n"], rec["op"]): rec for rec in docs[1]["records"]} if 1 in docs else {}
@@ -306,6 +332,11 @@ def driver(args) -> int:
         "summary": summary,
         "checks_failed": len(failed),
         "records": records,
+        "single_device": [
+            {"device": d["devices"][0], **{k: rec[k] for k in ("n", "op", "local_s", "total_s")}}
+            for d in per_device
+            for rec in d["records"]
+        ],
     }
     out = args.output
     if out is None:
@@ -328,6 +359,12 @@ def driver(args) -> int:
         if "check_passed" in x:
             verdict = "ok" if x["check_passed"] else "FAILED"
             print(f"check ranks {x['ranks']} n {x['n']} {x['op']}: {verdict} ({x['check_how']})")
+    for x in records:
+        if x["ranks"] > 1:
+            per_rank = " ".join(f"{t * 1e6:.1f}" for t in x["local_s_per_rank"])
+            print(f"ranks {x['ranks']} n {x['n']} {x['op']}: local us per rank {per_rank}")
+    for d in doc["single_device"]:
+        print(f"device {d['device']} alone, n {d['n']} {d['op']}: local {d['local_s'] * 1e6:.1f} us")
     print(f"{len(failed)} check(s) failed; {elapsed:.0f} s; wrote {out}")
     return 1 if failed else 0
 

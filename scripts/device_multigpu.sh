@@ -52,7 +52,7 @@ for s in $steps; do
     mpi) for r in ${RANKS//,/ }; do
            step "bench_mpi_n$r" 90 "${MPIRUN[@]}" -n "$r" "$PY" scripts/bench_mpi.py --output "$OUT/bench_mpi_n$r.json"
          done ;;
-    multigpu) step bench_multigpu 400 "$PY" scripts/bench_multigpu.py --ranks "$RANKS" --output "$OUT/multigpu.json" ;;
+    multigpu) step bench_multigpu 400 "$PY" scripts/bench_multigpu.py --ranks "$RANKS" --per-device "$GPUS" --output "$OUT/multigpu.json" ;;
     scaling) step scaling_mpi 300 "$PY" scripts/bench_scaling.py --parts mpi,latency --ranks "$RANKS" --source synthetic \
                --latency-ranks 1,2,4,8,16 --output "$OUT/scaling_mpi.json" ;;
     dask) step scaling_dask 300 "$PY" scripts/bench_scaling.py --parts dask --workers "$RANKS" --output "$OUT/scaling_dask.json" ;;
