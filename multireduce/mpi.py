@@ -518,63 +518,78 @@ def _timed_allreduce(x_local: Any, op: str | Op, comm=None) -> tuple[Any, float,
     return result, local, MPI.Wtime() - start
 
 
-class _Staging:
-    """Two 8-byte slots of pinned, device-mapped host memory per (device, stream).
+class _Slots:
+    """Two 8-byte slots of pinned, device-mapped host memory for one (device, stream).
 
-    The first slot takes the partial going to MPI (the reduction kernel writes it there
-    directly; see :meth:`slot`), the second the result coming back. Nothing is allocated per
-    call, and the partial needs no copy (the per-call cost is what the MPI layer adds).
+    Slot 0 takes the partial going to MPI: the reduction kernel writes it there directly
+    (:meth:`device_partial`), or, for a partial made elsewhere, an asynchronous copy does.
+    Slot 8 holds the result on its way back to the device. Nothing is allocated per call;
+    the views per dtype are made once.
     """
 
-    _buffers: dict[tuple[int, int], tuple[np.ndarray, int, int]] = {}
-    _slots: dict[tuple[int, int, np.dtype], Any] = {}
+    def __init__(self, device: int):
+        import cupy
 
-    @classmethod
-    def get(cls, device: int, stream: int) -> tuple[np.ndarray, int, int]:
-        """(host bytes, host address, device address) of the current device's slots."""
-        found = cls._buffers.get((device, stream))
-        if found is None:
+        runtime = cupy.cuda.runtime
+        flags = runtime.hostAllocPortable | runtime.hostAllocMapped
+        memory = cupy.cuda.PinnedMemoryPointer(cupy.cuda.PinnedMemory(16, flags), 0)
+        self.device = device
+        self.host = np.frombuffer(memory, dtype=np.uint8, count=16)  # holds a reference to memory
+        self.ptr = self.host.ctypes.data
+        # Under unified addressing this is the host address itself; asked, not assumed.
+        self.mapped = runtime.pointerGetAttributes(self.ptr).devicePointer
+        self._device_views: dict[np.dtype, Any] = {}
+        self._host_views: dict[np.dtype, tuple[np.ndarray, np.ndarray]] = {}
+
+    def device_partial(self, dtype: np.dtype):
+        """Slot 0 as a 0-d CuPy array of ``dtype``: a kernel that writes it stores into host memory."""
+        view = self._device_views.get(dtype)
+        if view is None:
             import cupy
 
-            runtime = cupy.cuda.runtime
-            flags = runtime.hostAllocPortable | runtime.hostAllocMapped
-            memory = cupy.cuda.PinnedMemoryPointer(cupy.cuda.PinnedMemory(16, flags), 0)
-            host = np.frombuffer(memory, dtype=np.uint8, count=16)  # holds a reference to memory
-            # Under unified addressing this is the host address itself; asked, not assumed.
-            mapped = runtime.pointerGetAttributes(host.ctypes.data).devicePointer
-            found = cls._buffers[(device, stream)] = (host, host.ctypes.data, mapped)
+            memory = cupy.cuda.UnownedMemory(self.mapped, 8, self.host, self.device)
+            view = self._device_views[dtype] = cupy.ndarray((), dtype, memptr=cupy.cuda.MemoryPointer(memory, 0))
+        return view
+
+    def host_views(self, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+        """(slot 0, slot 8) as one-element NumPy arrays of ``dtype``."""
+        views = self._host_views.get(dtype)
+        if views is None:
+            size = np.dtype(dtype).itemsize
+            views = self._host_views[dtype] = (self.host[:size].view(dtype), self.host[8 : 8 + size].view(dtype))
+        return views
+
+
+class _Staging:
+    """The :class:`_Slots` of each (device, stream), made on first use."""
+
+    _slots: dict[tuple[int, int], _Slots] = {}
+
+    @classmethod
+    def get(cls, device: int, stream: int) -> _Slots:
+        found = cls._slots.get((device, stream))
+        if found is None:
+            found = cls._slots[(device, stream)] = _Slots(device)
         return found
 
     @classmethod
     def slot(cls, plan: _Plan):
-        """The first slot as a 0-d CuPy array of the accumulator dtype on ``plan.device``.
-
-        Its memory is the pinned host slot, mapped into the device's address space: a kernel
-        that writes it stores the partial in host memory, readable once the stream is done.
-        """
+        """Slot 0 of the current stream of ``plan.device`` as the partial's 0-d CuPy array."""
         import cupy
 
         if cupy.cuda.runtime.getDevice() != plan.device:
             with cupy.cuda.Device(plan.device):
                 return cls.slot(plan)
-        acc = plan.static.acc
-        stream = cupy.cuda.get_current_stream().ptr
-        key = (plan.device, stream, acc)
-        view = cls._slots.get(key)
-        if view is None:
-            host, _, mapped = cls.get(plan.device, stream)
-            unowned = cupy.cuda.UnownedMemory(mapped, 8, host, plan.device)
-            view = cls._slots[key] = cupy.ndarray((), dtype=acc, memptr=cupy.cuda.MemoryPointer(unowned, 0))
-        return view
+        return cls.get(plan.device, cupy.cuda.get_current_stream().ptr).device_partial(plan.static.acc)
 
 
 def _to_host(partial, plan: _Plan) -> np.generic:
     """Bring a partial to host memory as a NumPy scalar: the one place that stages.
 
     For a CuPy partial: if the kernel did not write it into the pinned slot already
-    (:meth:`_Staging.slot`; it did unless ``dtype=`` was given), an asynchronous copy into
-    the slot on the current stream; then a wait for that stream, so that the kernel that wrote
-    the partial has finished.
+    (:meth:`_Slots.device_partial`; it did unless ``dtype=`` was given or the shard is empty),
+    an asynchronous copy into the slot on the current stream; then a wait for that stream, so
+    that the kernel that wrote the partial has finished.
     """
     if plan.on_gpu:
         import cupy
@@ -585,12 +600,12 @@ def _to_host(partial, plan: _Plan) -> np.generic:
             with cupy.cuda.Device(plan.device):
                 return _to_host(partial, plan)
         stream = cupy.cuda.get_current_stream()
-        host, ptr, mapped = _Staging.get(plan.device, stream.ptr)
-        size = partial.dtype.itemsize
-        if partial.data.ptr != mapped:
-            runtime.memcpyAsync(ptr, partial.data.ptr, size, runtime.memcpyDeviceToHost, stream.ptr)
+        slots = _Staging.get(plan.device, stream.ptr)
+        if partial.data.ptr != slots.mapped:
+            size = partial.dtype.itemsize
+            runtime.memcpyAsync(slots.ptr, partial.data.ptr, size, runtime.memcpyDeviceToHost, stream.ptr)
         stream.synchronize()
-        return host[:size].view(partial.dtype)[0]
+        return slots.host_views(partial.dtype)[0][0]
     _transport_counts["host"] += 1
     return partial
 
@@ -598,8 +613,8 @@ def _to_host(partial, plan: _Plan) -> np.generic:
 def _from_host(value: np.generic, plan: _Plan):
     """A 0-d CuPy array on the partial's device holding ``value`` bit for bit (a -0.0 stays).
 
-    Copied from the second pinned slot on the current stream, asynchronously: the slot is
-    written again only after the next :func:`_to_host` on this stream has waited for it.
+    Copied from slot 8 on the current stream, asynchronously: the slot is written again only
+    after the next :func:`_to_host` on this stream has waited for it.
     """
     import cupy
 
@@ -608,11 +623,11 @@ def _from_host(value: np.generic, plan: _Plan):
         with cupy.cuda.Device(plan.device):
             return _from_host(value, plan)
     stream = cupy.cuda.get_current_stream()
-    host, ptr, _ = _Staging.get(plan.device, stream.ptr)
-    size = value.dtype.itemsize
-    host[8 : 8 + size] = np.asarray(value).reshape(1).view(np.uint8)
-    out = cupy.empty((), dtype=value.dtype)
-    runtime.memcpyAsync(out.data.ptr, ptr + 8, size, runtime.memcpyHostToDevice, stream.ptr)
+    slots = _Staging.get(plan.device, stream.ptr)
+    dtype = value.dtype
+    slots.host_views(dtype)[1][0] = value
+    out = cupy.empty((), dtype=dtype)
+    runtime.memcpyAsync(out.data.ptr, slots.ptr + 8, dtype.itemsize, runtime.memcpyHostToDevice, stream.ptr)
     return out
 
 

@@ -6,7 +6,8 @@ after ``--timeout``). Each rank generates its shard of a global float32 array on
 element ``i`` a function of ``i`` alone (a hash of the index: random signs, exponents over 2^-24
 to 2^8, random mantissas), so that the global array is the same at every rank count and the
 sums cancel heavily. Per configuration (global ``n``) and op it times, with ``Barrier`` and a
-stream synchronization around each call, the maximum over ranks and the best of ``--repeat``:
+stream synchronization around each call, the maximum over ranks and the median of ``--repeat``
+calls (local and total interleaved):
 
 * ``local``: the rank's own reduction (``core.partial``, or ``core.partial(..., "mean")`` for
   stats, whose state comes to the host);
@@ -34,6 +35,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import sys
 import tempfile
 import time
@@ -73,7 +75,7 @@ def parse_args(argv=None):
     p.add_argument("--strong-n", type=int, default=2**32, help="float32 elements in total (strong)")
     p.add_argument("--ops", default=",".join(OPS))
     p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--repeat", type=int, default=15)
     p.add_argument("--timeout", type=float, default=420.0, help="seconds per mpiexec launch")
     p.add_argument(
         "--per-device", type=int, default=0, help="also time devices 1..N-1 alone (one rank each) at the weak size"
@@ -138,10 +140,12 @@ def worker(args) -> int:
             for _ in range(args.warmup):
                 local_fn(x)
                 result = total_fn(x)
-            local_runs = [timed(local_fn, x) for _ in range(args.repeat)]
-            total_runs = [timed(total_fn, x) for _ in range(args.repeat)]
-            local = min(max(run) for run in local_runs)
-            total = min(max(run) for run in total_runs)
+            local_runs, total_runs = [], []
+            for _ in range(args.repeat):  # interleaved, so that drift hits both alike
+                local_runs.append(timed(local_fn, x))
+                total_runs.append(timed(total_fn, x))
+            local = statistics.median(max(run) for run in local_runs)
+            total = statistics.median(max(run) for run in total_runs)
             result = total_fn(x)
             if op == "stats":
                 value = {f: float(getattr(result, f)) for f in STATS_FIELDS}
@@ -158,8 +162,10 @@ def worker(args) -> int:
                     "local_s": local,
                     "total_s": total,
                     "combine_s": total - local,
-                    "local_s_per_rank": [min(run[r] for run in local_runs) for r in range(size)],
-                    "total_s_per_rank": [min(run[r] for run in total_runs) for r in range(size)],
+                    "local_s_min": min(max(run) for run in local_runs),
+                    "total_s_min": min(max(run) for run in total_runs),
+                    "local_s_per_rank": [statistics.median(run[r] for run in local_runs) for r in range(size)],
+                    "total_s_per_rank": [statistics.median(run[r] for run in total_runs) for r in range(size)],
                     "value": value,
                     "bits": bits,
                 }
@@ -322,7 +328,8 @@ def driver(args) -> int:
         "host": platform.node(),
         "command": " ".join(sys.argv),
         "mpiexec_args": os.environ.get("MULTIREDUCE_MPIEXEC_ARGS", ""),
-        "timing": "Barrier + stream sync + MPI.Wtime around one call, max over ranks, best of repeat",
+        "timing": "Barrier + stream sync + MPI.Wtime around one call, max over ranks; median of repeat "
+        "(local and total interleaved); *_min: the best",
         "repeat": args.repeat,
         "weak_per_rank": args.weak_per_rank,
         "strong_n": strong,

@@ -121,6 +121,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=_int_list, default=None, help="Dask worker counts (default: as --ranks; CPU 1,2)")
     p.add_argument("--latency-ranks", type=_int_list, default=[1, 2, 4, 8, 16])
     p.add_argument("--ops", default="sum,max,min")
+    p.add_argument(
+        "--dask-stats",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also time multireduce.dask.stats in the dask part (default on)",
+    )
     p.add_argument("--dtype", default="float32")
     p.add_argument("--weak-per-rank", type=int, default=None, help="elements per rank or worker (weak scaling)")
     p.add_argument("--strong-n", type=int, default=None, help="total elements (strong scaling)")
@@ -613,7 +619,13 @@ def run_dask(args, common, backend) -> list[dict]:
     from distributed import Client, LocalCluster, wait
 
     import multireduce.dask  # noqa: F401  (registers x.treereduce)
-    from multireduce.dask import treereduce
+    from multireduce.dask import stats, treereduce
+
+    def reduce_once(x, op):
+        return stats(x).compute() if op == "stats" else treereduce(x, op).compute()
+
+    def as_float(value):
+        return float(value.get()) if hasattr(value, "get") else float(value)
 
     records = []
     for workers in args.workers:
@@ -645,15 +657,23 @@ def run_dask(args, common, backend) -> list[dict]:
                     copy_s = time.perf_counter() - t
                     del x
                     x = dev
-                for op in args.ops:
+                for op in [*args.ops, *(["stats"] if args.dask_stats else [])]:
                     for _ in range(args.warmup):
-                        treereduce(x, op).compute()
+                        reduce_once(x, op)
                     times, value = [], None
                     for _ in range(args.repeat):
                         t = time.perf_counter()
-                        value = treereduce(x, op).compute()
+                        value = reduce_once(x, op)
                         times.append(time.perf_counter() - t)
-                    value = float(value.get()) if hasattr(value, "get") else float(value)
+                    if op == "stats":  # every field that has an exact integer reference
+                        fields = {f: as_float(getattr(value, f)) for f in ("count", "sum", "min", "max")}
+                        correct = fields["count"] == n and all(
+                            result_matches(fields[f], f, n, 1, args.dtype) for f in ("sum", "min", "max")
+                        )
+                        value = fields["sum"]
+                    else:
+                        value = as_float(value)
+                        correct = result_matches(value, op, n, 1, args.dtype)
                     reduce_s = statistics.median(times)
                     nbytes = n * np.dtype(args.dtype).itemsize
                     records.append(
@@ -678,9 +698,10 @@ def run_dask(args, common, backend) -> list[dict]:
                             "reduce_s_min": min(times),
                             "reduce_gbps": nbytes / reduce_s / 1e9,
                             "copy_gbps": nbytes / copy_s / 1e9 if copy_s else None,
-                            "result": value,
-                            "correct": result_matches(value, op, n, 1, args.dtype),
-                            "timing": "wall time of treereduce(x, op).compute() on persisted chunks; "
+                            "result": value,  # for stats: its sum field
+                            "correct": correct,
+                            "timing": "wall time of treereduce(x, op).compute() (stats: "
+                            "multireduce.dask.stats(x).compute()) on persisted chunks; "
                             "median of --repeat; "
                             "kernel and combine are not separable under Dask",
                         }
@@ -699,7 +720,13 @@ def _dask_task_overhead(args, common, client, workers, backend) -> dict:
     import dask.array as da
     from distributed import wait
 
-    from multireduce.dask import treereduce
+    from multireduce.dask import stats, treereduce
+
+    def reduce_once(x, op):
+        return stats(x).compute() if op == "stats" else treereduce(x, op).compute()
+
+    def as_float(value):
+        return float(value.get()) if hasattr(value, "get") else float(value)
 
     points = []
     for nchunks in (4, 16, 64, 256):

@@ -14,6 +14,9 @@ GPU followed by a stream synchronization:
 ``upload writevalue``  the same with the driver's ``cuStreamWriteValue64`` (where it runs)
 ``allreduce OP``       ``multireduce.mpi.allreduce(x, OP)``
 ``allreduce OP (d2h)`` the same with the partial copied, as before the kernel wrote host memory
+``local mean (state)`` ``core.partial(x, "mean")``: the moments kernel, its state on the host
+``stats``              ``multireduce.mpi.stats(x)``
+``allreduce mean``     ``multireduce.mpi.allreduce(x, "mean")``
 ``Allreduce 8B/72B``   ``comm.Allreduce`` of a host buffer alone (MPI's floor)
 
 Run with ``mpirun -n 1|2 python scripts/profile_mpi.py --output FILE.json``.
@@ -50,7 +53,7 @@ def main() -> int:
     x = cupy.arange(1, dtype=np.float32) + 1
     plan, _ = mpi._plan(x, "sum", None)
     slot = mpi._Staging.slot(plan)
-    host, hptr, _ = mpi._Staging.get(device, stream.ptr)
+    hptr = mpi._Staging.get(device, stream.ptr).ptr
     value = np.float32(1.0)
     page = np.zeros(1, dtype=np.float64)
 
@@ -142,6 +145,18 @@ def main() -> int:
                 mpi._local_partial = old_local
 
         cases[f"allreduce {op} (d2h)"] = call_old
+
+    def stats_call():
+        mpi.stats(x)
+        stream.synchronize()
+
+    def mean_call():
+        mpi.allreduce(x, "mean")
+        stream.synchronize()
+
+    cases["local mean (state)"] = lambda: core.partial(x, "mean")
+    cases["stats"] = stats_call
+    cases["allreduce mean"] = mean_call
     buf8, buf72 = np.zeros(1), np.zeros(9, dtype=np.int64)
     cases["Allreduce 8B"] = lambda: comm.Allreduce(MPI.IN_PLACE, buf8, op=MPI.SUM)
     cases["Allreduce 72B"] = lambda: comm.Allreduce(MPI.IN_PLACE, buf72, op=MPI.MAX)
@@ -159,17 +174,19 @@ def main() -> int:
         import io
         import pstats
 
-        prof = cProfile.Profile()
-        prof.enable()
-        for _ in range(args.inner):
-            cases["allreduce sum"]()
-        prof.disable()
-        text = io.StringIO()
-        pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(25)
-        profile_text = text.getvalue()
+        for name in ("allreduce sum", "stats"):
+            prof = cProfile.Profile()
+            prof.enable()
+            for _ in range(args.inner):
+                cases[name]()
+            prof.disable()
+            text = io.StringIO()
+            pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(20)
+            profile_text += f"--- cProfile: {name}\n" + text.getvalue()
     else:
-        for _ in range(args.inner):
-            cases["allreduce sum"]()
+        for name in ("allreduce sum", "stats"):
+            for _ in range(args.inner):
+                cases[name]()
     if rank == 0:
         gpu = runtime.getDeviceProperties(device)["name"]
         gpu = gpu.decode() if isinstance(gpu, bytes) else gpu
