@@ -15,7 +15,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -392,7 +392,8 @@ def stats(x_local: Any, *, comm=None, correction: float = 0.0) -> _stats.Stats:
     -------
     multireduce.Stats
         The same on every rank: NumPy scalars, or 0-d CuPy arrays on the shard's device for a
-        CuPy shard (as :func:`multireduce.stats`).
+        CuPy shard (as :func:`multireduce.stats`; the merged state is finalized there by the
+        same kernel).
 
     Raises
     ------
@@ -414,15 +415,14 @@ def stats(x_local: Any, *, comm=None, correction: float = 0.0) -> _stats.Stats:
     if error is not None:
         return _combine(comm, plan, None, error)
     merged = _combine_states(comm, plan, state, correction, finalize=False, stats=True)
-    result = _stats.finalize_stats(merged, plan.static.in_dtype, correction)
     if not plan.on_gpu:
-        return result
+        return _stats.finalize_stats(merged, plan.static.in_dtype, correction)
     import cupy
 
-    from ._backend import cupy as gpu
+    from ._backend import _cupy_stats
 
-    with cupy.cuda.Device(plan.device):  # the seven fields in one copy
-        return _stats.Stats(*gpu.from_host_many([getattr(result, f.name) for f in fields(result)]))
+    with cupy.cuda.Device(plan.device):  # the merged state up in one copy, finalized there
+        return _cupy_stats.finalize_state(merged, plan.static.in_dtype, correction)
 
 
 def _combine_states(comm, plan: _Plan, state, correction: float, *, finalize: bool = True, stats: bool = False):
@@ -481,10 +481,11 @@ def _on_device(value: np.generic, plan: _Plan):
         return value
     import cupy
 
-    from ._backend import cupy as gpu
-
     with cupy.cuda.Device(plan.device):
-        return gpu.from_host(value, value.dtype)
+        # The result slot is rewritten only once the copy of the last result from it is done
+        # (an empty shard's state involved no wait on the stream).
+        cupy.cuda.get_current_stream().synchronize()
+        return _from_host(value, plan)
 
 
 def _timed_allreduce(x_local: Any, op: str | Op, comm=None) -> tuple[Any, float, float]:

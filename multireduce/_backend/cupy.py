@@ -206,25 +206,6 @@ def from_host(value, dtype: np.dtype) -> cupy.ndarray:
     return cupy.asarray(np.ascontiguousarray(value))
 
 
-def from_host_many(values) -> list[cupy.ndarray]:
-    """NumPy scalars as 0-d CuPy arrays on the current device, bit for bit, in one copy.
-
-    Each result is a view of its own 8-byte-aligned slot in one device buffer (one
-    host-to-device transfer instead of one per value: a fused stats result has seven).
-    """
-    values = [np.asarray(v) for v in values]
-    offsets, size = [], 0
-    for v in values:
-        offsets.append(size)
-        size += -(-v.dtype.itemsize // 8) * 8
-    host = np.zeros(size, dtype=np.uint8)
-    for v, off in zip(values, offsets, strict=True):
-        host[off : off + v.dtype.itemsize] = v.reshape(1).view(np.uint8)
-    device = cupy.asarray(host)
-    pairs = zip(values, offsets, strict=True)
-    return [device[off : off + v.dtype.itemsize].view(v.dtype).reshape(()) for v, off in pairs]
-
-
 def _missing(what: str) -> NotImplementedError:
     return NotImplementedError(
         f"{what} on CuPy arrays needs a multireduce GPU kernel that does not exist yet. The GPU "

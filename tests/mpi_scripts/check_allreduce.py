@@ -276,6 +276,16 @@ def check_stats() -> None:
     h[3] = np.nan
     s = host_stats(mpi.stats(to_device(h[mpi.shard(h.size)])))
     assert s.count == 7 and s.nan_count == 1 and math.isnan(s.sum) and math.isnan(s.max) and math.isnan(s.var)
+    for dtype in (np.int16, np.uint8, np.bool_, np.float16):  # the merged state's finalize per dtype
+        h = (np.arange(-5, 30) % 7).astype(dtype)
+        s = host_stats(mpi.stats(to_device(h[mpi.shard(h.size)]), correction=1))
+        ref = multireduce.stats(h, correction=1)
+        for f in STATS_FIELDS:
+            got, want = np.asarray(getattr(s, f)), np.asarray(getattr(ref, f))
+            assert got.dtype == want.dtype, (dtype, f, got.dtype, want.dtype)
+            assert bits_equal(got[()], want[()], want.dtype) or abs(float(got) - float(want)) <= 1e-12 * abs(
+                float(want)
+            ), (dtype, f, got, want)
     expect_everywhere(lambda: mpi.stats(to_device(np.zeros(0))), ValueError, "zero-size array to stats")
 
 
