@@ -51,9 +51,10 @@ def plot_time(doc: dict, plt, out: Path) -> Path:
     for col, scaling in enumerate(("weak", "strong")):
         for op in ops:
             x, t = series(recs, "mpi", scaling, op, "reduce_s")
-            axes[0][col].plot(x, [v * 1e3 for v in t], "o-", label=f"MPI {op}")
-            x, e = series(recs, "mpi", scaling, op, "efficiency")
-            axes[1][col].plot(x, e, "o-", label=f"MPI {op}")
+            if x:  # the Dask part also has stats, the MPI part (the CLI's ops) does not
+                axes[0][col].plot(x, [v * 1e3 for v in t], "o-", label=f"MPI {op}")
+                x, e = series(recs, "mpi", scaling, op, "efficiency")
+                axes[1][col].plot(x, e, "o-", label=f"MPI {op}")
             x, t = series(recs, "dask", scaling, op, "reduce_s")
             if x:
                 axes[0][col].plot(x, [v * 1e3 for v in t], "s--", label=f"Dask {op}")
