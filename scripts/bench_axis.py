@@ -278,9 +278,26 @@ def main(argv=None) -> int:
         repro["wide_2_24_us"] = timed(timer, lambda: mr.sum(w, reproducible=True), opts)["median_us"]
         repro["fast_2_24_us"] = timed(timer, lambda: mr.sum(w), opts)["median_us"]
         del w, y
+        # Random signs and exponents over 33 binades (2^-24 .. 2^8): wider than one thread's
+        # window (20), inside the window and the low window below it (20 + 19).
+        rs = cp.random.RandomState(5)
+        s33 = (1 + rs.random_sample(n, dtype=cp.float32)) * cp.exp2(rs.randint(-24, 9, size=n).astype(cp.float32))
+        s33 *= cp.where(rs.random_sample(n, dtype=cp.float32) < 0.5, cp.float32(-1), cp.float32(1))
+        repro["spread33_us"] = timed(timer, lambda: mr.sum(s33, reproducible=True), opts)["median_us"]
+        repro["spread33_fast_us"] = timed(timer, lambda: mr.sum(s33), opts)["median_us"]
+        head33 = s33[: 1 << 24]
+        repro["spread33_bits_ok"] = bool(
+            mr.sum(head33, reproducible=True).get().tobytes()
+            == np.asarray(mr.sum(head33.get(), reproducible=True)).tobytes()
+        )
+        del s33, head33
+        if not repro["spread33_bits_ok"]:
+            failures.append("reproducible sum of the 33-binade spread: GPU bits differ from the CPU's")
         bk.say(
             f"reproducible sum, normal 2^{n.bit_length() - 1}: {repro['normal_us']:.1f} us; +-1e+-30 mix 2^24: "
-            f"{repro['wide_2_24_us']:.1f} us (fast {repro['fast_2_24_us']:.1f} us)"
+            f"{repro['wide_2_24_us']:.1f} us (fast {repro['fast_2_24_us']:.1f} us); 33-binade spread "
+            f"2^{n.bit_length() - 1}: {repro['spread33_us']:.1f} us (fast {repro['spread33_fast_us']:.1f} us), "
+            f"GPU == CPU bits (2^24 head): {repro['spread33_bits_ok']}"
         )
         bk.say(
             f"reproducible sum 2^{n.bit_length() - 1} float32: {slow['median_us']:.1f} us vs fast "

@@ -164,6 +164,33 @@ def test_gpu_float32_subnormals_are_exact(case, on_device):
     assert gpu.exact_sum(dev).value() == _exact.exact_sum(host).value()
 
 
+def spread_float32(n: int, binades: int, rng) -> np.ndarray:
+    """Random signs and mantissas, exponents uniform over ``binades`` binades (2**-20 and up)."""
+    exponents = rng.integers(-20, -20 + binades, size=n)
+    return (rng.choice([-1.0, 1.0], size=n) * (1 + rng.random(n)) * np.exp2(exponents)).astype(np.float32)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("binades", [5, 19, 21, 33, 39, 40, 45, 70])
+@pytest.mark.parametrize("n", [33, 4099, 1_000_003])
+def test_gpu_exact_across_dynamic_ranges(n, binades):
+    """Data inside one thread's window (20 exponents), inside its low window too (39), and beyond
+    (the slots' atomics): every path must give the exact sum, bit for bit."""
+    cupy = pytest.importorskip("cupy")
+    from multireduce import _exact
+    from multireduce._backend import cupy as gpu
+
+    host = spread_float32(n, binades, np.random.default_rng(binades * 7919 + n))
+    if n > 4099:
+        host[::4096] *= np.float32(2.0**40)  # windows move up mid-stream, after folds
+    dev = cupy.asarray(host)
+    assert gpu.exact_sum(dev).value() == _exact.exact_sum(host).value()
+    # Fractions for the small sizes; the CPU's exact accumulator (checked against Fractions in
+    # test_exact.py) for the large one.
+    want = correctly_rounded(fraction_sum(host), np.float32) if n <= 4099 else _exact.exact_sum(host).result(np.float32)
+    assert_bits(multireduce.sum(dev, reproducible=True).get()[()], want)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", FLOATS)
 def test_device_rounding_matches_the_host(dtype):

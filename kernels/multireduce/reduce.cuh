@@ -400,8 +400,11 @@ reduce_cols_kernel(const T* __restrict__ in, long long outer, long long R, long 
 // EXACT_FOLD elements the float64 sums are folded (exactly) into an int64 count of u, and
 // every EXACT_FLUSHES folds that goes to the block's limbs in shared memory with three
 // integer atomics. An element above the window moves the window up (after a fold and a
-// flush); an element below it (more than 2**17 times smaller than the largest of the
-// thread's window), subnormals, NaN and infinities go straight to the block's slots.
+// flush). Below the window is a *low window* of EXACT_LOW_WINDOW more exponents with one
+// float64 sum of its own, folded and flushed with the window's (an element there costs a
+// compare more than one in the window). Elements below both (more than about 2**36 times
+// smaller than the largest of the thread's window), subnormals, NaN and infinities go
+// straight to the block's slots.
 // Subnormals never take the float path: CuPy compiles every kernel with -ftz=true, under
 // which a float32 subnormal compares and converts as zero, so the window tests use the
 // bits (integer compares) and a subnormal's digits go to the slots as integers. Zeros always
@@ -418,10 +421,14 @@ constexpr int EXACT_LIMBS = 70;
 constexpr int EXACT_SLOTS = EXACT_LIMBS + 3;  // limbs, then NaN, +inf, -inf counts
 constexpr int EXACT_WINDOW = 20;    // float32 exponents one window spans
 constexpr int EXACT_HEADROOM = 2;   // exponents kept free above a new window's first element
+constexpr int EXACT_LOW_WINDOW = 19;  // float32 exponents the low window spans, just below the window
 constexpr int EXACT_FOLD = 1024;    // elements per thread between folds (two float64 sums)
 constexpr int EXACT_FLUSHES = 64;   // folds between flushes of the int64 to shared memory
 // A float64 sum of fewer than 2**10 elements below 2**(EXACT_WINDOW + 23) u stays below 2**53 u.
 static_assert(EXACT_WINDOW + 23 + 10 <= 53, "the float64 window sums must stay exact");
+// The low window has one float64 sum, which may take every element between two folds: fewer
+// than EXACT_FOLD + 32 (one unrolled trip of the loop) < 2**11 elements below 2**(19 + 23) u.
+static_assert(EXACT_LOW_WINDOW + 23 + 11 <= 53, "the float64 low-window sum must stay exact");
 // Each fold adds less than 4 * 2**53 u to the int64; EXACT_FLUSHES folds stay below 2**62.
 static_assert(55 + 6 + 1 <= 62, "the int64 window sum must not overflow");
 
@@ -477,7 +484,16 @@ struct ExactWindow {
     // The bits of 2**a and of 2**(a + EXACT_WINDOW) (or of +inf): the window holds the x with
     // lo <= bits(|x|) < hi, normal numbers only. hi = 0: no window yet.
     unsigned int lo = 0u, hi = 0u;
+    // The low window, just below: 2**a_low <= |x| < 2**a with a_low = max(a - EXACT_LOW_WINDOW,
+    // -126) (derived from a where needed, which keeps registers for occupancy), normal numbers
+    // only, one float64 sum in units u_low = 2**(a_low - 23). Elements there would otherwise
+    // take the slots' atomics: with it, data spread over EXACT_WINDOW + EXACT_LOW_WINDOW
+    // exponents stays off the slots.
+    double low = 0.0;
+    long long folded_low = 0;
     int since_fold = 0, folds = 0;
+
+    __device__ __forceinline__ int a_low() const { return a - EXACT_LOW_WINDOW < -126 ? -126 : a - EXACT_LOW_WINDOW; }
 
     __device__ __forceinline__ void fold() {
         const double inv_u = __longlong_as_double(static_cast<long long>(1023 + 23 - a) << 52);  // 2**(23 - a)
@@ -486,6 +502,9 @@ struct ExactWindow {
             folded += __double2ll_rn(sum[k] * inv_u);  // an exact integer
             sum[k] = 0.0;
         }
+        const double inv_u_low = __longlong_as_double(static_cast<long long>(1023 + 23 - a_low()) << 52);
+        folded_low += __double2ll_rn(low * inv_u_low);  // an exact integer
+        low = 0.0;
         since_fold = 0;
         ++folds;
     }
@@ -493,7 +512,9 @@ struct ExactWindow {
     __device__ __forceinline__ void flush(unsigned long long* slots) {
         fold();
         exact_add_scaled(slots, folded, a + 1051);  // u = 2**(a - 23) = 2**((a + 1051) - 1074)
+        exact_add_scaled(slots, folded_low, a_low() + 1051);
         folded = 0;
+        folded_low = 0;
         folds = 0;
     }
 
@@ -526,8 +547,12 @@ struct ExactWindow {
         }
         if (e != 0) m |= 1ll << 23;
         if (m == 0) return;  // +-0.0 before the first window
-        if (e == 0 || (bits & 0x7FFFFFFFu) < hi) {  // subnormal or below the window: x = m * 2**(max(e, 1) - 150)
-            exact_add_scaled(slots, negative ? -m : m, (e == 0 ? 1 : e) + 924);
+        if (e == 0 || (bits & 0x7FFFFFFFu) < hi) {  // subnormal or below the window
+            if (e != 0 && e - 127 >= a_low()) {  // in the low window: exact, x normal
+                low += static_cast<double>(x);
+                return;
+            }
+            exact_add_scaled(slots, negative ? -m : m, (e == 0 ? 1 : e) + 924);  // x = m * 2**(max(e, 1) - 150)
             return;
         }
         // Above the window (or no window yet): move it up so that x lies near its top.
