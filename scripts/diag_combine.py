@@ -78,7 +78,8 @@ def main() -> int:
             one(x, idle)
         samples = [one(x, idle) for _ in range(args.repeat)]
         med = [statistics.median(s[i] for s in samples) for i in range(len(PIECES))]
-        worst = comm.allreduce(np.array(med), op=MPI.MAX)
+        worst = np.array(med)
+        comm.Allreduce(MPI.IN_PLACE, worst, op=MPI.MAX)
         per_rank = comm.gather(med, root=0)
         label = f"idle 1 ms, n {n}" if idle else f"n {n}"
         rows.append((label, worst, per_rank))
