@@ -314,7 +314,9 @@ def allreduce(
     (IEEE 754-2019) whatever the order in which MPI combines ranks; see
     :mod:`multireduce._transport`. GPU partials are handed to MPI as device buffers (after a
     stream synchronization) if :func:`cuda_aware` says so, and staged through host memory
-    otherwise; :func:`transport_counts` records which.
+    otherwise (the reduction kernel writes the partial straight into pinned, device-mapped
+    host memory; only ``dtype=`` partials and empty shards are copied there);
+    :func:`transport_counts` records which.
 
     Examples
     --------
@@ -732,9 +734,9 @@ def _combine_on_device(comm, plan: _Plan, partial):
 def transport_counts() -> dict[str, int]:
     """How many combines on this rank moved their partial which way, since import.
 
-    Keys: ``"host"`` (NumPy partials), ``"staged"`` (CuPy partials copied through host
-    memory because MPI is not CUDA-aware), ``"device"`` (CuPy buffers handed to MPI). Not
-    collective.
+    Keys: ``"host"`` (NumPy partials), ``"staged"`` (CuPy partials that went through pinned
+    host memory because MPI is not CUDA-aware: written there by the kernel, or copied),
+    ``"device"`` (CuPy buffers handed to MPI). Not collective.
     """
     return dict(_transport_counts)
 
