@@ -15,7 +15,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -394,7 +394,8 @@ def stats(x_local: Any, *, comm=None, correction: float = 0.0) -> _stats.Stats:
     -------
     multireduce.Stats
         The same on every rank: NumPy scalars, or 0-d CuPy arrays on the shard's device for a
-        CuPy shard (as :func:`multireduce.stats`).
+        CuPy shard (as :func:`multireduce.stats`; the merged state is finalized there by the
+        same kernel).
 
     Raises
     ------
@@ -416,10 +417,14 @@ def stats(x_local: Any, *, comm=None, correction: float = 0.0) -> _stats.Stats:
     if error is not None:
         return _combine(comm, plan, None, error)
     merged = _combine_states(comm, plan, state, correction, finalize=False, stats=True)
-    result = _stats.finalize_stats(merged, plan.static.in_dtype, correction)
     if not plan.on_gpu:
-        return result
-    return _stats.Stats(*_fields_on_device([getattr(result, f.name) for f in fields(result)], plan))
+        return _stats.finalize_stats(merged, plan.static.in_dtype, correction)
+    import cupy
+
+    from ._backend import _cupy_stats
+
+    with cupy.cuda.Device(plan.device):  # the merged state up in one copy, finalized there
+        return _cupy_stats.finalize_state(merged, plan.static.in_dtype, correction)
 
 
 def _combine_states(comm, plan: _Plan, state, correction: float, *, finalize: bool = True, stats: bool = False):
@@ -438,9 +443,11 @@ def _combine_states(comm, plan: _Plan, state, correction: float, *, finalize: bo
         exc = _stats.empty_stats_error() if stats else st.op.empty_error()
         raise _mark(exc, dict.fromkeys(range(comm.Get_size()), _describe(exc)))
     _transport_counts["host"] += 1
-    gathered = _allgather_state(comm, state, _wire_layout(st.op.kind, st.in_dtype), plan.count)
+    # One layout on every rank (an empty shard's arg state holds an int64 placeholder value).
+    layout = (_stats.moments_dtype if st.op.kind == "moments" else _stats.arg_dtype)(st.in_dtype)
+    gathered = _allgather_state(comm, _stats.to_structured(state).astype(layout), plan.count)
     if st.op.kind == "moments":
-        merged = _stats.merge_all([s for s, _ in gathered])
+        merged = _stats.merge_all([_stats.moments_from_structured(s) for s, _ in gathered])
         if not finalize:
             return merged
         return _on_device(_stats.finalize_moments(merged, st.op, st.result, correction), plan)
@@ -448,64 +455,26 @@ def _combine_states(comm, plan: _Plan, state, correction: float, *, finalize: bo
     # number of elements on the ranks before it (shards concatenate in rank order).
     states = []
     offset = 0
-    for s, count in gathered:
+    for structured, count in gathered:
+        s = _stats.arg_from_structured(structured)
         states.append(_stats.ArgState(s.value, np.where(s.index >= 0, s.index + np.int64(offset), s.index)))
         offset += count
     return _on_device(_stats.arg_finalize(_stats.arg_merge_all(states, largest=st.op.name == "argmax"), st.op), plan)
 
 
-@functools.lru_cache(maxsize=64)
-def _wire_layout(kind: str, in_dtype: np.dtype) -> np.dtype:
-    """How a rank's 0-d moments or arg state and its element count travel: one record.
+def _allgather_state(comm, structured: np.ndarray, count: int) -> list[tuple[np.ndarray, int]]:
+    """Every rank's (0-d structured state, element count), in rank order.
 
-    The same on every rank for the same input dtype (the agreement checked that), also for an
-    empty shard, whose arg state holds an int64 placeholder value.
+    The states travel as raw bytes in one ``Allgather`` (the dtype agreement before it makes
+    every rank's layout the same), never pickled.
     """
-    state = (_stats.moments_dtype if kind == "moments" else _stats.arg_dtype)(in_dtype)
-    return np.dtype([*((name, state.fields[name][0]) for name in state.names), ("count", np.int64)])
-
-
-def _allgather_state(comm, state, layout: np.dtype, count: int) -> list[tuple[Any, int]]:
-    """Every rank's (0-d state, element count), in rank order: raw bytes in one ``Allgather``.
-
-    The states come back as the same dataclass, with 0-d NumPy array fields; never pickled.
-    """
-    mine = np.empty((), dtype=layout)
-    names = layout.names[:-1]
-    for name in names:
-        mine[name] = getattr(state, name)
-    mine["count"] = count
-    every = np.empty(comm.Get_size(), dtype=layout)
-    comm.Allgather(mine.reshape(1).view(np.uint8), every.view(np.uint8))
-    cls = type(state)
-    # 0-d arrays, not scalars: integer sums of states wrap silently, as NumPy's sums do.
-    return [(cls(*(np.array(row[name]) for name in names)), int(row["count"])) for row in every]
-
-
-def _fields_on_device(values: list[np.generic], plan: _Plan) -> list[Any]:
-    """Host scalars as 0-d CuPy arrays on ``plan.device``, bit for bit, in one copy.
-
-    They go through the pinned slots into one device buffer; each result is a 0-d array over
-    its own 8 bytes of it (a stats result has seven fields: one copy instead of seven).
-    """
-    import cupy
-
-    with cupy.cuda.Device(plan.device):
-        runtime = cupy.cuda.runtime
-        stream = cupy.cuda.get_current_stream()
-        slots = _Staging.get(plan.device, stream.ptr)
-        # The region is rewritten only once the last copy out of it is done (an empty shard's
-        # state involved no wait on the stream).
-        stream.synchronize()
-        size = 8 * len(values)
-        if size > slots.many_bytes:
-            raise ValueError(f"{len(values)} values do not fit the {slots.many_bytes}-byte staging region")
-        for i, v in enumerate(values):
-            raw = np.asarray(v).reshape(1).view(np.uint8)
-            slots.host[slots.MANY + 8 * i : slots.MANY + 8 * i + raw.size] = raw
-        buffer = cupy.empty(size, dtype=np.uint8)
-        runtime.memcpyAsync(buffer.data.ptr, slots.ptr + slots.MANY, size, runtime.memcpyHostToDevice, stream.ptr)
-        return [cupy.ndarray((), dtype=np.asarray(v).dtype, memptr=buffer.data + 8 * i) for i, v in enumerate(values)]
+    size = structured.dtype.itemsize
+    mine = np.empty(size + 8, dtype=np.uint8)
+    mine[:size] = np.ascontiguousarray(structured).reshape(1).view(np.uint8)
+    mine[size:] = np.array([count], dtype=np.int64).view(np.uint8)
+    every = np.empty((comm.Get_size(), size + 8), dtype=np.uint8)
+    comm.Allgather(mine, every)
+    return [(row[:size].view(structured.dtype).reshape(()).copy(), int(row[size:].view(np.int64)[0])) for row in every]
 
 
 def _on_device(value: np.generic, plan: _Plan):
@@ -553,27 +522,22 @@ def _timed_allreduce(x_local: Any, op: str | Op, comm=None) -> tuple[Any, float,
 
 
 class _Slots:
-    """Pinned, device-mapped host memory for one (device, stream): two 8-byte slots and a region.
+    """Two 8-byte slots of pinned, device-mapped host memory for one (device, stream).
 
     Slot 0 takes the partial going to MPI: the reduction kernel writes it there directly
     (:meth:`device_partial`), or, for a partial made elsewhere, an asynchronous copy does.
-    Slot 8 holds the result on its way back to the device, and bytes ``MANY`` on hold several
-    results (:func:`_fields_on_device`). Nothing is allocated per call; the views per dtype
-    are made once.
+    Slot 8 holds the result on its way back to the device. Nothing is allocated per call;
+    the views per dtype are made once.
     """
-
-    MANY = 16
-    many_bytes = 64
 
     def __init__(self, device: int):
         import cupy
 
         runtime = cupy.cuda.runtime
         flags = runtime.hostAllocPortable | runtime.hostAllocMapped
-        nbytes = self.MANY + self.many_bytes
-        memory = cupy.cuda.PinnedMemoryPointer(cupy.cuda.PinnedMemory(nbytes, flags), 0)
+        memory = cupy.cuda.PinnedMemoryPointer(cupy.cuda.PinnedMemory(16, flags), 0)
         self.device = device
-        self.host = np.frombuffer(memory, dtype=np.uint8, count=nbytes)  # holds a reference to memory
+        self.host = np.frombuffer(memory, dtype=np.uint8, count=16)  # holds a reference to memory
         self.ptr = self.host.ctypes.data
         # Under unified addressing this is the host address itself; asked, not assumed.
         self.mapped = runtime.pointerGetAttributes(self.ptr).devicePointer

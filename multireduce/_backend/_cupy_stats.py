@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+from dataclasses import fields
 
 import cupy
 import numpy as np
@@ -25,7 +26,7 @@ from .._axes import axis_layout
 from ..ops import OPS, Op
 from .cupy import _MAX_GRID_Y, _dense_base, _kernel, _missing
 
-__all__ = ["arg", "launch_moments", "moments", "state_dtype", "stats"]
+__all__ = ["arg", "finalize_state", "launch_moments", "moments", "state_dtype", "stats"]
 
 _log = logging.getLogger("multireduce")
 _BLOCK = _kernels.STATS_BLOCK
@@ -184,6 +185,24 @@ def stats(x: cupy.ndarray, axes: tuple[int, ...], correction: float) -> _stats.S
         grid = min(max_grid, -(-rows // _FINALIZE_BLOCK))
         kernel((grid,), (_FINALIZE_BLOCK,), (states, np.int64(rows), np.float64(correction), *fields))
     return _stats.Stats(*fields)
+
+
+def finalize_state(state: _stats.Moments, dtype: np.dtype, correction: float) -> _stats.Stats:
+    """:func:`multireduce._stats.finalize_stats` of a 0-d host state, on the current device.
+
+    The state goes up as one kernel record (one copy) and ``stats_finalize_kernel`` writes
+    the seven fields, by the same rules as for :func:`stats` (the MPI layer's merged state).
+    """
+    dtype = np.dtype(dtype)
+    sdt = state_dtype(dtype)
+    record = np.zeros(1, dtype=sdt)
+    for name, f in zip(sdt.names, fields(_stats.Moments), strict=True):
+        record[name] = getattr(state, f.name)
+    states = cupy.asarray(record.view(np.uint8))
+    out = tuple(cupy.empty((), dtype=dt) for dt in _stats_dtypes(dtype))
+    kernel, _ = _kernel(cupy.cuda.runtime.getDevice(), _kernels.stats_finalize_kernel_name(dtype), _FINALIZE_BLOCK)
+    kernel((1,), (_FINALIZE_BLOCK,), (states, np.int64(1), np.float64(correction), *out))
+    return _stats.Stats(*out)
 
 
 def arg(x: cupy.ndarray, axis: int | None, op: Op) -> _stats.ArgState:
