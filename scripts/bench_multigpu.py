@@ -81,6 +81,7 @@ def parse_args(argv=None):
         "--per-device", type=int, default=0, help="also time devices 1..N-1 alone (one rank each) at the weak size"
     )
     p.add_argument("--output", type=Path, default=None)
+    p.add_argument("--cpu", action="store_true", help="NumPy shards on the CPU (tests the script without a GPU)")
     p.add_argument("--worker", type=Path, default=None, help=argparse.SUPPRESS)
     p.add_argument("--sizes", type=_int_list, default=None, help=argparse.SUPPRESS)
     return p.parse_args(argv)
@@ -95,26 +96,87 @@ def _bits(value) -> str:
     return arr.reshape(1).view(f"u{arr.dtype.itemsize}")[0].item().to_bytes(arr.dtype.itemsize, "big").hex()
 
 
-def worker(args) -> int:
-    import cupy
+def generate_host(base: int, n: int) -> np.ndarray:
+    """Elements ``base .. base + n - 1`` of the global array, on the host: the same bits as
+    the GPU generator (``_GENERATE``), in NumPy's wrapping uint64 arithmetic."""
+    z = np.arange(base, base + n, dtype=np.uint64)
+    z = z * np.uint64(0x9E3779B97F4A7C15) + np.uint64(0x632BE59BD9B4E019)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    z ^= z >> np.uint64(31)
+    e = np.uint64(127 - 24) + (z >> np.uint64(32)) % np.uint64(33)
+    bits = ((z >> np.uint64(63)) << np.uint64(31)) | (e << np.uint64(23)) | (z & np.uint64(0x7FFFFF))
+    return bits.astype(np.uint32).view(np.float32)
 
+
+class _Host:
+    """The CPU stand-in for the GPU pieces of the worker (``--cpu``)."""
+
+    def __init__(self):
+        self.device = None
+
+    def synchronize(self):
+        pass
+
+    def shard(self, begin: int, end: int) -> np.ndarray:
+        return generate_host(begin, end - begin)
+
+    def free(self):
+        pass
+
+    def describe(self) -> tuple[str, int]:
+        return "cpu", 0
+
+
+class _Gpu:
+    def __init__(self, mpi, comm):
+        import cupy
+
+        self.cupy = cupy
+        self.device = mpi.select_device(comm)
+        self.generate = cupy.ElementwiseKernel("int64 base", "float32 y", _GENERATE, "multireduce_bench_generate")
+        self.stream = cupy.cuda.get_current_stream()
+
+    def synchronize(self):
+        self.stream.synchronize()
+
+    def shard(self, begin: int, end: int):
+        x = self.cupy.empty(end - begin, dtype=np.float32)
+        step = 1 << 28
+        for s in range(0, x.size, step):
+            self.generate(np.int64(begin + s), x[s : s + step])
+        self.stream.synchronize()
+        return x
+
+    def free(self):
+        self.cupy.get_default_memory_pool().free_all_blocks()
+
+    def describe(self) -> tuple[str, int]:
+        runtime = self.cupy.cuda.runtime
+        name = runtime.getDeviceProperties(self.device)["name"]
+        return (name.decode() if isinstance(name, bytes) else str(name)), runtime.getDeviceCount()
+
+
+def _host_values(value) -> np.ndarray:
+    return value.get() if hasattr(value, "get") else np.asarray(value)
+
+
+def worker(args) -> int:
     from multireduce import core, mpi
     from multireduce.mpi import MPI
 
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
-    device = mpi.select_device(comm)
-    generate = cupy.ElementwiseKernel("int64 base", "float32 y", _GENERATE, "multireduce_bench_generate")
-    stream = cupy.cuda.get_current_stream()
+    backend = _Host() if args.cpu else _Gpu(mpi, comm)
     ops = args.ops.split(",")
 
     def timed(fn, x) -> list[float]:
         """One call's seconds on every rank (rank order)."""
         comm.Barrier()
-        stream.synchronize()
+        backend.synchronize()
         start = MPI.Wtime()
         fn(x)
-        stream.synchronize()
+        backend.synchronize()
         return comm.allgather(MPI.Wtime() - start)
 
     calls = {
@@ -130,11 +192,7 @@ def worker(args) -> int:
     records = []
     for n in args.sizes:
         begin, end = mpi.shard_range(n, rank, size)
-        x = cupy.empty(end - begin, dtype=np.float32)
-        step = 1 << 28
-        for s in range(0, x.size, step):
-            generate(np.int64(begin + s), x[s : s + step])
-        stream.synchronize()
+        x = backend.shard(begin, end)
         for op in ops:
             local_fn, total_fn = calls[op]
             for _ in range(args.warmup):
@@ -148,10 +206,10 @@ def worker(args) -> int:
             total = statistics.median(max(run) for run in total_runs)
             result = total_fn(x)
             if op == "stats":
-                value = {f: float(getattr(result, f)) for f in STATS_FIELDS}
-                bits = {f: _bits(cupy.asnumpy(getattr(result, f))) for f in STATS_FIELDS}
+                value = {f: float(_host_values(getattr(result, f))) for f in STATS_FIELDS}
+                bits = {f: _bits(_host_values(getattr(result, f))) for f in STATS_FIELDS}
             else:
-                host = cupy.asnumpy(result)
+                host = _host_values(result)
                 value, bits = float(host), _bits(host)
             records.append(
                 {
@@ -177,14 +235,14 @@ def worker(args) -> int:
                     flush=True,
                 )
         del x
-        cupy.get_default_memory_pool().free_all_blocks()
-    devices = comm.gather(device, root=0)
+        backend.free()
+    devices = comm.gather(backend.device, root=0)
     if rank == 0:
-        name = cupy.cuda.runtime.getDeviceProperties(device)["name"]
+        gpu, visible = backend.describe()
         aware = mpi.cuda_aware()
         doc = {
-            "gpu": name.decode() if isinstance(name, bytes) else str(name),
-            "gpus_visible": cupy.cuda.runtime.getDeviceCount(),
+            "gpu": gpu,
+            "gpus_visible": visible,
             "devices": devices,
             "mpi_library": " ".join(MPI.Get_library_version().strip().splitlines()[0].split()),
             "cuda_aware": aware.enabled,
@@ -249,6 +307,7 @@ def driver(args) -> int:
                     str(args.warmup),
                     "--repeat",
                     str(args.repeat),
+                    *(["--cpu"] if args.cpu else []),
                 ],
             )
             t0 = time.time()
@@ -261,7 +320,7 @@ def driver(args) -> int:
             docs[r] = json.loads(out.read_text())
             launches.append({"ranks": r, "sizes": sizes, "seconds": time.time() - t0})
         # Each other GPU alone, at the weak size: how much the GPUs differ by themselves.
-        for d in range(1, args.per_device):
+        for d in range(1, 0 if args.cpu else args.per_device):
             out = Path(tmp) / f"device{d}.json"
             cmd = _mpiexec.command(
                 mpiexec,
@@ -347,7 +406,7 @@ def driver(args) -> int:
     }
     out = args.output
     if out is None:
-        tag = f"{first['gpus_visible']}x{first['gpu'].split()[-1].lower()}"
+        tag = "cpu" if args.cpu else f"{first['gpus_visible']}x{first['gpu'].split()[-1].lower()}"
         out = REPO / "bench" / "results" / f"multigpu_{tag}_{(git['commit'] or 'unknown')[:7]}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=2) + "\n")

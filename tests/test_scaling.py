@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "scripts"))
+SCRIPTS = REPO / "scripts"
+sys.path.insert(0, str(SCRIPTS))
 
 import bench_scaling as bs  # noqa: E402
 import plot_scaling as ps  # noqa: E402
@@ -248,3 +249,50 @@ def test_plot_all_writes_pngs(tmp_path):
     written = ps.plot_all(doc, tmp_path, "t")
     assert sorted(p.name for p in written) == ["t_latency.png", "t_mpi_dask.png", "t_roofline.png", "t_time.png"]
     assert all(p.read_bytes()[:4] == b"\x89PNG" for p in written)
+
+
+def test_multigpu_generator_is_the_documented_hash():
+    import bench_multigpu as bm
+
+    x = bm.generate_host(0, 1 << 16)
+    assert x.dtype == np.float32 and np.all(np.isfinite(x))
+    exponents = np.frexp(x)[1] - 1  # floor(log2 |x|)
+    assert exponents.min() == -24 and exponents.max() == 8  # 33 binades, as the GPU kernel's
+    assert 0.4 < np.mean(x < 0) < 0.6
+    # Element i depends on i alone: a piece starting at 1000 is the same as the whole's slice.
+    np.testing.assert_array_equal(bm.generate_host(1000, 50).view(np.uint32), x[1000:1050].view(np.uint32))
+    # The first element, worked out by hand from the splitmix64 steps of _GENERATE.
+    z = (0 * 0x9E3779B97F4A7C15 + 0x632BE59BD9B4E019) % 2**64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) % 2**64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) % 2**64
+    z ^= z >> 31
+    bits = ((z >> 63) << 31) | ((127 - 24 + (z >> 32) % 33) << 23) | (z & 0x7FFFFF)
+    assert int(x[:1].view(np.uint32)[0]) == bits
+
+
+@pytest.mark.mpi
+def test_multigpu_bench_runs_on_the_cpu(mpiexec, tmp_path, monkeypatch):
+    """bench_multigpu.py end to end with NumPy shards: every check against one rank passes."""
+    import json
+    import subprocess
+
+    monkeypatch.setenv("MULTIREDUCE_MPIEXEC", mpiexec)
+    out = tmp_path / "multigpu.json"
+    done = subprocess.run(
+        [sys.executable, str(SCRIPTS / "bench_multigpu.py"), "--cpu", "--ranks", "1,2,3"]
+        + ["--weak-per-rank", "4099", "--strong-n", "10007", "--repeat", "2", "--warmup", "1"]
+        + ["--output", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    doc = json.loads(out.read_text())
+    assert doc["checks_failed"] == 0 and doc["gpu"] == "cpu"
+    checked = [r for r in doc["records"] if "check_passed" in r]
+    # Every op at ranks 2 and 3 (weak and strong), and the fast sum at rank 1.
+    assert {(r["ranks"], r["op"]) for r in checked} >= {(3, "sum_reproducible"), (2, "stats"), (1, "sum")}
+    assert all(r["check_passed"] for r in checked)
+    repro = {r["ranks"]: r["bits"] for r in doc["records"] if r["n"] == 10007 and r["op"] == "sum_reproducible"}
+    assert len(set(repro.values())) == 1 and set(repro) == {1, 2, 3}
