@@ -138,6 +138,25 @@ def _raise_failures(comm, error: BaseException | None) -> None:
     raise _mark(RankError(failures, comm.Get_size()), failures)
 
 
+def _raise_everywhere(comm, exc: BaseException) -> None:
+    """Raise ``exc``, which every rank raises alike, marked as every rank's failure."""
+    raise _mark(exc, dict.fromkeys(range(comm.Get_size()), _describe(exc)))
+
+
+def _agree(comm, plan: _Plan | None, meta: np.ndarray, error, *, empty_error=None) -> None:
+    """The agreement Allreduce of ``meta`` (in place, :func:`_meta`), then what it decided.
+
+    On every rank alike: the failures if any rank failed, a dtype/op/``dtype=`` mismatch across
+    ranks, and ``empty_error()`` (if given) if every shard is empty.
+    """
+    comm.Allreduce(MPI.IN_PLACE, meta, op=MPI.MAX)
+    if meta[0]:
+        _raise_failures(comm, error)
+    _check_agreement(comm, plan, meta)
+    if empty_error is not None and not meta[7]:
+        _raise_everywhere(comm, empty_error())
+
+
 def agree(error: BaseException | None, comm=None) -> None:
     """Agree on errors: raise on every rank if any rank passes an exception (collective).
 
@@ -353,11 +372,7 @@ def allreduce(
 
 def _combine_exact(comm, plan: _Plan, acc, error):
     """Agree, then add every rank's exact accumulator with one integer Allreduce."""
-    meta = _meta(plan, error)
-    comm.Allreduce(MPI.IN_PLACE, meta, op=MPI.MAX)
-    if meta[0]:
-        _raise_failures(comm, error)
-    _check_agreement(comm, plan, meta)
+    _agree(comm, plan, _meta(plan, error), error)
     _transport_counts["host"] += 1
     # Normalized limbs are below 2**32, so up to 2**31 ranks add without overflow.
     packed = acc.normalize().to_array()
@@ -433,15 +448,9 @@ def _combine_states(comm, plan: _Plan, state, correction: float, *, finalize: bo
     One agreement Allreduce (the same as :func:`_combine`'s first), then an allgather of
     the small states.
     """
-    meta = _meta(plan, None)
-    comm.Allreduce(MPI.IN_PLACE, meta, op=MPI.MAX)
-    if meta[0]:
-        _raise_failures(comm, None)
-    _check_agreement(comm, plan, meta)
     st = plan.static
-    if not meta[7] and (stats or not st.op.empty_allowed):
-        exc = _stats.empty_stats_error() if stats else st.op.empty_error()
-        raise _mark(exc, dict.fromkeys(range(comm.Get_size()), _describe(exc)))
+    empty_error = _stats.empty_stats_error if stats else (None if st.op.empty_allowed else st.op.empty_error)
+    _agree(comm, plan, _meta(plan, None), None, empty_error=empty_error)
     _transport_counts["host"] += 1
     # One layout on every rank (an empty shard's arg state holds an int64 placeholder value).
     layout = (_stats.moments_dtype if st.op.kind == "moments" else _stats.arg_dtype)(st.in_dtype)
@@ -669,7 +678,7 @@ def _check_agreement(comm, plan: _Plan, meta: np.ndarray) -> None:
             listing = describe_failures({r: str(v) for r, v in enumerate(values)}).replace(" failed:", ":")
             exc_type = ValueError if name == "op" else TypeError
             message = f"{name} differs across ranks:\n{listing}"
-            raise _mark(exc_type(message), dict.fromkeys(range(comm.Get_size()), f"{exc_type.__name__}: {message}"))
+            _raise_everywhere(comm, exc_type(message))
 
 
 def _combine(comm, plan: _Plan | None, partial, error):
@@ -688,14 +697,10 @@ def _combine(comm, plan: _Plan | None, partial, error):
             error = exc
     if error is not None:
         meta = _meta(plan, error)
-    comm.Allreduce(MPI.IN_PLACE, meta, op=MPI.MAX)
-    if meta[0]:
-        _raise_failures(comm, error)
-    _check_agreement(comm, plan, meta)
+    # plan is None only where this rank failed, and then _agree raises before the empty check.
+    empty_error = None if plan is None or plan.op.empty_allowed else plan.op.empty_error
+    _agree(comm, plan, meta, error, empty_error=empty_error)
     st = plan.static
-    if not meta[7] and not st.op.empty_allowed:
-        exc = st.op.empty_error()
-        raise _mark(exc, dict.fromkeys(range(comm.Get_size()), _describe(exc)))
     if use_device:
         return _combine_on_device(comm, plan, partial)
     if _arith(st):

@@ -511,6 +511,8 @@ arg_rows_kernel(const T* __restrict__ in, long long rows, long long length, ArgP
             best_index = tid;
         }
         long long i = tid;
+        // The best-of-one-vector step below is written out twice (unrolled loop, remainder):
+        // as a shared __forceinline__ helper it compiled to 56 registers instead of 55.
         for (; i + (UNROLL - 1) * nthreads < nvec; i += UNROLL * nthreads) {
             uint4 raw[UNROLL];
 #pragma unroll
