@@ -239,6 +239,11 @@ class _Plan:
     count: int
     on_gpu: bool
     device: int | None
+    # Set by _local_partial when the kernel wrote the partial into the current stream's
+    # pinned slot on the current device: (slots, stream), and the result's 0-d array,
+    # allocated while the kernel runs. Later steps use them instead of looking both up again.
+    staging: tuple | None = None
+    out: Any = None
 
     @property
     def op(self) -> Op:
@@ -258,6 +263,13 @@ def _local_partial(x: Any, plan: _Plan):
     if plan.static.requested is None:
         if plan.on_gpu and x.size and not cuda_aware().enabled:
             # The kernel writes the partial straight into a pinned host slot (_Staging.slot).
+            import cupy
+
+            if cupy.cuda.runtime.getDevice() == plan.device:
+                stream = cupy.cuda.get_current_stream()
+                slots = _Staging.get(plan.device, stream.ptr)
+                plan.staging = (slots, stream)
+                return core.partial(x, plan.op.name, out=slots.device_partial(plan.static.acc))
             return core.partial(x, plan.op.name, out=_Staging.slot(plan))
         return core.partial(x, plan.op)
     # dtype= changes the accumulator (e.g. int input summed as float16 accumulates in
@@ -607,6 +619,13 @@ def _to_host(partial, plan: _Plan) -> np.generic:
         import cupy
 
         _transport_counts["staged"] += 1
+        if plan.staging is not None and partial.data.ptr == plan.staging[0].mapped:
+            # The common case, on the current device and stream (see _local_partial): the
+            # result's array is allocated while the kernel runs, then one wait.
+            slots, stream = plan.staging
+            plan.out = cupy.empty((), dtype=plan.static.result)
+            stream.synchronize()
+            return slots.host_views(partial.dtype)[0][0]
         runtime = cupy.cuda.runtime
         if runtime.getDevice() != plan.device:
             with cupy.cuda.Device(plan.device):
@@ -631,14 +650,18 @@ def _from_host(value: np.generic, plan: _Plan):
     import cupy
 
     runtime = cupy.cuda.runtime
-    if runtime.getDevice() != plan.device:
-        with cupy.cuda.Device(plan.device):
-            return _from_host(value, plan)
-    stream = cupy.cuda.get_current_stream()
-    slots = _Staging.get(plan.device, stream.ptr)
     dtype = value.dtype
+    if plan.out is not None and plan.out.dtype == dtype:
+        slots, stream = plan.staging
+        out = plan.out
+    else:
+        if runtime.getDevice() != plan.device:
+            with cupy.cuda.Device(plan.device):
+                return _from_host(value, plan)
+        stream = cupy.cuda.get_current_stream()
+        slots = _Staging.get(plan.device, stream.ptr)
+        out = cupy.empty((), dtype=dtype)
     slots.host_views(dtype)[1][0] = value
-    out = cupy.empty((), dtype=dtype)
     runtime.memcpyAsync(out.data.ptr, slots.ptr + 8, dtype.itemsize, runtime.memcpyHostToDevice, stream.ptr)
     return out
 

@@ -7,18 +7,21 @@ The pipeline
 ------------
 The input is cut into *pieces* of at most one staging buffer each. A *slot* is one staging
 unit: a pinned host buffer, a device buffer of the same size, a non-blocking CUDA stream, and
-an event recorded after the slot's last host-to-device copy. For each piece, a worker thread
+an event recorded after the slot's last host-to-device copy. For each piece, a copy thread
 
 1. takes a free slot (blocking while all are taken) and waits on its event, so that the
    previous copy out of the pinned buffer has finished;
 2. copies the piece into the pinned buffer with NumPy (``np.copyto`` drops the GIL, so several
-   workers copy pageable memory in parallel: one thread alone reaches only a fraction of the
-   link, and ``cudaMemcpy`` from pageable memory gets 7-8.7 GB/s on the H200 host);
-3. issues the asynchronous copy to the slot's device buffer, records the event, and launches
-   :func:`multireduce.core.partial` on the device buffer *on the slot's stream*, then returns
-   the slot. The copy and the kernel run while the worker fills the next slot.
+   threads copy pageable memory in parallel: one thread alone reaches only a fraction of the
+   link, and ``cudaMemcpy`` from pageable memory gets 7-8.7 GB/s on the H200 host), and hands
+   the slot to the calling thread, which
+3. issues the asynchronous copy to the slot's device buffer, records the event, launches
+   :func:`multireduce.core.partial` on the device buffer *on the slot's stream*, and returns
+   the slot. The copy and the kernel run while the copy threads fill other slots.
 
-With ``threads`` workers and a few more slots than workers, copies into pinned memory, copies
+Only the calling thread makes CUDA calls and does the per-piece Python work, so the copy
+threads hold the GIL only briefly between copies and do not queue behind each other's launches.
+With ``threads`` copy threads and a few more slots than threads, copies into pinned memory, copies
 over the link and kernels of different pieces overlap. Source arrays that are already pinned
 skip step 2: their pieces go straight over the link, from one thread.
 
@@ -43,10 +46,10 @@ import functools
 import itertools
 import math
 import os
+import queue
 import sys
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
 from typing import Any
 
@@ -100,7 +103,8 @@ class StreamPlan:
     n_slots : int
         Staging slots in flight at most; ``n_slots * slot_bytes <= budget``.
     threads : int
-        Host threads copying pageable memory into pinned buffers (the caller's included).
+        Threads copying pageable memory into pinned buffers (the calling thread issues the
+        uploads and kernels).
     piece_bytes : int
         Bytes per piece (at most ``slot_bytes``), a multiple of the item size.
     """
@@ -499,14 +503,21 @@ class _Pipeline:
         for slot in slots:
             self.device.free_slot(slot)
 
-    def stage(self, slot: _Slot, piece: np.ndarray, op: Op, acc: np.dtype) -> _partials.Partial:
-        """Copy ``piece`` through ``slot``'s pinned buffer to the device and reduce it there."""
-        device = self.device
-        device.host_ready(slot)
+    def fill(self, slot: _Slot, piece: np.ndarray) -> None:
+        """Copy ``piece`` into ``slot``'s pinned buffer, once the last upload out of it is done."""
+        self.device.host_ready(slot)
         staged = slot.host[: piece.nbytes].view(piece.dtype).reshape(piece.shape)
         np.copyto(staged, piece, casting="no")
-        device.upload(slot, piece.nbytes)
-        return device.reduce(slot, piece.dtype, piece.size, op, acc)
+
+    def issue(self, slot: _Slot, piece: np.ndarray, op: Op, acc: np.dtype) -> _partials.Partial:
+        """Upload the piece :meth:`fill` staged in ``slot`` and reduce it on the device."""
+        self.device.upload(slot, piece.nbytes)
+        return self.device.reduce(slot, piece.dtype, piece.size, op, acc)
+
+    def stage(self, slot: _Slot, piece: np.ndarray, op: Op, acc: np.dtype) -> _partials.Partial:
+        """Copy ``piece`` through ``slot``'s pinned buffer to the device and reduce it there."""
+        self.fill(slot, piece)
+        return self.issue(slot, piece, op, acc)
 
     def direct(self, slot: _Slot, piece: np.ndarray, op: Op, acc: np.dtype) -> _partials.Partial:
         """Copy the pinned ``piece`` straight to the device and reduce it there."""
@@ -529,35 +540,70 @@ class _Pipeline:
         return self.device.finish(parts, op, result)
 
     def _run_threads(self, src, pieces, parts, op, acc, plan: StreamPlan) -> None:
+        """Copy threads fill slots; the calling thread issues every upload and kernel.
+
+        The copy threads run almost only ``np.copyto``, which drops the GIL, so they copy in
+        parallel; the per-piece Python work and CUDA calls happen on one thread, so the copy
+        threads do not queue for the GIL behind each other's launches (with every thread
+        also issuing, 2^24 float32 took 3.8 ms with 4 threads and 8.2 ms with 12 on the H200
+        host: bench/results/h200_86cb66d/diag_stream.txt).
+        """
+        ready: queue.SimpleQueue = queue.SimpleQueue()  # (index, slot), an exception, or _DONE
         counter = itertools.count()  # next() on it is atomic under the GIL
         stop = threading.Event()
 
-        def work() -> None:
-            while not stop.is_set():
-                i = next(counter)
-                if i >= len(pieces):
-                    return
-                slot = self.acquire(plan.n_slots)
+        def copy() -> None:
+            try:
+                while not stop.is_set():
+                    i = next(counter)
+                    if i >= len(pieces):
+                        return
+                    slot = self.acquire(plan.n_slots)
+                    try:
+                        if stop.is_set():
+                            self.release(slot)
+                            return
+                        self.fill(slot, src[pieces[i]])
+                    except BaseException:
+                        self.release(slot)
+                        raise
+                    ready.put((i, slot))
+            except BaseException as exc:
+                ready.put(exc)
+            finally:
+                ready.put(_DONE)
+
+        workers = min(plan.threads, len(pieces))
+        pool = _executor(workers)
+        for _ in range(workers):
+            pool.submit(copy)
+        error: BaseException | None = None
+        finished = 0
+        # Every worker ends with _DONE, and every slot a worker filled comes through the queue
+        # and is released here, also after an error (workers waiting for a slot then get one,
+        # see ``stop`` and end): no slot is lost and no worker is left waiting.
+        while finished < workers:
+            item = ready.get()
+            if item is _DONE:
+                finished += 1
+            elif isinstance(item, BaseException):
+                stop.set()
+                error = error or item
+            else:
+                i, slot = item
                 try:
-                    parts[i] = self.stage(slot, src[pieces[i]], op, acc)
-                except BaseException:
-                    stop.set()  # the others stop at their next piece; the error is raised below
-                    raise
+                    if error is None:
+                        parts[i] = self.issue(slot, src[pieces[i]], op, acc)
+                except BaseException as exc:
+                    stop.set()
+                    error = exc
                 finally:
                     self.release(slot)
+        if error is not None:
+            raise error
 
-        helpers = min(plan.threads, len(pieces)) - 1
-        futures = [_executor(helpers).submit(work) for _ in range(helpers)]
-        try:
-            work()  # the calling thread copies too
-        finally:
-            stop_error = None
-            wait_futures(futures)
-            for f in futures:
-                if f.exception() is not None and stop_error is None:
-                    stop_error = f.exception()
-        if stop_error is not None:
-            raise stop_error
+
+_DONE = object()  # a copy thread's last message to the issuing thread
 
 
 _executor_lock = threading.Lock()

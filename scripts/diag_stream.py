@@ -13,6 +13,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import cupy as cp  # noqa: E402
 
+import multireduce as mr  # noqa: E402
 from multireduce import stream  # noqa: E402
 
 print(
@@ -49,9 +50,46 @@ for threads in (1, 2, 4, 8, 12, 16):
             f"copyto pageable->pinned {label} threads={threads:2d}: {t * 1e3:8.3f} ms {src.nbytes / t / 1e9:6.1f} GB/s"
         )
     pool.shutdown()
-for threads in (1, 2, 4, 8, 12, 16):
+for threads in (1, 2, 4, 6, 8, 12, 16):
     t = med(lambda: float(stream.reduce(host, "sum", threads=threads)))  # noqa: B023
     print(f"stream.reduce 64MiB pageable threads={threads:2d}: {t * 1e3:7.3f} ms {host.nbytes / t / 1e9:6.1f} GB/s")
+for threads, slot in ((4, 4 << 20), (6, 4 << 20), (8, 4 << 20), (8, 2 << 20), (12, 2 << 20), (16, 2 << 20)):
+    t = med(lambda: float(stream.reduce(host, "sum", threads=threads, slot_bytes=slot)))  # noqa: B023
+    print(
+        f"stream.reduce 64MiB pageable threads={threads:2d} slot={slot >> 20} MiB: "
+        f"{t * 1e3:7.3f} ms {host.nbytes / t / 1e9:6.1f} GB/s"
+    )
+print(f"stream.reduce 64MiB pageable default plan {stream.make_plan(host.nbytes, 4)}")
+t = med(lambda: float(stream.reduce(host, "sum")))
+print(f"stream.reduce 64MiB pageable default: {t * 1e3:7.3f} ms {host.nbytes / t / 1e9:6.1f} GB/s")
+big_pageable = (np.arange(1 << 28, dtype=np.int64) % 1024).astype(np.float32)
+for threads in (8, 12, 16):
+    t = med(lambda: float(stream.reduce(big_pageable, "sum", threads=threads)), 5)  # noqa: B023
+    rate = big_pageable.nbytes / t / 1e9
+    print(f"stream.reduce 1GiB pageable threads={threads:2d}: {t * 1e3:7.3f} ms {rate:6.1f} GB/s")
+
+
+def registered():
+    # Page-lock the pageable array in place, copy it over the link, unlock it.
+    rt = cp.cuda.runtime
+    rt.hostRegister(host.ctypes.data, host.nbytes, 0)
+    try:
+        dev.data.copy_from_host_async(host.ctypes.data, host.nbytes, s_reg)
+        r = mr.sum(dev)
+        s_reg.synchronize()
+    finally:
+        rt.hostUnregister(host.ctypes.data)
+    return float(r)
+
+
+dev = cp.empty(n, cp.float32)
+s_reg = cp.cuda.Stream(non_blocking=True)
+try:
+    with s_reg:
+        t = med(registered)
+    print(f"hostRegister+H2D+sum+unregister 64MiB: {t * 1e3:7.3f} ms {host.nbytes / t / 1e9:6.1f} GB/s")
+except Exception as exc:  # a diagnostic: report and go on
+    print(f"hostRegister path failed: {exc!r}")
 t = med(lambda: float(stream.reduce(pinned, "sum")))
 print(f"stream.reduce 64MiB pinned: {t * 1e3:7.3f} ms {host.nbytes / t / 1e9:6.1f} GB/s")
 t = med(lambda: float(cp.asarray(host).sum()))

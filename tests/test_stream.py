@@ -236,6 +236,50 @@ def test_a_failing_upload_raises_and_releases_every_slot(monkeypatch):
     assert sim_reduce(np.ones(50_000, dtype=np.float32), "sum", device=dev)[0] == 50_000
 
 
+@pytest.mark.parametrize("threads", [1, 3, 8])
+def test_a_failing_copy_raises_and_releases_every_slot(monkeypatch, threads):
+    # A copy thread fails (here: waiting for the slot's previous upload) while the others are
+    # copying or waiting for a slot: the error reaches the caller, every slot comes back, and
+    # the next call works.
+    dev = stream.SimulatedDevice(upload_delay=0.001)
+    real = dev.host_ready
+    calls = {"n": 0}
+
+    def flaky(slot):
+        calls["n"] += 1
+        if calls["n"] == 6:
+            raise OSError("simulated host failure")
+        real(slot)
+
+    monkeypatch.setattr(dev, "host_ready", flaky)
+    x = np.arange(50_000, dtype=np.int32)
+    with pytest.raises(OSError, match="simulated host failure"):
+        sim_reduce(x, "sum", device=dev, budget=16 * KIB, slot_bytes=4 * KIB, threads=threads)
+    assert dev._pipelines[4 * KIB].in_use == 0
+    monkeypatch.setattr(dev, "host_ready", real)
+    got, _ = sim_reduce(x, "sum", device=dev, budget=16 * KIB, slot_bytes=4 * KIB, threads=threads)
+    assert int(got) == exact_int_sum(x, np.int64)
+
+
+def test_uploads_and_kernels_are_issued_by_the_calling_thread(monkeypatch):
+    import threading
+
+    dev = stream.SimulatedDevice()
+    issuers = set()
+    for name in ("upload", "reduce"):
+        real = getattr(dev, name)
+
+        def record(*args, real=real):
+            issuers.add(threading.get_ident())
+            return real(*args)
+
+        monkeypatch.setattr(dev, name, record)
+    x = make_data("float32", 100_000, np.random.default_rng(11))
+    got, _ = sim_reduce(x, "sum", device=dev, threads=4)
+    check(x, "sum", got)
+    assert issuers == {threading.get_ident()}
+
+
 def test_freeing_slots_in_use_is_refused():
     dev = stream.SimulatedDevice()
     p = stream._Pipeline(dev, 1024)
