@@ -4,10 +4,15 @@ Cases, on one CuPy-backed Dask array (default 4 GiB of float32 in 16 chunks, mad
 with exact integer values ``i % 1024`` so that the exact sum is known), threaded scheduler:
 
 ``ours``            ``x.treereduce("sum").compute()`` (graph built and computed each call)
-``ours-se16``       the same with ``split_every=16`` (one aggregate, no combine level)
+``ours-se16``       the same with ``split_every=16`` (one aggregate, no combine level; the
+                    default for full reductions of up to 64 chunks)
+``ours-se4``        the same with ``split_every=4`` (Dask's default: a combine level)
 ``ours-prebuilt``   ``compute()`` of a graph built once
 ``dask``            ``x.sum().compute()``
 ``dask-se16``       ``x.sum(split_every=16).compute()``
+``ours-4threads``   ``ours`` with ``compute(num_workers=4)`` (the threaded scheduler's pool is
+                    the host's CPU count by default; a diagnostic of thread contention)
+``ours-sync``       ``ours`` with ``scheduler="sync"`` (no thread hand-offs; a diagnostic)
 
 With ``--cuda-cluster`` also, on ``dask_cuda.LocalCUDACluster`` (one worker per GPU) with the
 chunks persisted in the worker's GPU memory: ``cluster-ours`` and ``cluster-dask``.
@@ -87,9 +92,12 @@ def main(argv=None) -> int:
         cases = {
             "ours": lambda: d.treereduce("sum").compute(),
             "ours-se16": lambda: d.treereduce("sum", split_every=16).compute(),
+            "ours-se4": lambda: d.treereduce("sum", split_every=4).compute(),
             "ours-prebuilt": lambda: prebuilt.compute(),
             "dask": lambda: d.sum().compute(),
             "dask-se16": lambda: d.sum(split_every=16).compute(),
+            "ours-4threads": lambda: d.treereduce("sum").compute(num_workers=4),
+            "ours-sync": lambda: d.treereduce("sum").compute(scheduler="sync"),
         }
         samples = interleaved(cases, args.warmup, args.repeat, sync)
 

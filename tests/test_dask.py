@@ -216,6 +216,75 @@ def test_split_every_controls_the_tree():
     assert any("partial" in str(k) for k in two_level)
 
 
+def _tree_shape(lazy):
+    """(combine tasks, aggregate tasks) in the graph of a treereduce result."""
+    names = [k[0] if isinstance(k, tuple) else k for k in dict(lazy.__dask_graph__())]
+    keys = [k for k in names if k.startswith("treereduce-")]
+    return sum("-partial-" in k for k in keys), sum("-aggregate-" in k for k in keys)
+
+
+# chunks -> combine tasks with the default fan-in of full reductions (64 partials per task)
+DEFAULT_FULL_TREE = {1: 0, 15: 0, 16: 0, 17: 0, 64: 0, 65: 2, 200: 4}
+
+
+@pytest.mark.parametrize(("n_chunks", "combines"), sorted(DEFAULT_FULL_TREE.items()))
+def test_default_split_every_of_full_reductions(n_chunks, combines):
+    d = da.ones(n_chunks * 3, chunks=3)
+    assert mdask.FULL_SPLIT_EVERY == 64
+    for op in ("sum", "max", "mean", "var", "argmax"):
+        assert _tree_shape(d.treereduce(op)) == (combines, 1), op
+    assert _tree_shape(d.treereduce("sum", reproducible=True)) == (combines, 1)
+    # The caller's split_every and the dask.config key still decide when given.
+    assert (_tree_shape(d.treereduce("sum", split_every=4))[0] > 0) == (n_chunks > 4)
+    with dask.config.set(split_every=4):
+        assert _tree_shape(d.treereduce("sum")) == _tree_shape(d.treereduce("sum", split_every=4))
+
+
+def test_default_split_every_over_several_axes():
+    # Full reductions: up to 64 blocks in all, one aggregate whatever their layout.
+    for shape in ((16, 4), (64, 1), (1, 64), (4, 4, 4), (2, 3, 5, 2)):
+        d = da.ones(shape, chunks=1)
+        assert _tree_shape(d.treereduce("sum")) == (0, 1), shape
+        assert _tree_shape(d.treereduce("argmin")) == (0, 1), shape
+    big = da.ones((9, 9), chunks=1)  # 81 blocks: Dask's rule with 64, int(64 ** 0.5) = 8 per axis
+    assert _tree_shape(big.treereduce("sum")) == _tree_shape(big.treereduce("sum", split_every=64)) == (4, 1)
+    # Axis reductions keep Dask's default of 4: their partials are arrays.
+    d = da.ones((48, 6), chunks=(3, 3))  # 16 x 2 blocks
+    assert _tree_shape(d.treereduce("sum", axis=0)) == (8, 2)
+    assert _tree_shape(d.treereduce("mean", axis=0)) == (8, 2)
+
+
+@pytest.mark.parametrize("n_chunks", sorted(DEFAULT_FULL_TREE))
+def test_default_split_every_values(n_chunks):
+    rng = np.random.default_rng(n_chunks)
+    sizes = rng.integers(0, 5, n_chunks)
+    sizes[0] += 1
+    n = int(sizes.sum())
+    chunks = (tuple(int(s) for s in sizes),)
+    # float32 integers: every partial sum is exact, so any tree gives the exact sum.
+    exact = (rng.integers(-1000, 1000, n)).astype(np.float32)
+    d = da.from_array(exact, chunks=chunks)
+    got = d.treereduce("sum").compute(scheduler="threads")
+    assert got.dtype == np.float32 and float(got) == sum(int(v) for v in exact.tolist())
+    x = make_data("float64", n, rng)
+    x[rng.integers(n)] = -0.0
+    dx = da.from_array(x, chunks=chunks)
+    for op in OPS:
+        check(x, op, dx.treereduce(op).compute(scheduler="sync"))
+    assert same_float(dx.treereduce("max").compute(), np.max(x))
+    assert same_float(dx.treereduce("min").compute(), np.min(x))
+    assert dx.treereduce("argmin").compute() == np.argmin(x)
+    assert dx.treereduce("sum", reproducible=True).compute() == multireduce.sum(x, reproducible=True)
+    assert math.isclose(float(dx.treereduce("mean").compute()), float(np.mean(x)), rel_tol=1e-12, abs_tol=1e-15)
+    assert math.isclose(float(dx.treereduce("var").compute()), float(np.var(x)), rel_tol=1e-12)
+    got, want = mdask.stats(dx).compute(), multireduce.stats(x)
+    assert (got.count, got.min, got.max) == (want.count, want.min, want.max)
+    i = make_data("int64", n, rng)
+    di = da.from_array(i, chunks=chunks)
+    assert int(di.treereduce("sum").compute()) == exact_int_sum(i, np.int64)
+    assert di.treereduce("max").compute() == np.max(i)
+
+
 def test_same_chunking_gives_the_same_bits_on_every_scheduler():
     x = make_data("float32", 100_000, np.random.default_rng(9))
     d = da.from_array(x, chunks=3000)
