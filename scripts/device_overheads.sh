@@ -6,10 +6,10 @@
 #
 #     OUT=/some/dir MULTIREDUCE_GIT_COMMIT=<sha> bash scripts/device_overheads.sh [steps...]
 #
-# Steps (default: all, in this order): tests, stream, dask, mpi, kernel, mps. Each step's
+# Steps (default: all, in this order): tests, stream, dask, mpi, kernel, axis, mps. Each step's
 # output goes to "$OUT/<name>.txt" (and JSON where the script writes one); summary.txt gets
 # one line per step (exit status, seconds, command) and is appended to, so that the script can
-# be called once per step. About 8 minutes for all steps.
+# be called once per step. About 9 minutes for all steps.
 #
 # The "mps" step runs bench_mpi at 4 ranks under CUDA MPS (started here in its default
 # configuration with pipe and log folders under /tmp, and stopped at the end of the step):
@@ -27,7 +27,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_
 export MULTIREDUCE_MPIEXEC="${MULTIREDUCE_MPIEXEC:-/usr/bin/mpirun}"
 export MULTIREDUCE_MPIEXEC_ARGS="${MULTIREDUCE_MPIEXEC_ARGS-"--allow-run-as-root --oversubscribe"}"
 read -ra MPIRUN <<<"$MULTIREDUCE_MPIEXEC $MULTIREDUCE_MPIEXEC_ARGS"
-steps="${*:-tests stream dask mpi kernel mps}"
+steps="${*:-tests stream dask mpi kernel axis mps}"
 
 SUMMARY="$OUT/summary.txt"
 # shellcheck source=scripts/_steps.sh
@@ -55,6 +55,7 @@ for s in $steps; do
            step "bench_mpi_n$r" 90 "${MPIRUN[@]}" -n "$r" "$PY" scripts/bench_mpi.py --output "$OUT/bench_mpi_n$r.json"
          done
          step bench_mpi_cpu_n4 90 "${MPIRUN[@]}" -n 4 "$PY" scripts/bench_mpi.py --cpu --output "$OUT/bench_mpi_cpu_n4.json" ;;
+    axis) step bench_axis 150 "$PY" scripts/bench_axis.py --skip-repro --repeat 10 --out "$OUT/bench_axis.json" ;;
     kernel) step bench_kernel 200 "$PY" scripts/bench_kernel.py --sizes 10,20,24,30 --dtypes float32 --repeat 15 \
               --budget 0.5 --out "$OUT/bench_kernel.json" ;;
     mps) step bench_mpi_mps_n4 120 bash scripts/_with_mps.sh "${MPIRUN[@]}" -n 4 "$PY" scripts/bench_mpi.py --output "$OUT/bench_mpi_mps_n4.json" ;;

@@ -105,3 +105,72 @@ def h2d():
 
 t = med(h2d)
 print(f"raw H2D pinned 64MiB: {t * 1e3:7.3f} ms {host.nbytes / t / 1e9:6.1f} GB/s")
+
+
+# -- where one 64 MiB call's time goes -------------------------------------------------------
+def timeline(threads: int) -> None:
+    """One stream.reduce call with each piece's fill (copy thread) and issue (caller) timed."""
+    events = []
+    real_fill, real_issue = stream._Pipeline.fill, stream._Pipeline.issue
+
+    def fill(self, slot, piece):
+        t0 = time.perf_counter()
+        real_fill(self, slot, piece)
+        events.append(("fill", threading.get_ident(), t0, time.perf_counter()))
+
+    def issue(self, slot, piece, op, acc):
+        t0 = time.perf_counter()
+        out = real_issue(self, slot, piece, op, acc)
+        events.append(("issue", threading.get_ident(), t0, time.perf_counter()))
+        return out
+
+    stream._Pipeline.fill, stream._Pipeline.issue = fill, issue
+    try:
+        for _ in range(3):
+            events.clear()
+            start = time.perf_counter()
+            float(stream.reduce(host, "sum", threads=threads))
+            end = time.perf_counter()
+    finally:
+        stream._Pipeline.fill, stream._Pipeline.issue = real_fill, real_issue
+    ids = {}
+    print(f"timeline threads={threads}: total {1e3 * (end - start):.3f} ms (last of 3 calls; ms from the call's start)")
+    for kind, tid, t0, t1 in sorted(events, key=lambda e: e[2]):
+        who = ids.setdefault(tid, len(ids))
+        print(f"  {kind:5s} thread {who:2d}  {1e3 * (t0 - start):7.3f} -> {1e3 * (t1 - start):7.3f}")
+    print(f"  after the last event: {1e3 * (end - max(e[3] for e in events)):.3f} ms")
+
+
+def one_buffer(threads: int, pieces: int) -> float:
+    """Prototype: copy threads fill one pinned buffer; the caller uploads each finished piece on
+    one stream, then one reduction of the whole device buffer."""
+    bounds = np.linspace(0, n, pieces + 1).astype(np.int64)
+    done: queue.SimpleQueue = queue.SimpleQueue()
+
+    def copy(i):
+        a, b = bounds[i], bounds[i + 1]
+        np.copyto(pinned[a:b], host[a:b])
+        done.put(i)
+
+    for i in range(pieces):
+        proto_pool.submit(copy, i)
+    for _ in range(pieces):
+        i = done.get()
+        a, b = int(bounds[i]), int(bounds[i + 1])
+        dev[a:b].data.copy_from_host_async(pinned[a:].ctypes.data, (b - a) * 4, s_reg)
+    with s_reg:
+        r = mr.sum(dev)
+    return float(r)
+
+
+import queue  # noqa: E402
+import threading  # noqa: E402
+
+for threads in (4, 8):
+    timeline(threads)
+for threads, pieces in ((8, 8), (8, 16), (8, 32), (12, 24), (16, 32)):
+    proto_pool = ThreadPoolExecutor(threads)
+    assert one_buffer(threads, pieces) == float(np.sum(host, dtype=np.float64))
+    t = med(lambda: one_buffer(threads, pieces))  # noqa: B023
+    print(f"prototype one pinned buffer threads={threads:2d} pieces={pieces:2d}: {t * 1e3:7.3f} ms")
+    proto_pool.shutdown()
