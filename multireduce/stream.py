@@ -5,30 +5,33 @@ on a GPU, at the speed of the host link, through a bounded amount of device memo
 
 The pipeline
 ------------
-The input is cut into *pieces* of at most one staging buffer each. A *slot* is one staging
-unit: a pinned host buffer, a device buffer of the same size, a non-blocking CUDA stream, and
-an event recorded after the slot's last host-to-device copy. For each piece, a copy thread
+The input is cut into *pieces* of at most one staging buffer each, and consecutive pieces that
+fit one staging buffer form a *segment*. A *slot* is one staging unit: a pinned host buffer, a
+device buffer of the same size, a non-blocking CUDA stream, and an event recorded after the
+slot's last host-to-device copy. Copy threads take pieces in order:
 
-1. takes a free slot (blocking while all are taken) and waits on its event, so that the
-   previous copy out of the pinned buffer has finished;
-2. copies the piece into the pinned buffer with NumPy (``np.copyto`` drops the GIL, so several
-   threads copy pageable memory in parallel: one thread alone reaches only a fraction of the
-   link, and ``cudaMemcpy`` from pageable memory gets 7-8.7 GB/s on the H200 host), and hands
-   the slot to the calling thread, which
-3. issues the asynchronous copy to the slot's device buffer, records the event, launches
-   :func:`multireduce.core.partial` on the device buffer *on the slot's stream*, and returns
-   the slot. The copy and the kernel run while the copy threads fill other slots.
+1. the first thread to reach a segment takes a free slot for it (blocking while all are
+   taken) and waits on the slot's event, so that the previous copy out of the pinned buffer
+   has finished;
+2. each thread copies its piece into the segment's pinned buffer, at the piece's offset, with
+   NumPy (``np.copyto`` drops the GIL, so several threads copy pageable memory in parallel: one
+   thread alone reaches only a fraction of the link, and ``cudaMemcpy`` from pageable memory
+   gets 7-8.7 GB/s on the H200 host), and hands the piece to the calling thread, which
+3. issues the piece's asynchronous copy to the same offset of the slot's device buffer (on
+   the slot's stream) and records the event; once every piece of the segment is over, it
+   launches :func:`multireduce.core.partial` on the segment's device bytes, on the slot's
+   stream, and returns the slot.
 
-Only the calling thread makes CUDA calls and does the per-piece Python work, so the copy
-threads hold the GIL only briefly between copies and do not queue behind each other's launches.
-With ``threads`` copy threads and a few more slots than threads, copies into pinned memory, copies
-over the link and kernels of different pieces overlap. Source arrays that are already pinned
-skip step 2: their pieces go straight over the link, from one thread.
+Only the calling thread makes CUDA calls, one asynchronous copy per piece and one kernel per
+segment, so the copy threads hold the GIL only briefly between copies. Copies into pinned
+memory, copies over the link and kernels of different pieces and segments overlap. Source
+arrays that are already pinned skip step 2: their pieces go straight over the link, from one
+thread.
 
-Each piece's partial (accumulator dtype, on the device) carries an event; at the end the
-caller's stream waits on them, stacks them in piece order and reduces them with the core, so
+Each segment's partial (accumulator dtype, on the device) carries an event; at the end the
+caller's stream waits on them, stacks them in input order and reduces them with the core, so
 the result does not depend on thread timing. The device memory used is the slots' buffers
-(``n_slots * slot_bytes``, within ``budget``) plus a few bytes per piece.
+(``n_slots * slot_bytes``, within ``budget``) plus a few bytes per segment.
 
 Slots are cached per (device, slot size) and reused by later calls: no call allocates pinned
 or device memory once the cache holds enough slots. :func:`free_staging` releases them.
@@ -81,7 +84,7 @@ DEFAULT_SLOT_BYTES = 32 << 20
 MIN_PIECE_BYTES = 1 << 20
 _MAX_DEFAULT_THREADS = 12
 #: Input bytes per default copy thread (see :func:`make_plan`).
-BYTES_PER_THREAD = 16 << 20
+BYTES_PER_THREAD = 8 << 20
 _PIECE_ALIGN = 64 << 10
 # cudaMemoryTypeHost in CUDA's cudaMemoryType enum: page-locked host memory.
 _CUDA_MEMORY_TYPE_HOST = 1
@@ -167,10 +170,11 @@ def make_plan(
             "double buffering needs two (lower slot_bytes or raise budget)"
         )
     if threads is None:
-        # At most one copy thread per BYTES_PER_THREAD of input: with more, the threads' Python
-        # work per piece contends for the GIL. On the H200 host, 2^24 float32 (64 MiB) from
-        # pageable memory took 3.8 ms with 4 threads, 5.6 ms with 8 and 8.2 ms with 12
-        # (bench/results/h200_86cb66d/diag_stream.txt).
+        # At most one copy thread per BYTES_PER_THREAD of input: below a few MiB per thread the
+        # per-piece work outweighs the extra copy rate. On the H200 host, 2^24 float32 (64 MiB)
+        # copied into one pinned buffer and uploaded piece by piece took 1.66 ms with 8 threads
+        # and 16 pieces, 1.90 with 8 pieces, 2.25 ms with 12 threads and 2.74 with 16
+        # (bench/results/h200_4aad948/diag_stream.txt, "prototype").
         threads = max(1, min(_default_threads(), nbytes // BYTES_PER_THREAD))
     threads = int(threads)
     if threads < 1:
@@ -289,9 +293,10 @@ class _CupyDevice:
     def host_ready(self, slot: _Slot) -> None:
         slot.copied.synchronize()  # returns at once for an event never recorded
 
-    def upload(self, slot: _Slot, nbytes: int) -> None:
+    def upload(self, slot: _Slot, nbytes: int, offset: int = 0) -> None:
         with self.cupy.cuda.Device(self.device):
-            slot.device_buffer[:nbytes].set(slot.host[:nbytes], stream=slot.stream)
+            host = slot.host.ctypes.data + offset
+            (slot.device_buffer.data + offset).copy_from_host_async(host, nbytes, slot.stream)
             slot.copied.record(slot.stream)
 
     def upload_from(self, slot: _Slot, source: np.ndarray) -> None:
@@ -400,17 +405,20 @@ class SimulatedDevice:
         if slot.copied is not None:
             slot.copied.result()
 
-    def _copy(self, slot: _Slot, source: np.ndarray) -> None:
+    def _copy(self, slot: _Slot, source: np.ndarray, offset: int = 0) -> None:
         if self.upload_delay:
             threading.Event().wait(self.upload_delay)
-        slot.device_buffer[: source.size] = source
+        slot.device_buffer[offset : offset + source.size] = source
 
-    def upload(self, slot: _Slot, nbytes: int) -> None:
-        """Start copying ``nbytes`` of the host buffer to the device buffer, on the slot's stream."""
+    def upload(self, slot: _Slot, nbytes: int, offset: int = 0) -> None:
+        """Start copying bytes ``offset:offset + nbytes`` of the host buffer, on the slot's stream.
+
+        They go to the same bytes of the device buffer.
+        """
         with self._lock:
             self.uploads += 1
             self.host_copies += 1
-        slot.copied = slot.stream.submit(self._copy, slot, slot.host[:nbytes])
+        slot.copied = slot.stream.submit(self._copy, slot, slot.host[offset : offset + nbytes], offset)
 
     def upload_from(self, slot: _Slot, source: np.ndarray) -> None:
         """Start copying the pinned ``source`` to the device buffer, on the slot's stream."""
@@ -460,14 +468,17 @@ class _Pipeline:
         self.allocated = 0
         self.in_use = 0
 
-    def acquire(self, limit: int) -> _Slot:
+    def acquire(self, limit: int, cancel: threading.Event | None = None) -> _Slot | None:
         """Take a slot: a free one, oldest first (most likely idle), else a new one.
 
         New slots are made while fewer than ``limit`` exist; beyond that this waits for a
-        release.
+        release, or until ``cancel`` is set (then returns ``None``; :meth:`wake` makes waiting
+        threads look at it).
         """
         with self._cond:
             while True:
+                if cancel is not None and cancel.is_set():
+                    return None
                 if self._free:
                     self.in_use += 1
                     return self._free.popleft()
@@ -490,6 +501,11 @@ class _Pipeline:
             self._free.append(slot)
             self.in_use -= 1
             self._cond.notify()
+
+    def wake(self) -> None:
+        """Wake every thread waiting in :meth:`acquire`, to look at its ``cancel`` event."""
+        with self._cond:
+            self._cond.notify_all()
 
     def free(self) -> None:
         with self._cond:
@@ -526,81 +542,144 @@ class _Pipeline:
 
     def run(self, a: np.ndarray, op: Op, acc: np.dtype, result: np.dtype, plan: StreamPlan) -> np.generic:
         src, pieces, dense = _pieces_of(a, plan.piece_bytes)
-        parts: list[_partials.Partial | None] = [None] * len(pieces)
         if dense and self.device.is_pinned(src):
             # No host copy to parallelize: one thread keeps the link busy.
-            for i, index in enumerate(pieces):
+            parts = []
+            for index in pieces:
                 slot = self.acquire(plan.n_slots)
                 try:
-                    parts[i] = self.direct(slot, src[index], op, acc)
+                    parts.append(self.direct(slot, src[index], op, acc))
                 finally:
                     self.release(slot)
         else:
-            self._run_threads(src, pieces, parts, op, acc, plan)
+            parts = self._run_threads(src, pieces, op, acc, plan)
         return self.device.finish(parts, op, result)
 
-    def _run_threads(self, src, pieces, parts, op, acc, plan: StreamPlan) -> None:
+    def _run_threads(self, src, pieces, op, acc, plan: StreamPlan) -> list[_partials.Partial]:
         """Copy threads fill slots; the calling thread issues every upload and kernel.
 
-        The copy threads run almost only ``np.copyto``, which drops the GIL, so they copy in
-        parallel; the per-piece Python work and CUDA calls happen on one thread, so the copy
-        threads do not queue for the GIL behind each other's launches (with every thread
-        also issuing, 2^24 float32 took 3.8 ms with 4 threads and 8.2 ms with 12 on the H200
-        host: bench/results/h200_86cb66d/diag_stream.txt).
+        Consecutive pieces that fit one slot form a *segment*. The first copy thread to reach
+        a segment takes a slot for it (and waits for the slot's last upload); the threads
+        copy the segment's pieces into it side by side. The calling thread uploads each
+        copied piece, and once a segment's pieces are all uploaded, reduces the segment with
+        one kernel and returns its slot. So the copy threads run almost only ``np.copyto``
+        (which drops the GIL), and the per-piece work of the calling thread is one
+        asynchronous copy. (With every thread also issuing its own uploads and kernels, 2^24
+        float32 took 3.8 ms with 4 threads and 8.2 ms with 12 on the H200 host,
+        bench/results/h200_86cb66d/diag_stream.txt; with one issuing thread but a kernel and
+        event per piece, 3.7-4.7 ms, bench/results/h200_6a6b1b9/diag_stream.txt.)
+
+        Returns the segments' partials, in input order.
         """
-        ready: queue.SimpleQueue = queue.SimpleQueue()  # (index, slot), an exception, or _DONE
+        views = [src[index] for index in pieces]
+        seg_of, offset_of, seg_bytes = _segments([v.nbytes for v in views], plan.slot_bytes)
+        nseg = len(seg_bytes)
+        left = [0] * nseg  # pieces of each segment not uploaded yet
+        for k in seg_of:
+            left[k] += 1
+        slots: list[_Slot | None] = [None] * nseg
+        usable: list[_Slot | None] = [None] * nseg
+        claimed = [False] * nseg
+        have_slot = [threading.Event() for _ in range(nseg)]
+        released = [False] * nseg
+        parts: list[_partials.Partial | None] = [None] * nseg
+        lock = threading.Lock()
+        ready: queue.SimpleQueue = queue.SimpleQueue()  # a piece index, an exception, or _DONE
         counter = itertools.count()  # next() on it is atomic under the GIL
         stop = threading.Event()
+
+        def slot_for(k: int) -> _Slot | None:
+            with lock:
+                mine = not claimed[k]
+                claimed[k] = True
+            if not mine:
+                have_slot[k].wait()
+                return usable[k]  # None if the call is being stopped
+            try:
+                slot = self.acquire(plan.n_slots, cancel=stop)
+                if slot is not None:
+                    slots[k] = slot  # released by the calling thread, whatever happens next
+                    self.device.host_ready(slot)
+                    usable[k] = slot  # only once its previous uploads are over
+                return slot
+            finally:
+                have_slot[k].set()
 
         def copy() -> None:
             try:
                 while not stop.is_set():
                     i = next(counter)
-                    if i >= len(pieces):
+                    if i >= len(views):
                         return
-                    slot = self.acquire(plan.n_slots)
-                    try:
-                        if stop.is_set():
-                            self.release(slot)
-                            return
-                        self.fill(slot, src[pieces[i]])
-                    except BaseException:
-                        self.release(slot)
-                        raise
-                    ready.put((i, slot))
+                    slot = slot_for(seg_of[i])
+                    if slot is None:
+                        return
+                    piece = views[i]
+                    start = offset_of[i]
+                    staged = slot.host[start : start + piece.nbytes].view(piece.dtype).reshape(piece.shape)
+                    np.copyto(staged, piece, casting="no")
+                    ready.put(i)
             except BaseException as exc:
                 ready.put(exc)
             finally:
                 ready.put(_DONE)
 
-        workers = min(plan.threads, len(pieces))
+        def fail(exc: BaseException) -> BaseException:
+            stop.set()
+            self.wake()  # copy threads waiting for a slot see ``stop``
+            for event in have_slot:
+                event.set()  # ... and so do those waiting for another thread's slot
+            return exc
+
+        workers = min(plan.threads, len(views))
         pool = _executor(workers)
         for _ in range(workers):
             pool.submit(copy)
         error: BaseException | None = None
         finished = 0
-        # Every worker ends with _DONE, and every slot a worker filled comes through the queue
-        # and is released here, also after an error (workers waiting for a slot then get one,
-        # see ``stop`` and end): no slot is lost and no worker is left waiting.
+        itemsize = src.dtype.itemsize
+        # Every copy thread ends with _DONE; only then are the slots of unfinished segments
+        # returned (no thread writes into them any more).
         while finished < workers:
             item = ready.get()
             if item is _DONE:
                 finished += 1
             elif isinstance(item, BaseException):
-                stop.set()
-                error = error or item
-            else:
-                i, slot = item
+                error = error or fail(item)
+            elif error is None:
+                i = item
+                k = seg_of[i]
                 try:
-                    if error is None:
-                        parts[i] = self.issue(slot, src[pieces[i]], op, acc)
+                    self.device.upload(slots[k], views[i].nbytes, offset_of[i])
+                    left[k] -= 1
+                    if not left[k]:
+                        parts[k] = self.device.reduce(slots[k], src.dtype, seg_bytes[k] // itemsize, op, acc)
+                        released[k] = True
+                        self.release(slots[k])
                 except BaseException as exc:
-                    stop.set()
-                    error = exc
-                finally:
-                    self.release(slot)
+                    error = fail(exc)
+        for k in range(nseg):
+            if slots[k] is not None and not released[k]:
+                self.release(slots[k])
         if error is not None:
             raise error
+        return parts
+
+
+def _segments(sizes: list[int], slot_bytes: int) -> tuple[list[int], list[int], list[int]]:
+    """Group consecutive pieces of ``sizes`` bytes into segments of at most ``slot_bytes``.
+
+    Returns (segment of each piece, byte offset of each piece in its segment, bytes of each
+    segment). Every piece is at most ``slot_bytes`` (the plan makes them so).
+    """
+    seg_of, offset_of, seg_bytes = [], [], []
+    for size in sizes:
+        if not seg_bytes or seg_bytes[-1] + size > slot_bytes:
+            seg_bytes.append(0)
+        seg_of.append(len(seg_bytes) - 1)
+        offset_of.append(seg_bytes[-1])
+        seg_bytes[-1] += size
+    return seg_of, offset_of, seg_bytes
 
 
 _DONE = object()  # a copy thread's last message to the issuing thread

@@ -49,7 +49,8 @@ for s in $steps; do
     stream) step diag_stream 150 "$PY" scripts/diag_stream.py
             step bench_stream 200 "$PY" scripts/bench_stream.py --cases pinned,pageable,seed,dask --gib 4 --repeat 5 \
               --output "$OUT/bench_stream.json" ;;
-    dask) step bench_dask 150 "$PY" scripts/bench_dask.py --output "$OUT/bench_dask.json" ;;
+    dask) step bench_dask 150 "$PY" scripts/bench_dask.py --output "$OUT/bench_dask.json"
+          step profile_dask 120 "$PY" scripts/profile_dask.py ;;
     mpi) step profile_mpi_n1 90 "${MPIRUN[@]}" -n 1 "$PY" scripts/profile_mpi.py --output "$OUT/profile_mpi_n1.json"
          for r in 1 2 4; do
            step "bench_mpi_n$r" 90 "${MPIRUN[@]}" -n "$r" "$PY" scripts/bench_mpi.py --output "$OUT/bench_mpi_n$r.json"

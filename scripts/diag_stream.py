@@ -109,22 +109,22 @@ print(f"raw H2D pinned 64MiB: {t * 1e3:7.3f} ms {host.nbytes / t / 1e9:6.1f} GB/
 
 # -- where one 64 MiB call's time goes -------------------------------------------------------
 def timeline(threads: int) -> None:
-    """One stream.reduce call with each piece's fill (copy thread) and issue (caller) timed."""
+    """One stream.reduce call with each upload and kernel launch (calling thread) timed."""
     events = []
-    real_fill, real_issue = stream._Pipeline.fill, stream._Pipeline.issue
+    real_upload, real_reduce = stream._CupyDevice.upload, stream._CupyDevice.reduce
 
-    def fill(self, slot, piece):
+    def upload(self, slot, nbytes, offset=0):
         t0 = time.perf_counter()
-        real_fill(self, slot, piece)
-        events.append(("fill", threading.get_ident(), t0, time.perf_counter()))
+        real_upload(self, slot, nbytes, offset)
+        events.append(("upload", t0, time.perf_counter()))
 
-    def issue(self, slot, piece, op, acc):
+    def reduce(self, slot, dtype, count, op, acc):
         t0 = time.perf_counter()
-        out = real_issue(self, slot, piece, op, acc)
-        events.append(("issue", threading.get_ident(), t0, time.perf_counter()))
+        out = real_reduce(self, slot, dtype, count, op, acc)
+        events.append(("kernel", t0, time.perf_counter()))
         return out
 
-    stream._Pipeline.fill, stream._Pipeline.issue = fill, issue
+    stream._CupyDevice.upload, stream._CupyDevice.reduce = upload, reduce
     try:
         for _ in range(3):
             events.clear()
@@ -132,13 +132,11 @@ def timeline(threads: int) -> None:
             float(stream.reduce(host, "sum", threads=threads))
             end = time.perf_counter()
     finally:
-        stream._Pipeline.fill, stream._Pipeline.issue = real_fill, real_issue
-    ids = {}
+        stream._CupyDevice.upload, stream._CupyDevice.reduce = real_upload, real_reduce
     print(f"timeline threads={threads}: total {1e3 * (end - start):.3f} ms (last of 3 calls; ms from the call's start)")
-    for kind, tid, t0, t1 in sorted(events, key=lambda e: e[2]):
-        who = ids.setdefault(tid, len(ids))
-        print(f"  {kind:5s} thread {who:2d}  {1e3 * (t0 - start):7.3f} -> {1e3 * (t1 - start):7.3f}")
-    print(f"  after the last event: {1e3 * (end - max(e[3] for e in events)):.3f} ms")
+    for kind, t0, t1 in sorted(events, key=lambda e: e[1]):
+        print(f"  {kind:6s} {1e3 * (t0 - start):7.3f} -> {1e3 * (t1 - start):7.3f}")
+    print(f"  after the last event: {1e3 * (end - max(e[2] for e in events)):.3f} ms")
 
 
 def one_buffer(threads: int, pieces: int) -> float:
@@ -164,9 +162,8 @@ def one_buffer(threads: int, pieces: int) -> float:
 
 
 import queue  # noqa: E402
-import threading  # noqa: E402
 
-for threads in (4, 8):
+for threads in (4, 8, 12):
     timeline(threads)
 for threads, pieces in ((8, 8), (8, 16), (8, 32), (12, 24), (16, 32)):
     proto_pool = ThreadPoolExecutor(threads)
