@@ -660,7 +660,7 @@ class OursVariant(Peer):
 
     def __init__(self, mr: Any, backend: Any, block: int, unroll: int, load: int):
         self.mr, self.backend, self.block, self.unroll, self.load = mr, backend, block, unroll, load
-        self.name = f"ours-{block}x{unroll}" + ("", "p", "n", "e")[load]
+        self.name = f"ours-{block}x{unroll}" + ("", "p", "n", "e")[load & 3] + (f"t{load >> 2}" if load >> 2 else "")
 
     def bind(self, ds, op):
         o = self.mr.get_op(op)
@@ -755,7 +755,10 @@ def make_peers(cp, mr, backend, torch, torch_info, module, opts) -> list[Peer]:
         # Suffixes: "p" the L2-prefetch load policy (LOAD 1), "n" L1::no_allocate alone (2),
         # "e" cache-streaming __ldcs, evict first (3); none: __ldg (0). See load16 in kernels/multireduce/reduce.cuh.
         variant = variant.lower()
-        load = {"p": 1, "n": 2, "e": 3}.get(variant[-1], 0)
+        tiling = 0
+        if "t" in variant:  # "...tK": tiles of threads x unroll << (K - 1) vectors per block
+            variant, tiling = variant.split("t")[0], int(variant.split("t")[1])
+        load = {"p": 1, "n": 2, "e": 3}.get(variant[-1], 0) | (tiling << 2)
         block, unroll = (int(v) for v in variant.rstrip("pne").split("x"))
         peers.insert(1, OursVariant(mr, backend, block, unroll, load))
     return peers

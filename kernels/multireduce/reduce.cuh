@@ -247,6 +247,60 @@ __device__ __forceinline__ Acc thread_reduce(const T* __restrict__ in, long long
     return v;
 }
 
+// One thread's share of a reduction of in[0, n) by a grid of blocks that each read whole
+// tiles: the aligned body is cut into tiles of TILE 16-byte vectors (a multiple of
+// BLOCK * UNROLL), and block b reads tiles b, b + gridDim.x, ... front to back, UNROLL loads
+// in flight per thread. So each block streams through contiguous memory, and the grid as a
+// whole through gridDim.x tiles at a time. The scalar head and tail go to the grid's first
+// threads, as in thread_reduce. Returns the combination of the thread's accumulators, in a
+// fixed order (the result does not depend on timing).
+template <class T, class Acc, class Out, class Op, int BLOCK, int UNROLL, int LOAD, long long TILE>
+__device__ __forceinline__ Acc tile_reduce(const T* __restrict__ in, long long n, Acc identity) {
+    constexpr int VEC = 16 / sizeof(T);
+    constexpr int ACC = VEC < 4 ? VEC : 4;
+    static_assert(TILE % (static_cast<long long>(BLOCK) * UNROLL) == 0, "a tile is whole unrolled steps");
+
+    Acc acc[ACC];
+#pragma unroll
+    for (int k = 0; k < ACC; ++k) acc[k] = identity;
+
+    const VectorSplit<T> split(in, n);
+    const long long head = split.head, nvec = split.nvec, tail_start = split.tail_start;
+    const uint4* __restrict__ body = split.body;
+    const long long tid = static_cast<long long>(blockIdx.x) * BLOCK + threadIdx.x;
+
+    if (tid < head) acc[0] = Op::combine(acc[0], load_as<Acc, Out>(in[tid]));
+    if (tid < n - tail_start) acc[ACC - 1] = Op::combine(acc[ACC - 1], load_as<Acc, Out>(in[tail_start + tid]));
+
+    for (long long start = static_cast<long long>(blockIdx.x) * TILE; start < nvec;
+         start += static_cast<long long>(gridDim.x) * TILE) {
+        const long long end = start + TILE < nvec ? start + TILE : nvec;
+        long long i = start + threadIdx.x;
+        for (; i + (UNROLL - 1) * BLOCK < end; i += UNROLL * BLOCK) {
+            uint4 raw[UNROLL];
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) raw[u] = load16<LOAD>(body + i + u * BLOCK);
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) {
+                const T* e = reinterpret_cast<const T*>(&raw[u]);
+#pragma unroll
+                for (int j = 0; j < VEC; ++j) acc[j % ACC] = Op::combine(acc[j % ACC], load_as<Acc, Out>(e[j]));
+            }
+        }
+        for (; i < end; i += BLOCK) {
+            const uint4 raw = load16<LOAD>(body + i);
+            const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) acc[j % ACC] = Op::combine(acc[j % ACC], load_as<Acc, Out>(e[j]));
+        }
+    }
+
+    Acc v = acc[0];
+#pragma unroll
+    for (int k = 1; k < ACC; ++k) v = Op::combine(v, acc[k]);
+    return v;
+}
+
 // Combine one value per thread of the `nblocks` blocks that share one output (this block
 // is number `b` of them) into *out: the block tree, then the block that finishes last
 // combines the blocks' partials in block order and resets *counter to zero. Must be
@@ -292,9 +346,20 @@ __global__ void __launch_bounds__(BLOCK)
 reduce_kernel(const T* __restrict__ in, long long n, Acc identity, Acc* __restrict__ partials,
               unsigned int* __restrict__ counter, Out* __restrict__ out) {
     static_assert(BLOCK >= 16 / sizeof(T), "head and tail are handled by the first threads");
-    const long long tid = static_cast<long long>(blockIdx.x) * BLOCK + threadIdx.x;
-    const long long nthreads = static_cast<long long>(gridDim.x) * BLOCK;
-    const Acc v = thread_reduce<T, Acc, Out, Op, UNROLL, LOAD>(in, n, identity, tid, nthreads);
+    // LOAD packs two choices: bits 0-1 the load policy (load16), bits 2+ the tiling. 0: the
+    // grid-stride interleave of thread_reduce; t > 0: tile_reduce with tiles of
+    // BLOCK * UNROLL << (t - 1) vectors.
+    constexpr int POLICY = LOAD & 3;
+    constexpr int TILING = LOAD >> 2;
+    Acc v;
+    if constexpr (TILING == 0) {
+        const long long tid = static_cast<long long>(blockIdx.x) * BLOCK + threadIdx.x;
+        const long long nthreads = static_cast<long long>(gridDim.x) * BLOCK;
+        v = thread_reduce<T, Acc, Out, Op, UNROLL, POLICY>(in, n, identity, tid, nthreads);
+    } else {
+        constexpr long long TILE = (static_cast<long long>(BLOCK) * UNROLL) << (TILING - 1);
+        v = tile_reduce<T, Acc, Out, Op, BLOCK, UNROLL, POLICY, TILE>(in, n, identity);
+    }
     finish<Op, BLOCK>(v, identity, gridDim.x, blockIdx.x, partials, counter, out);
 }
 
