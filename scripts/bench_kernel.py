@@ -658,16 +658,24 @@ class OursAcc32(Peer):
 class OursVariant(Peer):
     """Our kernel with another launch configuration (threads per block x loads in flight)."""
 
-    def __init__(self, mr: Any, backend: Any, block: int, unroll: int, load: int):
+    def __init__(self, mr: Any, backend: Any, block: int, unroll: int, load: int, grid: int | None = None):
         self.mr, self.backend, self.block, self.unroll, self.load = mr, backend, block, unroll, load
+        self.grid = grid
         self.name = f"ours-{block}x{unroll}" + ("", "p", "n", "e")[load & 3] + (f"t{load >> 2}" if load >> 2 else "")
+        self.name += "" if grid is None else f"g{grid}"
 
     def bind(self, ds, op):
         o = self.mr.get_op(op)
         result = o.result_dtype(ds.views[0].dtype)
         acc = o.accumulator_dtype(result)
-        reduce_full, block, unroll, load = self.backend.reduce_full, self.block, self.unroll, self.load
-        return ds.views, lambda a: reduce_full(a, o, acc, result, block=block, unroll=unroll, load=load)
+        reduce_full, block, unroll, load, grid = (
+            self.backend.reduce_full,
+            self.block,
+            self.unroll,
+            self.load,
+            self.grid,
+        )
+        return ds.views, lambda a: reduce_full(a, o, acc, result, block=block, unroll=unroll, load=load, grid=grid)
 
 
 class CupyPeer(Peer):
@@ -755,12 +763,14 @@ def make_peers(cp, mr, backend, torch, torch_info, module, opts) -> list[Peer]:
         # Suffixes: "p" the L2-prefetch load policy (LOAD 1), "n" L1::no_allocate alone (2),
         # "e" cache-streaming __ldcs, evict first (3); none: __ldg (0). See load16 in kernels/multireduce/reduce.cuh.
         variant = variant.lower()
-        tiling = 0
+        tiling, grid = 0, None
+        if "g" in variant:  # "...gN": a grid of N blocks; g0: one block per tile
+            variant, grid = variant.split("g")[0], int(variant.split("g")[1])
         if "t" in variant:  # "...tK": tiles of threads x unroll << (K - 1) vectors per block
             variant, tiling = variant.split("t")[0], int(variant.split("t")[1])
         load = {"p": 1, "n": 2, "e": 3}.get(variant[-1], 0) | (tiling << 2)
         block, unroll = (int(v) for v in variant.rstrip("pne").split("x"))
-        peers.insert(1, OursVariant(mr, backend, block, unroll, load))
+        peers.insert(1, OursVariant(mr, backend, block, unroll, load, grid))
     return peers
 
 

@@ -329,7 +329,20 @@ __device__ __forceinline__ void finish(Acc v, Acc identity, unsigned int nblocks
     __threadfence();  // see every other block's partial
     const volatile Acc* vpartials = partials;
     Acc w = identity;
-    for (unsigned int k = threadIdx.x; k < nblocks; k += BLOCK) w = Op::combine(w, static_cast<Acc>(vpartials[k]));
+    unsigned int k = threadIdx.x;
+    if (nblocks > 4u * BLOCK) {
+        // Many partials (grids of one block per tile): four loads in flight per thread, in
+        // a fixed order, instead of one chain of dependent loads.
+        Acc w1 = identity, w2 = identity, w3 = identity;
+        for (; k + 3u * BLOCK < nblocks; k += 4u * BLOCK) {
+            w = Op::combine(w, static_cast<Acc>(vpartials[k]));
+            w1 = Op::combine(w1, static_cast<Acc>(vpartials[k + BLOCK]));
+            w2 = Op::combine(w2, static_cast<Acc>(vpartials[k + 2u * BLOCK]));
+            w3 = Op::combine(w3, static_cast<Acc>(vpartials[k + 3u * BLOCK]));
+        }
+        w = Op::combine(Op::combine(w, w1), Op::combine(w2, w3));
+    }
+    for (; k < nblocks; k += BLOCK) w = Op::combine(w, static_cast<Acc>(vpartials[k]));
     w = block_reduce<Op, BLOCK>(w, identity, warp_values);
     if (threadIdx.x == 0) {
         *out = convert<Out>(w);

@@ -139,14 +139,16 @@ def reduce_full(
     block: int | None = None,
     unroll: int | None = None,
     load: int | None = None,
+    grid: int | None = None,
     out: cupy.ndarray | None = None,
 ) -> cupy.ndarray:
     """Reduce all of the non-empty CuPy array ``x`` on its device with one kernel launch.
 
-    ``block``, ``unroll`` and ``load`` override the tuned launch configuration (for the
-    benchmark's variants). Returns a 0-d CuPy array of dtype ``result`` on ``x``'s device,
-    on the current stream: ``out`` if given (a 0-d array of dtype ``result`` whose memory the
-    device can write, which the caller checks), else a new one.
+    ``block``, ``unroll``, ``load`` and ``grid`` override the tuned launch configuration (for
+    the benchmark's variants); ``grid=0`` launches one block per tile of a tiled ``load``.
+    Returns a 0-d CuPy array of dtype ``result`` on ``x``'s device, on the current stream:
+    ``out`` if given (a 0-d array of dtype ``result`` whose memory the device can write, which
+    the caller checks), else a new one.
     """
     config = _DEFAULT_CONFIG
     if block or unroll or load is not None:
@@ -154,8 +156,8 @@ def reduce_full(
     device = x.data.device_id
     if device != _runtime.getDevice():
         with x.device:
-            return _launch(x, op, acc, result, config, device, out)
-    return _launch(x, op, acc, result, config, device, out)
+            return _launch(x, op, acc, result, config, device, out, grid)
+    return _launch(x, op, acc, result, config, device, out, grid)
 
 
 def _launch(
@@ -166,6 +168,7 @@ def _launch(
     config: tuple[int, int, int],
     device: int,
     out: cupy.ndarray | None = None,
+    grid_override: int | None = None,
 ):
     # Every step here is on the path of every call: tiny reductions are dominated by it.
     flat = _dense_base(x)
@@ -176,6 +179,11 @@ def _launch(
     n = flat.size
     per_block = (16 // flat.itemsize) * config[0] * config[1]  # elements one block loads per loop trip
     grid = min(max_grid, -(-n // per_block))
+    if grid_override is not None:  # benchmark variants only
+        tiling = config[2] >> 2
+        tile = per_block << (tiling - 1) if tiling else per_block
+        grid = grid_override or max(1, -(-n // tile))
+        max_grid = max(max_grid, grid)
     partials, counter = _workspace(device, _get_current_stream().ptr, max_grid)
     if out is None:
         out = cupy.empty((), dtype=result)
