@@ -21,6 +21,9 @@ __all__ = [
     "CTYPES",
     "DEFAULT_BLOCK",
     "DEFAULT_LOAD",
+    "TILED_LOAD",
+    "TILED_MIN_BYTES",
+    "TILED_TILING",
     "DEFAULT_UNROLL",
     "cols_kernel_name",
     "exact_kernel_name",
@@ -56,6 +59,15 @@ CTYPES: dict[np.dtype, str] = {
 DEFAULT_BLOCK = 512
 DEFAULT_UNROLL = 4
 DEFAULT_LOAD = 0
+#: Inputs of at least this many bytes use the full kernel's tiled mode instead: one block per
+#: tile of ``TILED_TILING`` (tiles of DEFAULT_BLOCK * DEFAULT_UNROLL << (TILED_TILING - 1)
+#: 16-byte vectors: 512 KiB), in the load argument's bits 2 and up. On the H200, 2^30 float32
+#: took 920.5 us (sum), 924.5 (max) and 924.1 (min) that way against 931.0-933.1 us with the
+#: grid-stride interleave and 924.2 (sum) / 940.4 (max) for cupy; at 2^28 (1 GiB) and below
+#: the interleave was as fast or faster (bench/results/h200_6ce6399/bench_kernel_tiles.txt).
+TILED_MIN_BYTES = 2 << 30
+TILED_TILING = 5
+TILED_LOAD = DEFAULT_LOAD | (TILED_TILING << 2)
 #: Threads per block and rows in flight per thread of the column kernel, by accumulator size,
 #: chosen with ``scripts/bench_axis.py --cols-variants`` on the H200 (4 GiB float32, axis=0):
 #: float64 accumulators (sum) 256x8 reach 0.96x the full reduction (512x4: 0.86x); 4-byte ones
@@ -222,7 +234,7 @@ def default_kernel_names(
     """Every instantiation that :func:`multireduce.reduce` and :func:`multireduce.partial` use.
 
     Without ``dtype=``: each op that has a kernel, on each supported dtype, to its result and
-    to its accumulator, as a full, a row and a column reduction; the exact-sum kernel of
+    to its accumulator, as a full (grid-stride and tiled), a row and a column reduction; the exact-sum kernel of
     each float dtype; and the moments, stats-finalize, argmin and argmax kernels of each
     supported dtype.
     The nvcc and NVRTC build tests compile exactly these.
@@ -236,6 +248,7 @@ def default_kernel_names(
             acc = op.accumulator_dtype(result)
             for out in (result, acc):
                 names.add(kernel_name(op, dt, acc, out, block, unroll, load))
+                names.add(kernel_name(op, dt, acc, out, block, unroll, (load & 3) | (TILED_TILING << 2)))
                 names.add(kernel_name(op, dt, acc, out, block, unroll, load, kernel="reduce_rows_kernel"))
                 names.add(cols_kernel_name(op, dt, acc, out, *cols_config(acc)))
     for dt in SUPPORTED_DTYPES:

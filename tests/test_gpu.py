@@ -53,6 +53,52 @@ def test_2_30_float32():
     assert math.isnan(float(multireduce.max(x))) and math.isnan(float(multireduce.sum(x)))
 
 
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64", "int8", "uint64"])
+@pytest.mark.parametrize("tiling", [1, 5])
+def test_tiled_launches_at_small_sizes(dtype, tiling):
+    # The tiled mode (one block per tile) that inputs of TILED_MIN_BYTES and more use, forced
+    # here on small and misaligned inputs: partial last tiles, scalar heads and tails, and a
+    # grid of more than 4 * 512 blocks (the finish's four-loads path). Against the CPU.
+    from multireduce import _kernels
+    from multireduce._backend import cupy as gpu
+
+    load = _kernels.DEFAULT_LOAD | (tiling << 2)
+    rng = np.random.default_rng(tiling)
+    sizes = [1, 3, 5, 33, 257, 2**20 + 1] + ([2**24 + 2**20 + 3] if tiling == 1 else [2**22 + 3])
+    for n in sizes:
+        host = make_data(dtype, n + 3, rng)
+        device = cupy.asarray(host)
+        for offset in (0, 3):
+            x, xd = host[offset:], device[offset:]
+            for op in ("sum", "max", "min"):
+                o = multireduce.get_op(op)
+                result = o.result_dtype(x.dtype)
+                got = gpu.reduce_full(xd, o, o.accumulator_dtype(result), result, load=load, grid=0)
+                check(x, op, got.get()[()])
+
+
+def test_inputs_of_2_gib_take_the_tiled_launch(monkeypatch):
+    from multireduce import _kernels
+    from multireduce._backend import cupy as gpu
+
+    configs = []
+    real = gpu._launcher
+
+    def launcher(device, op, dtype, acc, result, config, *args):
+        configs.append(config)
+        return real(device, op, dtype, acc, result, config, *args)
+
+    monkeypatch.setattr(gpu, "_launcher", launcher)
+    n = _kernels.TILED_MIN_BYTES // 4
+    x, exact = uniform_float32(n, seed=31)
+    got = multireduce.sum(x)
+    rel = abs(Fraction(float(got)) - exact) / exact
+    assert rel <= Fraction(1, 10**7), float(rel)
+    multireduce.sum(x[1:])  # just under the threshold: the grid-stride launch
+    assert [c[2] for c in configs] == [_kernels.TILED_LOAD, _kernels.DEFAULT_LOAD]
+    assert multireduce.sum(x).tobytes() == got.tobytes()
+
+
 @pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
 def test_100_runs_identical_bits(dtype):
     base = cupy.asarray(make_data(dtype, 2**24 + 3 + 5, np.random.default_rng(100)))

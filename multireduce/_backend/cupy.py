@@ -128,6 +128,7 @@ def _dense_base(x: cupy.ndarray):
 
 
 _DEFAULT_CONFIG = (_kernels.DEFAULT_BLOCK, _kernels.DEFAULT_UNROLL, _kernels.DEFAULT_LOAD)
+_TILED_CONFIG = (_kernels.DEFAULT_BLOCK, _kernels.DEFAULT_UNROLL, _kernels.TILED_LOAD)
 
 
 def reduce_full(
@@ -175,11 +176,13 @@ def _launch(
     if flat is None:
         _log.debug("copying a non-dense %s view of shape %s before reducing it", x.dtype, x.shape)
         flat = cupy.ascontiguousarray(x).ravel()
-    kernel, max_grid, identity = _launcher(device, op, x.dtype, acc, result, config)
     n = flat.size
+    if config is _DEFAULT_CONFIG and n * flat.itemsize >= _kernels.TILED_MIN_BYTES and grid_override is None:
+        config, grid_override = _TILED_CONFIG, 0  # large inputs: one block per 512 KiB tile
+    kernel, max_grid, identity = _launcher(device, op, x.dtype, acc, result, config)
     per_block = (16 // flat.itemsize) * config[0] * config[1]  # elements one block loads per loop trip
     grid = min(max_grid, -(-n // per_block))
-    if grid_override is not None:  # benchmark variants only
+    if grid_override is not None:  # large inputs, and benchmark variants
         tiling = config[2] >> 2
         tile = per_block << (tiling - 1) if tiling else per_block
         grid = grid_override or max(1, -(-n // tile))
