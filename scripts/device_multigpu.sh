@@ -12,15 +12,9 @@ set -uo pipefail
 : "${OUT:?set OUT to the output directory}"
 mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
-PY="${PYTHON:-$(command -v python3)}"  # absolute: mpirun's children may not share PATH
-[ -d /tmp/site/dask_cuda ] || "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .whl/*.whl >"$OUT/wheels.txt" 2>&1 || echo "wheel install failed" >>"$OUT/wheels.txt"
-export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-export MULTIREDUCE_MPIEXEC="${MULTIREDUCE_MPIEXEC:-/usr/bin/mpirun}"
-export MULTIREDUCE_MPIEXEC_ARGS="${MULTIREDUCE_MPIEXEC_ARGS-"--allow-run-as-root --oversubscribe"}"
+# shellcheck source=scripts/_device_env.sh
+source scripts/_device_env.sh
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-read -ra MPIRUN <<<"$MULTIREDUCE_MPIEXEC $MULTIREDUCE_MPIEXEC_ARGS"
 steps="${*:-tests profile mpi multigpu scaling dask}"
 GPUS=$(nvidia-smi -L | wc -l)
 RANKS=$(seq -s, 1 "$GPUS" | awk -F, '{s="1"; for (i = 2; i <= NF; i *= 2) s = s "," i; print s}')

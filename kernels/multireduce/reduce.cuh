@@ -200,6 +200,32 @@ struct VectorSplit {
     }
 };
 
+// Fold the 16-byte vectors body[i], body[i + stride], ... below `end` into the thread's ACC
+// accumulators (element j of a vector into acc[j % ACC]), UNROLL loads in flight. Shared by
+// the grid-stride and the tiled loops.
+template <class T, class Acc, class Out, class Op, int UNROLL, int LOAD, int ACC>
+__device__ __forceinline__ void fold_vectors(Acc (&acc)[ACC], const uint4* __restrict__ body, long long i,
+                                             long long end, long long stride) {
+    constexpr int VEC = 16 / sizeof(T);
+    for (; i + (UNROLL - 1) * stride < end; i += UNROLL * stride) {
+        uint4 raw[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) raw[u] = load16<LOAD>(body + i + u * stride);
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const T* e = reinterpret_cast<const T*>(&raw[u]);
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) acc[j % ACC] = Op::combine(acc[j % ACC], load_as<Acc, Out>(e[j]));
+        }
+    }
+    for (; i < end; i += stride) {
+        const uint4 raw = load16<LOAD>(body + i);
+        const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) acc[j % ACC] = Op::combine(acc[j % ACC], load_as<Acc, Out>(e[j]));
+    }
+}
+
 // One thread's share of a reduction of the contiguous range in[0, n), where threads
 // tid = 0 .. nthreads-1 cooperate: a scalar head up to the first 16-byte boundary, the
 // aligned body as 16-byte vectors (UNROLL loads in flight, ACC accumulators), a scalar
@@ -222,24 +248,7 @@ __device__ __forceinline__ Acc thread_reduce(const T* __restrict__ in, long long
     if (tid < head) acc[0] = Op::combine(acc[0], load_as<Acc, Out>(in[tid]));
     if (tid < n - tail_start) acc[ACC - 1] = Op::combine(acc[ACC - 1], load_as<Acc, Out>(in[tail_start + tid]));
 
-    long long i = tid;
-    for (; i + (UNROLL - 1) * nthreads < nvec; i += UNROLL * nthreads) {
-        uint4 raw[UNROLL];
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u) raw[u] = load16<LOAD>(body + i + u * nthreads);
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-            const T* e = reinterpret_cast<const T*>(&raw[u]);
-#pragma unroll
-            for (int j = 0; j < VEC; ++j) acc[j % ACC] = Op::combine(acc[j % ACC], load_as<Acc, Out>(e[j]));
-        }
-    }
-    for (; i < nvec; i += nthreads) {
-        const uint4 raw = load16<LOAD>(body + i);
-        const T* e = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) acc[j % ACC] = Op::combine(acc[j % ACC], load_as<Acc, Out>(e[j]));
-    }
+    fold_vectors<T, Acc, Out, Op, UNROLL, LOAD>(acc, body, tid, nvec, nthreads);
 
     Acc v = acc[0];
 #pragma unroll
@@ -275,24 +284,7 @@ __device__ __forceinline__ Acc tile_reduce(const T* __restrict__ in, long long n
     for (long long start = static_cast<long long>(blockIdx.x) * TILE; start < nvec;
          start += static_cast<long long>(gridDim.x) * TILE) {
         const long long end = start + TILE < nvec ? start + TILE : nvec;
-        long long i = start + threadIdx.x;
-        for (; i + (UNROLL - 1) * BLOCK < end; i += UNROLL * BLOCK) {
-            uint4 raw[UNROLL];
-#pragma unroll
-            for (int u = 0; u < UNROLL; ++u) raw[u] = load16<LOAD>(body + i + u * BLOCK);
-#pragma unroll
-            for (int u = 0; u < UNROLL; ++u) {
-                const T* e = reinterpret_cast<const T*>(&raw[u]);
-#pragma unroll
-                for (int j = 0; j < VEC; ++j) acc[j % ACC] = Op::combine(acc[j % ACC], load_as<Acc, Out>(e[j]));
-            }
-        }
-        for (; i < end; i += BLOCK) {
-            const uint4 raw = load16<LOAD>(body + i);
-            const T* e = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-            for (int j = 0; j < VEC; ++j) acc[j % ACC] = Op::combine(acc[j % ACC], load_as<Acc, Out>(e[j]));
-        }
+        fold_vectors<T, Acc, Out, Op, UNROLL, LOAD>(acc, body, start + threadIdx.x, end, BLOCK);
     }
 
     Acc v = acc[0];
