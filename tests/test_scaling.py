@@ -171,10 +171,12 @@ def test_treereduce_task_count_matches_dask():
     da = pytest.importorskip("dask.array")
     from multireduce.dask import treereduce
 
-    for chunks in (1, 4, 16, 64):
+    for chunks in (1, 4, 16, 64, 65, 300):
         x = da.ones(chunks * 2, chunks=2)
         graph = dict(treereduce(x, "sum").__dask_graph__())
         assert sm.treereduce_tasks(chunks) == len(graph) - chunks, chunks
+        graph = dict(treereduce(x, "sum", split_every=4).__dask_graph__())
+        assert sm.treereduce_tasks(chunks, split_every=4) == len(graph) - chunks, chunks
     assert sm.dask_time(toy_inputs(), 4 * GiB, 1) == pytest.approx(20e-3 + 5 * 0.5e-3 + 931e-6)
 
 
