@@ -641,7 +641,11 @@ class _Pipeline:
         # Every copy thread ends with _DONE; only then are the slots of unfinished segments
         # returned (no thread writes into them any more).
         while finished < workers:
-            item = ready.get()
+            try:
+                item = ready.get()
+            except BaseException as exc:  # KeyboardInterrupt while waiting: stop, drain, raise
+                error = error or fail(exc)
+                continue
             if item is _DONE:
                 finished += 1
             elif isinstance(item, BaseException):

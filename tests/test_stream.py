@@ -363,6 +363,33 @@ def test_a_failure_while_others_wait_for_a_slot(monkeypatch, when):
     assert int(got) == exact_int_sum(x, np.int64)
 
 
+def test_an_interrupt_while_waiting_stops_the_copy_threads(monkeypatch):
+    # Ctrl-C in the calling thread while it waits for copied pieces: the copy threads stop,
+    # every slot comes back, the interrupt is raised, and the next call works.
+    import queue
+
+    class Interrupted(queue.SimpleQueue):
+        calls = 0
+
+        def get(self, *args, **kwargs):
+            Interrupted.calls += 1
+            if Interrupted.calls == 2:
+                raise KeyboardInterrupt
+            return super().get(*args, **kwargs)
+
+    from types import SimpleNamespace
+
+    # Only the pipeline's queue: concurrent.futures' executors use queue.SimpleQueue too.
+    monkeypatch.setattr(stream, "queue", SimpleNamespace(SimpleQueue=Interrupted))
+    dev = stream.SimulatedDevice(upload_delay=0.001)
+    x = np.arange(6 * MIB, dtype=np.int32)
+    with pytest.raises(KeyboardInterrupt):
+        sim_reduce(x, "sum", device=dev, budget=8 * MIB, slot_bytes=4 * MIB, threads=8)
+    assert dev._pipelines[4 * MIB].in_use == 0
+    got, _ = sim_reduce(x, "sum", device=dev, budget=8 * MIB, slot_bytes=4 * MIB, threads=8)
+    assert int(got) == exact_int_sum(x, np.int64)
+
+
 def test_freeing_slots_in_use_is_refused():
     dev = stream.SimulatedDevice()
     p = stream._Pipeline(dev, 1024)
