@@ -519,21 +519,21 @@ class _Pipeline:
         for slot in slots:
             self.device.free_slot(slot)
 
-    def fill(self, slot: _Slot, piece: np.ndarray) -> None:
-        """Copy ``piece`` into ``slot``'s pinned buffer, once the last upload out of it is done."""
-        self.device.host_ready(slot)
-        staged = slot.host[: piece.nbytes].view(piece.dtype).reshape(piece.shape)
-        np.copyto(staged, piece, casting="no")
+    @staticmethod
+    def fill(slot: _Slot, piece: np.ndarray, offset: int = 0) -> None:
+        """Copy ``piece`` into ``slot``'s pinned buffer at byte ``offset``.
 
-    def issue(self, slot: _Slot, piece: np.ndarray, op: Op, acc: np.dtype) -> _partials.Partial:
-        """Upload the piece :meth:`fill` staged in ``slot`` and reduce it on the device."""
-        self.device.upload(slot, piece.nbytes)
-        return self.device.reduce(slot, piece.dtype, piece.size, op, acc)
+        The caller has waited for the slot's last upload out of it (``host_ready``).
+        """
+        staged = slot.host[offset : offset + piece.nbytes].view(piece.dtype).reshape(piece.shape)
+        np.copyto(staged, piece, casting="no")
 
     def stage(self, slot: _Slot, piece: np.ndarray, op: Op, acc: np.dtype) -> _partials.Partial:
         """Copy ``piece`` through ``slot``'s pinned buffer to the device and reduce it there."""
+        self.device.host_ready(slot)
         self.fill(slot, piece)
-        return self.issue(slot, piece, op, acc)
+        self.device.upload(slot, piece.nbytes)
+        return self.device.reduce(slot, piece.dtype, piece.size, op, acc)
 
     def direct(self, slot: _Slot, piece: np.ndarray, op: Op, acc: np.dtype) -> _partials.Partial:
         """Copy the pinned ``piece`` straight to the device and reduce it there."""
@@ -581,7 +581,6 @@ class _Pipeline:
         usable: list[_Slot | None] = [None] * nseg
         claimed = [False] * nseg
         have_slot = [threading.Event() for _ in range(nseg)]
-        released = [False] * nseg
         parts: list[_partials.Partial | None] = [None] * nseg
         lock = threading.Lock()
         ready: queue.SimpleQueue = queue.SimpleQueue()  # a piece index, an exception, or _DONE
@@ -614,10 +613,7 @@ class _Pipeline:
                     slot = slot_for(seg_of[i])
                     if slot is None:
                         return
-                    piece = views[i]
-                    start = offset_of[i]
-                    staged = slot.host[start : start + piece.nbytes].view(piece.dtype).reshape(piece.shape)
-                    np.copyto(staged, piece, casting="no")
+                    self.fill(slot, views[i], offset_of[i])
                     ready.put(i)
             except BaseException as exc:
                 ready.put(exc)
@@ -658,12 +654,11 @@ class _Pipeline:
                     left[k] -= 1
                     if not left[k]:
                         parts[k] = self.device.reduce(slots[k], src.dtype, seg_bytes[k] // itemsize, op, acc)
-                        released[k] = True
                         self.release(slots[k])
                 except BaseException as exc:
                     error = fail(exc)
         for k in range(nseg):
-            if slots[k] is not None and not released[k]:
+            if slots[k] is not None and parts[k] is None:  # a segment's kernel returned its slot
                 self.release(slots[k])
         if error is not None:
             raise error
