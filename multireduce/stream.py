@@ -8,7 +8,7 @@ The pipeline
 The input is cut into *pieces* of at most one staging buffer each, and consecutive pieces that
 fit one staging buffer form a *segment*. A *slot* is one staging unit: a pinned host buffer, a
 device buffer of the same size, a non-blocking CUDA stream, and an event recorded after the
-slot's last host-to-device copy. Copy threads take pieces in order:
+slot's last kernel (so after its last host-to-device copy). Copy threads take pieces in order:
 
 1. the first thread to reach a segment takes a free slot for it (blocking while all are
    taken) and waits on the slot's event, so that the previous copy out of the pinned buffer
@@ -16,17 +16,17 @@ slot's last host-to-device copy. Copy threads take pieces in order:
 2. each thread copies its piece into the segment's pinned buffer, at the piece's offset, with
    NumPy (``np.copyto`` drops the GIL, so several threads copy pageable memory in parallel: one
    thread alone reaches only a fraction of the link, and ``cudaMemcpy`` from pageable memory
-   gets 7-8.7 GB/s on the H200 host), and hands the piece to the calling thread, which
-3. issues the piece's asynchronous copy to the same offset of the slot's device buffer (on
-   the slot's stream) and records the event; once every piece of the segment is over, it
-   launches :func:`multireduce.core.partial` on the segment's device bytes, on the slot's
-   stream, and returns the slot.
+   gets 7-8.7 GB/s on the H200 host), then
+3. issues the piece's asynchronous copy to the same offset of the slot's device buffer, on
+   the slot's stream (CuPy's ``memcpyAsync`` drops the GIL too). The thread that issues a
+   segment's last copy hands the segment to the calling thread, which launches
+   :func:`multireduce.core.partial` on the segment's device bytes, on the slot's stream (so
+   after every copy into it), records the slot's event and returns the slot.
 
-Only the calling thread makes CUDA calls, one asynchronous copy per piece and one kernel per
-segment, so the copy threads hold the GIL only briefly between copies. Copies into pinned
-memory, copies over the link and kernels of different pieces and segments overlap. Source
-arrays that are already pinned skip step 2: their pieces go straight over the link, from one
-thread.
+The calling thread launches one kernel per segment and waits for nothing else, and the copy
+threads hold the GIL only briefly between copies. Copies into pinned memory, copies over the
+link and kernels of different pieces and segments overlap. Source arrays that are already
+pinned skip step 2: their pieces go straight over the link, from one thread.
 
 Each segment's partial (accumulator dtype, on the device) carries an event; at the end the
 caller's stream waits on them, stacks them in input order and reduces them with the core, so
@@ -52,6 +52,7 @@ import os
 import queue
 import sys
 import threading
+from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -85,6 +86,8 @@ MIN_PIECE_BYTES = 1 << 20
 _MAX_DEFAULT_THREADS = 12
 #: Input bytes per default copy thread (see :func:`make_plan`).
 BYTES_PER_THREAD = 8 << 20
+#: Pieces per copy thread for inputs smaller than ``threads`` full slots (see :func:`make_plan`).
+PIECES_PER_THREAD = 4
 _PIECE_ALIGN = 64 << 10
 # cudaMemoryTypeHost in CUDA's cudaMemoryType enum: page-locked host memory.
 _CUDA_MEMORY_TYPE_HOST = 1
@@ -183,9 +186,9 @@ def make_plan(
     # still running do not stall the copying threads.
     n_slots = min(budget // slot_bytes, threads + 3)
     threads = min(threads, n_slots)
-    # Cut small inputs into about two pieces per thread, so that all threads copy; large ones
-    # into full slots.
-    target = -(-max(nbytes, 1) // (2 * threads))
+    # Cut small inputs into PIECES_PER_THREAD pieces per thread, so that all threads copy and
+    # the link starts early and ends soon after the last copy; large ones into full slots.
+    target = -(-max(nbytes, 1) // (PIECES_PER_THREAD * threads))
     target = -(-target // _PIECE_ALIGN) * _PIECE_ALIGN  # aligned sources copy faster
     piece = min(slot_bytes, max(MIN_PIECE_BYTES, target))
     piece = max(itemsize, piece - piece % itemsize)
@@ -294,9 +297,20 @@ class _CupyDevice:
         slot.copied.synchronize()  # returns at once for an event never recorded
 
     def upload(self, slot: _Slot, nbytes: int, offset: int = 0) -> None:
+        # Called from the copy threads: CuPy's runtime call drops the GIL while CUDA queues
+        # the copy, so the threads hold the GIL for a few microseconds per piece.
+        runtime = self.cupy.cuda.runtime
         with self.cupy.cuda.Device(self.device):
-            host = slot.host.ctypes.data + offset
-            (slot.device_buffer.data + offset).copy_from_host_async(host, nbytes, slot.stream)
+            runtime.memcpyAsync(
+                slot.device_buffer.data.ptr + offset,
+                slot.host.ctypes.data + offset,
+                nbytes,
+                runtime.memcpyHostToDevice,
+                slot.stream.ptr,
+            )
+
+    def fence(self, slot: _Slot) -> None:
+        with self.cupy.cuda.Device(self.device):
             slot.copied.record(slot.stream)
 
     def upload_from(self, slot: _Slot, source: np.ndarray) -> None:
@@ -304,13 +318,14 @@ class _CupyDevice:
         raw = source.reshape(-1).view(np.uint8)
         with self.cupy.cuda.Device(self.device):
             slot.device_buffer[: raw.size].set(raw, stream=slot.stream)
-            slot.copied.record(slot.stream)
 
     def reduce(self, slot: _Slot, dtype: np.dtype, count: int, op: Op, acc: np.dtype) -> _partials.Partial:
         cupy = self.cupy
         with cupy.cuda.Device(self.device), slot.stream:
             view = slot.device_buffer[: count * dtype.itemsize].view(dtype)
-            return _partials.wrap(_partials.of_array(view, op, acc), count, slot.stream)
+            part = _partials.wrap(_partials.of_array(view, op, acc), count, slot.stream)
+            slot.copied.record(slot.stream)  # after the uploads before it, in stream order
+            return part
 
     def empty_partial(self, op: Op, acc: np.dtype) -> _partials.Partial:
         with self.cupy.cuda.Device(self.device):
@@ -403,7 +418,7 @@ class SimulatedDevice:
     def host_ready(self, slot: _Slot) -> None:
         """Block until the last upload out of the slot's host buffer has finished."""
         if slot.copied is not None:
-            slot.copied.result()
+            futures.wait([slot.copied])  # its outcome belongs to the call that issued it
 
     def _copy(self, slot: _Slot, source: np.ndarray, offset: int = 0) -> None:
         if self.upload_delay:
@@ -418,19 +433,24 @@ class SimulatedDevice:
         with self._lock:
             self.uploads += 1
             self.host_copies += 1
-        slot.copied = slot.stream.submit(self._copy, slot, slot.host[offset : offset + nbytes], offset)
+        slot.stream.submit(self._copy, slot, slot.host[offset : offset + nbytes], offset)
+
+    def fence(self, slot: _Slot) -> None:
+        """Mark the slot's host buffer free once the stream's work so far is done."""
+        slot.copied = slot.stream.submit(lambda: None)
 
     def upload_from(self, slot: _Slot, source: np.ndarray) -> None:
         """Start copying the pinned ``source`` to the device buffer, on the slot's stream."""
         with self._lock:
             self.uploads += 1
             self.direct_uploads += 1
-        slot.copied = slot.stream.submit(self._copy, slot, source.reshape(-1).view(np.uint8))
+        slot.stream.submit(self._copy, slot, source.reshape(-1).view(np.uint8))
 
     def reduce(self, slot: _Slot, dtype: np.dtype, count: int, op: Op, acc: np.dtype) -> _partials.Partial:
         """Start reducing the device buffer on the slot's stream; the value is a future."""
         view = slot.device_buffer[: count * dtype.itemsize].view(dtype)
-        return _partials.Partial(slot.stream.submit(_partials.of_array, view, op, acc), count)
+        slot.copied = slot.stream.submit(_partials.of_array, view, op, acc)  # after the uploads
+        return _partials.Partial(slot.copied, count)
 
     def empty_partial(self, op: Op, acc: np.dtype) -> _partials.Partial:
         """The partial of zero elements."""
@@ -556,18 +576,19 @@ class _Pipeline:
         return self.device.finish(parts, op, result)
 
     def _run_threads(self, src, pieces, op, acc, plan: StreamPlan) -> list[_partials.Partial]:
-        """Copy threads fill slots; the calling thread issues every upload and kernel.
+        """Copy threads fill slots and upload; the calling thread launches one kernel per slot.
 
         Consecutive pieces that fit one slot form a *segment*. The first copy thread to reach
-        a segment takes a slot for it (and waits for the slot's last upload); the threads
-        copy the segment's pieces into it side by side. The calling thread uploads each
-        copied piece, and once a segment's pieces are all uploaded, reduces the segment with
-        one kernel and returns its slot. So the copy threads run almost only ``np.copyto``
-        (which drops the GIL), and the per-piece work of the calling thread is one
-        asynchronous copy. (With every thread also issuing its own uploads and kernels, 2^24
-        float32 took 3.8 ms with 4 threads and 8.2 ms with 12 on the H200 host,
-        bench/results/h200_86cb66d/diag_stream.txt; with one issuing thread but a kernel and
-        event per piece, 3.7-4.7 ms, bench/results/h200_6a6b1b9/diag_stream.txt.)
+        a segment takes a slot for it (and waits for the slot's last upload); the threads copy
+        the segment's pieces into it side by side, and each issues its piece's asynchronous
+        upload on the slot's stream right after its copy (``np.copyto`` and CuPy's
+        ``memcpyAsync`` both drop the GIL). The thread that issues a segment's last upload
+        hands the segment to the calling thread, which reduces it with one kernel on the same
+        stream (after every upload, in stream order) and returns its slot. (With a kernel and
+        an event per piece from every thread, 2^24 float32 took 3.8 ms with 4 threads and 8.2
+        ms with 12 on the H200 host, bench/results/h200_86cb66d/diag_stream.txt; with the
+        calling thread issuing every upload, 2.85 ms back to back, 4.4 ms between other work,
+        bench/results/h200_c70c854.)
 
         Returns the segments' partials, in input order.
         """
@@ -583,7 +604,7 @@ class _Pipeline:
         have_slot = [threading.Event() for _ in range(nseg)]
         parts: list[_partials.Partial | None] = [None] * nseg
         lock = threading.Lock()
-        ready: queue.SimpleQueue = queue.SimpleQueue()  # a piece index, an exception, or _DONE
+        ready: queue.SimpleQueue = queue.SimpleQueue()  # a segment index, an exception, or _DONE
         counter = itertools.count()  # next() on it is atomic under the GIL
         stop = threading.Event()
 
@@ -610,11 +631,17 @@ class _Pipeline:
                     i = next(counter)
                     if i >= len(views):
                         return
-                    slot = slot_for(seg_of[i])
+                    k = seg_of[i]
+                    slot = slot_for(k)
                     if slot is None:
                         return
                     self.fill(slot, views[i], offset_of[i])
-                    ready.put(i)
+                    self.device.upload(slot, views[i].nbytes, offset_of[i])
+                    with lock:
+                        left[k] -= 1
+                        last = not left[k]
+                    if last:
+                        ready.put(k)
             except BaseException as exc:
                 ready.put(exc)
             finally:
@@ -647,19 +674,20 @@ class _Pipeline:
             elif isinstance(item, BaseException):
                 error = error or fail(item)
             elif error is None:
-                i = item
-                k = seg_of[i]
+                k = item
                 try:
-                    self.device.upload(slots[k], views[i].nbytes, offset_of[i])
-                    left[k] -= 1
-                    if not left[k]:
-                        parts[k] = self.device.reduce(slots[k], src.dtype, seg_bytes[k] // itemsize, op, acc)
-                        self.release(slots[k])
+                    parts[k] = self.device.reduce(slots[k], src.dtype, seg_bytes[k] // itemsize, op, acc)
+                    self.release(slots[k])
                 except BaseException as exc:
                     error = fail(exc)
         for k in range(nseg):
-            if slots[k] is not None and parts[k] is None:  # a segment's kernel returned its slot
-                self.release(slots[k])
+            if slots[k] is not None and parts[k] is None:  # a segment without a kernel
+                # Uploads out of its pinned buffer may still be queued: the next user of the
+                # slot waits for them.
+                try:
+                    self.device.fence(slots[k])
+                finally:
+                    self.release(slots[k])
         if error is not None:
             raise error
         return parts

@@ -9,10 +9,18 @@ For each (op, per-rank n) it times, per call and interleaved:
   CUDA-aware, one or two MPI_Allreduce calls, and the final cast);
 * ``raw``: ``comm.Allreduce(IN_PLACE, 8-byte host buffer, SUM)``, MPI's own floor.
 
-``overhead = allreduce - local`` is what the MPI layer adds. Each repetition runs ``--inner``
-calls between ``Barrier``s and takes ``MPI.Wtime`` on each rank; the per-call time of a
-repetition is the maximum over ranks, and the table shows the median over ``--repeat``
-repetitions (the JSON also keeps the minimum and every sample).
+``overhead = allreduce - local`` is what the MPI layer adds. It is measured two ways:
+
+* *free-running* (``overhead``): each repetition runs ``--inner`` calls between ``Barrier``s
+  and takes ``MPI.Wtime`` on each rank; the per-call time of a repetition is the maximum over
+  ranks, and the table shows the median over ``--repeat`` repetitions (the JSON also keeps
+  the minimum and every sample). The local calls of different ranks drift apart, while every
+  ``allreduce`` call waits for the slowest rank, so at several ranks this charges the MPI layer
+  with the ranks' jitter and with their kernels contending for a shared GPU.
+* *lockstep* (``overhead_lockstep``): every call starts right after a ``Barrier`` and is timed
+  alone on each rank; a call's time is the maximum over ranks (what a job that synchronizes
+  anyway sees), and the table shows the median over ``--repeat`` x ``--inner`` calls. Local
+  and combined calls then start alike, and the difference is the combine alone.
 
 Run with ``mpirun -n 1|2|4 python scripts/bench_mpi.py``. Writes one JSON file (one record
 per configuration, with the git commit, the GPU name or "cpu", ranks and the MPI library).
@@ -80,6 +88,16 @@ def main(argv=None) -> int:
         elapsed = (MPI.Wtime() - start) / inner
         return comm.allreduce(elapsed, op=MPI.MAX)
 
+    def lockstep(fn, inner: int) -> list[float]:
+        times = np.empty(inner)
+        for i in range(inner):
+            comm.Barrier()
+            start = MPI.Wtime()
+            fn()
+            times[i] = MPI.Wtime() - start
+        comm.Allreduce(MPI.IN_PLACE, times, op=MPI.MAX)
+        return times.tolist()
+
     dtype = np.dtype(args.dtype)
     raw_buf = np.zeros(1, dtype=np.float64)
     records = []
@@ -103,12 +121,16 @@ def main(argv=None) -> int:
                 combined()
                 raw()
             samples = {"local": [], "allreduce": [], "raw": []}
+            steps = {"local": [], "allreduce": []}
             for _ in range(args.repeat):
                 # Interleaved, so that drift (clocks, other tenants) hits all three alike.
                 samples["local"].append(per_call(local, args.inner))
                 samples["allreduce"].append(per_call(combined, args.inner))
                 samples["raw"].append(per_call(raw, args.inner))
+                steps["local"] += lockstep(local, args.inner)
+                steps["allreduce"] += lockstep(combined, args.inner)
             med = {k: statistics.median(v) for k, v in samples.items()}
+            step = {k: statistics.median(v) for k, v in steps.items()}
             records.append(
                 {
                     "op": op,
@@ -124,6 +146,12 @@ def main(argv=None) -> int:
                     "allreduce_us_min": min(samples["allreduce"]) * 1e6,
                     "overhead_us_min": (min(samples["allreduce"]) - min(samples["local"])) * 1e6,
                     "samples_us": {k: [s * 1e6 for s in v] for k, v in samples.items()},
+                    "local_lockstep_us_median": step["local"] * 1e6,
+                    "allreduce_lockstep_us_median": step["allreduce"] * 1e6,
+                    "overhead_lockstep_us_median": (step["allreduce"] - step["local"]) * 1e6,
+                    "lockstep_us_p10_p90": {
+                        k: [float(np.percentile(v, q)) * 1e6 for q in (10, 90)] for k, v in steps.items()
+                    },
                 }
             )
     transport = comm.gather(mpi.transport_counts(), root=0)
@@ -146,7 +174,10 @@ def main(argv=None) -> int:
         "warmup": args.warmup,
         "repeat": args.repeat,
         "inner": args.inner,
-        "timing": "Barrier, stream sync, MPI.Wtime around --inner calls; max over ranks per repetition",
+        "timing": (
+            "free-running: Barrier, stream sync, MPI.Wtime around --inner calls, max over ranks per repetition; "
+            "lockstep: Barrier before every call, each call timed, max over ranks per call"
+        ),
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "records": records,
     }
@@ -156,11 +187,15 @@ def main(argv=None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=2) + "\n")
     print(f"bench_mpi: {size} rank(s), {gpu_name}, {doc['mpi_library']}, CUDA-aware {aware.enabled} ({aware.method})")
-    print(f"{'op':<5} {'n/rank':>10} {'local us':>10} {'allreduce us':>13} {'overhead us':>12} {'raw 8B us':>10}")
+    print(f"{'':<17} {'free-running (us)':^38} {'lockstep (us)':^38}")
+    head = f"{'local':>10} {'allreduce':>13} {'overhead':>12}"
+    print(f"{'op':<5} {'n/rank':>10} {head} {head} {'raw 8B us':>10}")
     for r in records:
         print(
             f"{r['op']:<5} {r['n_per_rank']:>10} {r['local_us_median']:>10.2f} {r['allreduce_us_median']:>13.2f} "
-            f"{r['overhead_us_median']:>12.2f} {r['raw_allreduce_8B_us_median']:>10.2f}"
+            f"{r['overhead_us_median']:>12.2f} {r['local_lockstep_us_median']:>10.2f} "
+            f"{r['allreduce_lockstep_us_median']:>13.2f} {r['overhead_lockstep_us_median']:>12.2f} "
+            f"{r['raw_allreduce_8B_us_median']:>10.2f}"
         )
     print(f"wrote {out}")
     return 0

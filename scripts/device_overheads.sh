@@ -6,7 +6,7 @@
 #
 #     OUT=/some/dir MULTIREDUCE_GIT_COMMIT=<sha> bash scripts/device_overheads.sh [steps...]
 #
-# Steps (default: all, in this order): tests, stream, dask, mpi, kernel, axis, mps. Each step's
+# Steps (default: all, in this order): tests, stream, generated, dask, mpi, kernel, axis, mps. Each step's
 # output goes to "$OUT/<name>.txt" (and JSON where the script writes one); summary.txt gets
 # one line per step (exit status, seconds, command) and is appended to, so that the script can
 # be called once per step. About 9 minutes for all steps.
@@ -21,7 +21,7 @@ mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
 # shellcheck source=scripts/_device_env.sh
 source scripts/_device_env.sh
-steps="${*:-tests stream dask mpi kernel axis mps}"
+steps="${*:-tests stream generated dask mpi kernel axis mps}"
 
 SUMMARY="$OUT/summary.txt"
 # shellcheck source=scripts/_steps.sh
@@ -43,6 +43,8 @@ for s in $steps; do
     stream) step diag_stream 150 "$PY" scripts/diag_stream.py
             step bench_stream 200 "$PY" scripts/bench_stream.py --cases pinned,pageable,seed,dask --gib 4 --repeat 5 \
               --output "$OUT/bench_stream.json" ;;
+    generated) step bench_stream_generated 300 "$PY" scripts/bench_stream.py --cases generated \
+                 --output "$OUT/bench_stream_generated.json" ;;
     dask) step bench_dask 150 "$PY" scripts/bench_dask.py --output "$OUT/bench_dask.json"
           step profile_dask 120 "$PY" scripts/profile_dask.py ;;
     mpi) step profile_mpi_n1 90 "${MPIRUN[@]}" -n 1 "$PY" scripts/profile_mpi.py --output "$OUT/profile_mpi_n1.json"

@@ -69,13 +69,13 @@ def test_make_plan_respects_the_budget(nbytes, budget, threads):
     assert p.n_slots >= 2
     assert 1 <= p.threads <= min(threads, p.n_slots)
     assert 4 <= p.piece_bytes <= p.slot_bytes and p.piece_bytes % 4 == 0
-    if nbytes >= p.threads * 2 * p.slot_bytes:
+    if nbytes >= p.threads * stream.PIECES_PER_THREAD * p.slot_bytes:
         assert p.piece_bytes == p.slot_bytes  # large inputs: full slots
 
 
 def test_make_plan_small_inputs_are_split_for_all_threads():
     p = stream.make_plan(64 << 20, 4, threads=8)  # the seed's 2^24 float32
-    assert p.piece_bytes == 4 << 20 and p.threads == 8
+    assert p.piece_bytes == (64 << 20) // (8 * stream.PIECES_PER_THREAD) and p.threads == 8
     assert stream.make_plan(100, 8, threads=8).piece_bytes == stream.MIN_PIECE_BYTES
 
 
@@ -83,7 +83,7 @@ def test_default_threads_grow_with_the_input(monkeypatch):
     monkeypatch.setattr(stream, "_default_threads", lambda: 12)
     assert stream.make_plan(100, 4).threads == 1
     assert stream.make_plan(64 << 20, 4).threads == 8  # the seed's case: 8 was fastest on the H200
-    assert stream.make_plan(64 << 20, 4).piece_bytes == 4 << 20
+    assert stream.make_plan(64 << 20, 4).piece_bytes == (64 << 20) // (8 * stream.PIECES_PER_THREAD)
     assert stream.make_plan(4 << 30, 4).threads == 12
     assert stream.make_plan(4 << 30, 4, threads=2).threads == 2  # an explicit count wins
 
@@ -261,23 +261,24 @@ def test_a_failing_copy_raises_and_releases_every_slot(monkeypatch, threads):
     assert int(got) == exact_int_sum(x, np.int64)
 
 
-def test_uploads_and_kernels_are_issued_by_the_calling_thread(monkeypatch):
+def test_kernels_are_launched_by_the_calling_thread_and_uploads_by_the_copy_threads(monkeypatch):
     import threading
 
     dev = stream.SimulatedDevice()
-    issuers = set()
-    for name in ("upload", "reduce"):
+    issuers: dict[str, set] = {"upload": set(), "reduce": set()}
+    for name in issuers:
         real = getattr(dev, name)
 
-        def record(*args, real=real):
-            issuers.add(threading.get_ident())
+        def record(*args, real=real, name=name):
+            issuers[name].add(threading.get_ident())
             return real(*args)
 
         monkeypatch.setattr(dev, name, record)
     x = make_data("float32", 100_000, np.random.default_rng(11))
     got, _ = sim_reduce(x, "sum", device=dev, threads=4)
     check(x, "sum", got)
-    assert issuers == {threading.get_ident()}
+    assert issuers["reduce"] == {threading.get_ident()}
+    assert issuers["upload"] and threading.get_ident() not in issuers["upload"]
 
 
 def test_segments_group_consecutive_pieces_into_slots():
@@ -315,8 +316,8 @@ def test_several_pieces_per_slot(threads):
     got, dev, kernels = sim_segments(x, "sum", threads=threads)
     assert int(got) == exact_int_sum(x, np.int64)
     assert sum(kernels) == x.size
-    # One copy thread gets 4 MiB pieces (two per thread is the plan), one to a slot.
-    assert len(kernels) < dev.uploads if threads > 1 else len(kernels) == dev.uploads
+    # Each copy thread's share comes in PIECES_PER_THREAD pieces of at most 2 MiB, several to a slot.
+    assert len(kernels) < dev.uploads
     assert all(k * 4 <= 4 * MIB for k in kernels)
     y = make_data("float32", 3 * MIB + 5, np.random.default_rng(13))
     for op in OPS:
