@@ -45,6 +45,7 @@ order; the CPU tests run the same pipeline through it.
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import itertools
 import math
@@ -88,6 +89,8 @@ _MAX_DEFAULT_THREADS = 12
 BYTES_PER_THREAD = 8 << 20
 #: Pieces per copy thread for inputs smaller than ``threads`` full slots (see :func:`make_plan`).
 PIECES_PER_THREAD = 4
+#: Piece size where one thread copies and uploads a chunk alone (a Dask task's chunk).
+SERIAL_PIECE_BYTES = 4 << 20
 _PIECE_ALIGN = 64 << 10
 # cudaMemoryTypeHost in CUDA's cudaMemoryType enum: page-locked host memory.
 _CUDA_MEMORY_TYPE_HOST = 1
@@ -259,7 +262,7 @@ def _pieces_of(a: np.ndarray, piece_bytes: int) -> tuple[np.ndarray, list[tuple]
 class _Slot:
     """One staging unit. ``copied`` guards ``host``: set after the last copy out of it."""
 
-    __slots__ = ("copied", "device_buffer", "host", "keep", "stream")
+    __slots__ = ("copied", "device_buffer", "device_ptr", "host", "host_ptr", "keep", "stream", "stream_ptr")
 
     def __init__(self, host: np.ndarray, device_buffer: Any, stream: Any, copied: Any, keep: Any = None):
         self.host = host
@@ -267,6 +270,10 @@ class _Slot:
         self.stream = stream
         self.copied = copied
         self.keep = keep  # what owns ``host``'s memory (CuPy's PinnedMemoryPointer)
+        # Raw addresses, so that an upload from a copy thread is one runtime call.
+        self.host_ptr = host.ctypes.data
+        self.device_ptr = device_buffer.data.ptr if keep is not None else 0
+        self.stream_ptr = stream.ptr if keep is not None else 0
 
 
 class _CupyDevice:
@@ -296,18 +303,18 @@ class _CupyDevice:
     def host_ready(self, slot: _Slot) -> None:
         slot.copied.synchronize()  # returns at once for an event never recorded
 
+    def bind(self) -> Any:
+        """A context in which the calling thread's CUDA calls go to this device."""
+        return self.cupy.cuda.Device(self.device)
+
     def upload(self, slot: _Slot, nbytes: int, offset: int = 0) -> None:
-        # Called from the copy threads: CuPy's runtime call drops the GIL while CUDA queues
-        # the copy, so the threads hold the GIL for a few microseconds per piece.
+        # Called from copy threads (inside bind()): one runtime call, which drops the GIL while
+        # CUDA queues the copy. Each extra GIL hand-off per piece costs tens of microseconds
+        # when eight threads contend for it (bench/results/h200_*/diag_stream.txt).
         runtime = self.cupy.cuda.runtime
-        with self.cupy.cuda.Device(self.device):
-            runtime.memcpyAsync(
-                slot.device_buffer.data.ptr + offset,
-                slot.host.ctypes.data + offset,
-                nbytes,
-                runtime.memcpyHostToDevice,
-                slot.stream.ptr,
-            )
+        runtime.memcpyAsync(
+            slot.device_ptr + offset, slot.host_ptr + offset, nbytes, runtime.memcpyHostToDevice, slot.stream_ptr
+        )
 
     def fence(self, slot: _Slot) -> None:
         with self.cupy.cuda.Device(self.device):
@@ -415,6 +422,10 @@ class SimulatedDevice:
             self.slots_freed += 1
             self.device_bytes -= slot.device_buffer.nbytes
 
+    def bind(self) -> Any:
+        """No device to select."""
+        return contextlib.nullcontext()
+
     def host_ready(self, slot: _Slot) -> None:
         """Block until the last upload out of the slot's host buffer has finished."""
         if slot.copied is not None:
@@ -516,6 +527,35 @@ class _Pipeline:
                 self._cond.notify()
             raise
 
+    def acquire_all(self, count: int, limit: int) -> list[_Slot]:
+        """Take ``count`` slots at once (never some of them while waiting for the rest).
+
+        Waits until ``count`` slots are free or may be made (fewer than ``limit`` exist), so that
+        calls taking several slots each cannot hold some and wait for each other's.
+        """
+        if count > limit:
+            raise ValueError(f"cannot take {count} staging slots at once with a limit of {limit}")
+        with self._cond:
+            while len(self._free) + max(0, limit - self.allocated) < count:
+                self._cond.wait()
+            taken = [self._free.popleft() for _ in range(min(count, len(self._free)))]
+            new = count - len(taken)
+            self.allocated += new
+            self.in_use += count
+        try:
+            for _ in range(new):
+                taken.append(self.device.alloc_slot(self.slot_bytes))
+                new -= 1
+        except BaseException:
+            with self._cond:
+                self.allocated -= new
+                self.in_use -= new
+                self._cond.notify_all()
+            for slot in taken:
+                self.release(slot)
+            raise
+        return taken
+
     def release(self, slot: _Slot) -> None:
         with self._cond:
             self._free.append(slot)
@@ -548,12 +588,10 @@ class _Pipeline:
         staged = slot.host[offset : offset + piece.nbytes].view(piece.dtype).reshape(piece.shape)
         np.copyto(staged, piece, casting="no")
 
-    def stage(self, slot: _Slot, piece: np.ndarray, op: Op, acc: np.dtype) -> _partials.Partial:
-        """Copy ``piece`` through ``slot``'s pinned buffer to the device and reduce it there."""
-        self.device.host_ready(slot)
-        self.fill(slot, piece)
-        self.device.upload(slot, piece.nbytes)
-        return self.device.reduce(slot, piece.dtype, piece.size, op, acc)
+    def put(self, slot: _Slot, piece: np.ndarray, offset: int = 0) -> None:
+        """Copy ``piece`` into ``slot``'s pinned buffer at ``offset`` and start its upload there."""
+        self.fill(slot, piece, offset)
+        self.device.upload(slot, piece.nbytes, offset)
 
     def direct(self, slot: _Slot, piece: np.ndarray, op: Op, acc: np.dtype) -> _partials.Partial:
         """Copy the pinned ``piece`` straight to the device and reduce it there."""
@@ -561,39 +599,108 @@ class _Pipeline:
         return self.device.reduce(slot, piece.dtype, piece.size, op, acc)
 
     def run(self, a: np.ndarray, op: Op, acc: np.dtype, result: np.dtype, plan: StreamPlan) -> np.generic:
-        src, pieces, dense = _pieces_of(a, plan.piece_bytes)
-        if dense and self.device.is_pinned(src):
-            # No host copy to parallelize: one thread keeps the link busy.
+        flat = _dense_1d(a)
+        if flat is not None and self.device.is_pinned(flat):
+            # No host copy to parallelize: one thread keeps the link busy, a slot at a time.
             parts = []
-            for index in pieces:
+            for index in plan_pieces(flat.shape, max(1, plan.slot_bytes // a.itemsize)):
                 slot = self.acquire(plan.n_slots)
                 try:
-                    parts.append(self.direct(slot, src[index], op, acc))
+                    parts.append(self.direct(slot, flat[index], op, acc))
                 finally:
                     self.release(slot)
         else:
+            src, pieces, _ = _pieces_of(a, plan.piece_bytes)
             parts = self._run_threads(src, pieces, op, acc, plan)
         return self.device.finish(parts, op, result)
 
-    def _run_threads(self, src, pieces, op, acc, plan: StreamPlan) -> list[_partials.Partial]:
-        """Copy threads fill slots and upload; the calling thread launches one kernel per slot.
+    def run_serial(self, src: np.ndarray, pieces: list[tuple], op: Op, acc: np.dtype, plan: StreamPlan) -> list:
+        """Stream ``src``'s pieces from the calling thread alone (a Dask task's chunk).
 
-        Consecutive pieces that fit one slot form a *segment*. The first copy thread to reach
-        a segment takes a slot for it (and waits for the slot's last upload); the threads copy
-        the segment's pieces into it side by side, and each issues its piece's asynchronous
-        upload on the slot's stream right after its copy (``np.copyto`` and CuPy's
-        ``memcpyAsync`` both drop the GIL). The thread that issues a segment's last upload
-        hands the segment to the calling thread, which reduces it with one kernel on the same
-        stream (after every upload, in stream order) and returns its slot. (With a kernel and
-        an event per piece from every thread, 2^24 float32 took 3.8 ms with 4 threads and 8.2
-        ms with 12 on the H200 host, bench/results/h200_86cb66d/diag_stream.txt; with the
-        calling thread issuing every upload, 2.85 ms back to back, 4.4 ms between other work,
-        bench/results/h200_c70c854.)
-
-        Returns the segments' partials, in input order.
+        The pieces of each segment are copied and uploaded one after the other, so that the
+        link starts after the first piece, and each segment gets one kernel.
         """
         views = [src[index] for index in pieces]
         seg_of, offset_of, seg_bytes = _segments([v.nbytes for v in views], plan.slot_bytes)
+        parts = []
+        with self.device.bind():
+            i = 0
+            for k, nbytes in enumerate(seg_bytes):
+                slot = self.acquire(plan.n_slots)
+                kernel = False
+                try:
+                    self.device.host_ready(slot)
+                    while i < len(views) and seg_of[i] == k:
+                        self.put(slot, views[i], offset_of[i])
+                        i += 1
+                    parts.append(self.device.reduce(slot, src.dtype, nbytes // src.dtype.itemsize, op, acc))
+                    kernel = True
+                finally:
+                    _settle(self, slot, kernel)
+        return parts
+
+    def _run_threads(self, src, pieces, op, acc, plan: StreamPlan) -> list[_partials.Partial]:
+        """Copy threads fill slots and upload them; the calling thread launches the kernels.
+
+        Consecutive pieces that fit one slot form a *segment*. If every segment can have its
+        own slot, the slots are taken up front (:meth:`_run_resident`), else as the copy threads
+        reach their segments (:meth:`_run_rolling`).
+        """
+        views = [src[index] for index in pieces]
+        seg_of, offset_of, seg_bytes = _segments([v.nbytes for v in views], plan.slot_bytes)
+        args = (views, seg_of, offset_of, seg_bytes, src.dtype, op, acc, plan)
+        if len(seg_bytes) <= plan.n_slots:
+            return self._run_resident(*args)
+        return self._run_rolling(*args)
+
+    def _run_resident(self, views, seg_of, offset_of, seg_bytes, dtype, op, acc, plan) -> list[_partials.Partial]:
+        """Every segment in its own slot, taken up front; kernels once every piece is uploaded.
+
+        The copy threads take pieces in order from a shared counter; each copies its piece into
+        the segment's pinned buffer and issues the piece's upload (:meth:`put`: ``np.copyto``
+        and one ``memcpyAsync``, both without the GIL). Nothing passes between threads per
+        piece. The calling thread waits for the threads, then launches one kernel per segment,
+        on the segment's stream after its uploads. (With the calling thread issuing every
+        upload, 2^24 float32 took 2.85 ms back to back and 4.4 ms between other work on the
+        H200 host, bench/results/h200_c70c854; with per-piece hand-offs to it, 3.9-4.3 ms.)
+        """
+        slots = self.acquire_all(len(seg_bytes), plan.n_slots)
+        parts: list[_partials.Partial] = []
+        try:
+            for slot in slots:
+                self.device.host_ready(slot)
+            counter = itertools.count()  # next() on it is atomic under the GIL
+            stop = threading.Event()
+
+            def copy() -> None:
+                with self.device.bind():
+                    while not stop.is_set():
+                        i = next(counter)
+                        if i >= len(views):
+                            return
+                        self.put(slots[seg_of[i]], views[i], offset_of[i])
+
+            pool = _executor(plan.threads)
+            _join(pool, [copy] * min(plan.threads, len(views)), stop)
+            for k, slot in enumerate(slots):
+                parts.append(self.device.reduce(slot, dtype, seg_bytes[k] // dtype.itemsize, op, acc))
+        finally:
+            for k, slot in enumerate(slots):
+                _settle(self, slot, k < len(parts))
+        return parts
+
+    def _run_rolling(self, views, seg_of, offset_of, seg_bytes, dtype, op, acc, plan) -> list[_partials.Partial]:
+        """More segments than slots: each slot is taken when the copy threads reach a segment.
+
+        The first copy thread to reach a segment takes a slot for it (and waits for the slot's
+        last upload); the threads copy the segment's pieces into it side by side, each issuing
+        its piece's upload right after its copy (:meth:`put`). The thread that issues a
+        segment's last upload hands the segment to the calling thread, which reduces it with
+        one kernel on the same stream (after every upload, in stream order) and returns its
+        slot. Pieces are whole slots here (large inputs), so the hand-offs are few.
+
+        Returns the segments' partials, in input order.
+        """
         nseg = len(seg_bytes)
         left = [0] * nseg  # pieces of each segment not uploaded yet
         for k in seg_of:
@@ -627,21 +734,21 @@ class _Pipeline:
 
         def copy() -> None:
             try:
-                while not stop.is_set():
-                    i = next(counter)
-                    if i >= len(views):
-                        return
-                    k = seg_of[i]
-                    slot = slot_for(k)
-                    if slot is None:
-                        return
-                    self.fill(slot, views[i], offset_of[i])
-                    self.device.upload(slot, views[i].nbytes, offset_of[i])
-                    with lock:
-                        left[k] -= 1
-                        last = not left[k]
-                    if last:
-                        ready.put(k)
+                with self.device.bind():
+                    while not stop.is_set():
+                        i = next(counter)
+                        if i >= len(views):
+                            return
+                        k = seg_of[i]
+                        slot = slot_for(k)
+                        if slot is None:
+                            return
+                        self.put(slot, views[i], offset_of[i])
+                        with lock:
+                            left[k] -= 1
+                            last = not left[k]
+                        if last:
+                            ready.put(k)
             except BaseException as exc:
                 ready.put(exc)
             finally:
@@ -660,7 +767,7 @@ class _Pipeline:
             pool.submit(copy)
         error: BaseException | None = None
         finished = 0
-        itemsize = src.dtype.itemsize
+        itemsize = dtype.itemsize
         # Every copy thread ends with _DONE; only then are the slots of unfinished segments
         # returned (no thread writes into them any more).
         while finished < workers:
@@ -676,21 +783,52 @@ class _Pipeline:
             elif error is None:
                 k = item
                 try:
-                    parts[k] = self.device.reduce(slots[k], src.dtype, seg_bytes[k] // itemsize, op, acc)
+                    parts[k] = self.device.reduce(slots[k], dtype, seg_bytes[k] // itemsize, op, acc)
                     self.release(slots[k])
                 except BaseException as exc:
                     error = fail(exc)
         for k in range(nseg):
             if slots[k] is not None and parts[k] is None:  # a segment without a kernel
-                # Uploads out of its pinned buffer may still be queued: the next user of the
-                # slot waits for them.
-                try:
-                    self.device.fence(slots[k])
-                finally:
-                    self.release(slots[k])
+                _settle(self, slots[k], False)
         if error is not None:
             raise error
         return parts
+
+
+def _settle(pipeline: _Pipeline, slot: _Slot, kernel: bool) -> None:
+    """Return ``slot``; without a kernel after its last uploads, first mark where they end.
+
+    (Uploads out of its pinned buffer may still be queued: the next user of the slot waits
+    for them.)
+    """
+    try:
+        if not kernel:
+            pipeline.device.fence(slot)
+    finally:
+        pipeline.release(slot)
+
+
+def _join(pool: ThreadPoolExecutor, jobs: list, stop: threading.Event) -> None:
+    """Run ``jobs`` on ``pool`` and wait for all of them; raise the first failure.
+
+    On a failure (or an interrupt of the waiting thread) ``stop`` is set, and this still waits
+    for every job to end before raising, so that no job touches the caller's slots afterwards.
+    """
+    pending = {pool.submit(job) for job in jobs}
+    error: BaseException | None = None
+    while pending:
+        try:
+            done, pending = futures.wait(pending, return_when=futures.FIRST_EXCEPTION)
+        except BaseException as exc:  # KeyboardInterrupt while waiting: stop, drain, raise
+            stop.set()
+            error = error or exc
+            continue
+        for f in done:
+            if f.exception() is not None:
+                stop.set()
+                error = error or f.exception()
+    if error is not None:
+        raise error
 
 
 def _segments(sizes: list[int], slot_bytes: int) -> tuple[list[int], list[int], list[int]]:
@@ -852,17 +990,12 @@ def _dask_chunk(block, axis, keepdims, *, ref, op: Op, acc: np.dtype, plan: Stre
     if not isinstance(block, np.ndarray):
         raise TypeError(f"cannot stream a chunk of type {type(block).__module__}.{type(block).__qualname__}")
     pipeline = _resolve(ref)
-    src, pieces, _ = _pieces_of(block, plan.slot_bytes)
+    # Pieces of at most SERIAL_PIECE_BYTES, so that this task's uploads start early and end
+    # soon after its last copy; several go to a slot.
+    src, pieces, _ = _pieces_of(block, min(plan.piece_bytes, SERIAL_PIECE_BYTES))
     if not pieces:
         return pipeline.device.empty_partial(op, acc)
-    parts = []
-    for index in pieces:
-        slot = pipeline.acquire(plan.n_slots)
-        try:
-            parts.append(pipeline.stage(slot, src[index], op, acc))
-        finally:
-            pipeline.release(slot)
-    return pipeline.device.ready(parts)
+    return pipeline.device.ready(pipeline.run_serial(src, pieces, op, acc, plan))
 
 
 def reduce(

@@ -391,6 +391,127 @@ def test_an_interrupt_while_waiting_stops_the_copy_threads(monkeypatch):
     assert int(got) == exact_int_sum(x, np.int64)
 
 
+# -- the resident path: every segment in its own slot, taken up front ------------------------
+
+
+def resident_path_used(monkeypatch):
+    """Count calls of each threaded path."""
+    used = {"resident": 0, "rolling": 0}
+    for name in used:
+        real = getattr(stream._Pipeline, f"_run_{name}")
+
+        def wrapped(self, *args, real=real, name=name):
+            used[name] += 1
+            return real(self, *args)
+
+        monkeypatch.setattr(stream._Pipeline, f"_run_{name}", wrapped)
+    return used
+
+
+def test_small_inputs_take_every_slot_up_front(monkeypatch):
+    used = resident_path_used(monkeypatch)
+    x = make_data("float32", 5 * KIB, np.random.default_rng(20))  # 20 KiB: five 4 KiB segments
+    for threads in (2, 4, 8):  # n_slots = threads + 3 >= 5
+        got, dev = sim_reduce(x, "sum", threads=threads)
+        check(x, "sum", got)
+        assert dev._pipelines[4 * KIB].in_use == 0
+    assert used == {"resident": 3, "rolling": 0}
+    # More segments than the plan's slots: the rolling path.
+    got, _ = sim_reduce(x, "sum", threads=2, budget=8 * KIB)
+    check(x, "sum", got)
+    assert used["rolling"] == 1
+
+
+@pytest.mark.parametrize("when", [1, 3, 5])
+def test_a_failing_upload_on_the_resident_path(monkeypatch, when):
+    used = resident_path_used(monkeypatch)
+    dev = stream.SimulatedDevice(upload_delay=0.001)
+    real = dev.upload
+    calls = {"n": 0}
+
+    def flaky(slot, nbytes, offset=0):
+        calls["n"] += 1
+        if calls["n"] == when:
+            raise RuntimeError("simulated copy failure")
+        real(slot, nbytes, offset)
+
+    monkeypatch.setattr(dev, "upload", flaky)
+    x = np.arange(5 * KIB, dtype=np.int32)
+    with pytest.raises(RuntimeError, match="simulated copy failure"):
+        sim_reduce(x, "sum", device=dev)
+    assert dev._pipelines[4 * KIB].in_use == 0
+    got, _ = sim_reduce(x, "sum", device=dev)
+    assert int(got) == exact_int_sum(x, np.int64)
+    assert used == {"resident": 2, "rolling": 0}
+
+
+def test_an_interrupt_on_the_resident_path_waits_for_the_copy_threads(monkeypatch):
+    from concurrent import futures
+    from types import SimpleNamespace
+
+    calls = {"n": 0}
+
+    def wait(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise KeyboardInterrupt
+        return futures.wait(*args, **kwargs)
+
+    monkeypatch.setattr(stream, "futures", SimpleNamespace(wait=wait, FIRST_EXCEPTION=futures.FIRST_EXCEPTION))
+    dev = stream.SimulatedDevice(upload_delay=0.001)
+    x = np.arange(5 * KIB, dtype=np.int32)
+    with pytest.raises(KeyboardInterrupt):
+        sim_reduce(x, "sum", device=dev)
+    assert calls["n"] >= 2  # it waited again for the copy threads before raising
+    assert dev._pipelines[4 * KIB].in_use == 0
+    got, _ = sim_reduce(x, "sum", device=dev)
+    assert int(got) == exact_int_sum(x, np.int64)
+
+
+def test_concurrent_calls_needing_every_slot_do_not_deadlock():
+    # Each call needs both slots of the cache at once; taken one by one, two calls could each
+    # hold one and wait forever for the other.
+    import threading
+
+    dev = stream.SimulatedDevice(upload_delay=0.0005)
+    x = np.arange(2 * KIB, dtype=np.int32)  # two 4 KiB segments
+    results, errors = [], []
+
+    def call():
+        try:
+            for _ in range(20):
+                results.append(int(sim_reduce(x, "sum", device=dev, budget=8 * KIB, threads=2)[0]))
+        except BaseException as exc:
+            errors.append(exc)
+
+    workers = [threading.Thread(target=call) for _ in range(4)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(timeout=60)
+    assert not any(w.is_alive() for w in workers), "deadlock"
+    assert not errors
+    assert results == [exact_int_sum(x, np.int64)] * 80
+    assert dev.slots_allocated == 2
+
+
+def test_acquire_all():
+    dev = stream.SimulatedDevice()
+    p = stream._Pipeline(dev, 1024)
+    with pytest.raises(ValueError, match="3 staging slots at once with a limit of 2"):
+        p.acquire_all(3, 2)
+    one = p.acquire(4)
+    rest = p.acquire_all(3, 4)
+    assert len({id(s) for s in [one, *rest]}) == 4 and p.in_use == 4
+    for slot in [one, *rest]:
+        p.release(slot)
+    again = p.acquire_all(4, 4)
+    assert dev.slots_allocated == 4 and p.in_use == 4
+    for slot in again:
+        p.release(slot)
+    p.free()
+
+
 def test_freeing_slots_in_use_is_refused():
     dev = stream.SimulatedDevice()
     p = stream._Pipeline(dev, 1024)
