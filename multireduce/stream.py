@@ -88,9 +88,14 @@ _MAX_DEFAULT_THREADS = 12
 #: Input bytes per default copy thread (see :func:`make_plan`).
 BYTES_PER_THREAD = 8 << 20
 #: Pieces per copy thread for inputs smaller than ``threads`` full slots (see :func:`make_plan`).
-PIECES_PER_THREAD = 4
-#: Piece size where one thread copies and uploads a chunk alone (a Dask task's chunk).
-SERIAL_PIECE_BYTES = 4 << 20
+#: On the H200 host, 2^24 float32 with 8 threads took 2.78 ms back to back with 2 pieces per
+#: thread, 2.92 with 4 and 4.04 with 8 (bench/results/h200_4f2d9a6/diag_stream.txt): every
+#: piece costs GIL hand-offs among the copy threads.
+PIECES_PER_THREAD = 2
+#: Largest piece where one thread copies and uploads a chunk alone (a Dask task's chunk): a
+#: whole slot. With 4 MiB pieces the 1 GiB Dask case ran at 21.9 GB/s against 26.5 with whole
+#: slots (16 Dask threads contending for the GIL per piece).
+SERIAL_PIECE_BYTES = DEFAULT_SLOT_BYTES
 _PIECE_ALIGN = 64 << 10
 # cudaMemoryTypeHost in CUDA's cudaMemoryType enum: page-locked host memory.
 _CUDA_MEMORY_TYPE_HOST = 1
@@ -990,8 +995,8 @@ def _dask_chunk(block, axis, keepdims, *, ref, op: Op, acc: np.dtype, plan: Stre
     if not isinstance(block, np.ndarray):
         raise TypeError(f"cannot stream a chunk of type {type(block).__module__}.{type(block).__qualname__}")
     pipeline = _resolve(ref)
-    # Pieces of at most SERIAL_PIECE_BYTES, so that this task's uploads start early and end
-    # soon after its last copy; several go to a slot.
+    # Pieces of at most SERIAL_PIECE_BYTES (smaller ones start this task's uploads earlier,
+    # several to a slot, but cost GIL hand-offs among Dask's threads).
     src, pieces, _ = _pieces_of(block, min(plan.piece_bytes, SERIAL_PIECE_BYTES))
     if not pieces:
         return pipeline.device.empty_partial(op, acc)

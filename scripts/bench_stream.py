@@ -60,6 +60,12 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, default=None, help="stream.reduce copy threads (default: its own)")
     p.add_argument("--budget", type=int, default=1 << 30)
     p.add_argument("--slot-mib", type=int, default=None)
+    p.add_argument(
+        "--serial-piece-mib",
+        type=float,
+        default=None,
+        help="stream.SERIAL_PIECE_BYTES for the dask case (default: the module's)",
+    )
     p.add_argument("--generated-factor", type=float, default=4.0, help="times the GPU's memory; 0 skips")
     p.add_argument("--generated-chunk-gib", type=float, default=2.0)
     p.add_argument("--generated-workers", type=int, default=4)
@@ -132,7 +138,14 @@ def main(argv=None) -> int:
     if args.slot_mib:
         kw["slot_bytes"] = args.slot_mib << 20
     cases = args.cases.split(",")
-    extra: dict = {"threads_default": stream.make_plan(GIB, 4).threads, "cpus": os.cpu_count()}
+    if args.serial_piece_mib:
+        stream.SERIAL_PIECE_BYTES = int(args.serial_piece_mib * (1 << 20))
+    extra: dict = {
+        "threads_default": stream.make_plan(GIB, 4).threads,
+        "cpus": os.cpu_count(),
+        "pieces_per_thread": stream.PIECES_PER_THREAD,
+        "serial_piece_bytes": stream.SERIAL_PIECE_BYTES,
+    }
 
     if "pinned" in cases:
         n = int(args.gib * GIB) // 4
