@@ -89,7 +89,7 @@ _MAX_DEFAULT_THREADS = 12
 BYTES_PER_THREAD = 8 << 20
 #: Pieces per copy thread for inputs smaller than ``threads`` full slots (see :func:`make_plan`).
 #: On the H200 host, 2^24 float32 with 8 threads took 2.78 ms back to back with 2 pieces per
-#: thread, 2.92 with 4 and 4.04 with 8 (bench/results/h200_4f2d9a6/diag_stream.txt): every
+#: thread, 2.92 with 4 and 4.04 with 8 (bench/results/h200_c8a4677/diag_stream.txt): every
 #: piece costs GIL hand-offs among the copy threads.
 PIECES_PER_THREAD = 2
 #: Largest piece where one thread copies and uploads a chunk alone (a Dask task's chunk): a
