@@ -9,6 +9,10 @@
    launched (calling thread).
 4. The one-buffer prototype (copy threads fill one pinned buffer, the caller uploads each
    finished piece, one kernel) and 1 GiB pageable for reference.
+5. Write-combined staging buffers (``stream.WRITE_COMBINED``): the copy rate into them, and
+   2^24 and 1 GiB through ``stream.reduce`` with them.
+6. ``cudaMemcpy`` straight from pageable memory, 64 MiB split over 1-16 threads (one call
+   each, so no Python per piece): does the driver's own staging scale with threads?
 """
 
 import os
@@ -171,3 +175,51 @@ big = (np.arange(1 << 28, dtype=np.int64) % 1024).astype(np.float32)
 for threads in (None, 16):
     t = med(lambda: float(stream.reduce(big, "sum", threads=threads)), 5)  # noqa: B023
     print(f"stream.reduce 1GiB pageable threads={threads}: {t * 1e3:7.3f} ms {big.nbytes / t / 1e9:6.1f} GB/s")
+
+
+# -- 5. write-combined staging ---------------------------------------------------------------------
+wc_mem = cp.cuda.PinnedMemoryPointer(cp.cuda.PinnedMemory(host.nbytes, cp.cuda.runtime.hostAllocWriteCombined), 0)
+wc = np.frombuffer(wc_mem, dtype=np.float32, count=n)
+pool = ThreadPoolExecutor(8)
+for dst, label in ((pinned, "pinned"), (wc, "write-combined")):
+    for piece_mib in (2, 4, 8):
+        step = (piece_mib << 20) // 4
+        bounds = [(i, min(i + step, n)) for i in range(0, n, step)]
+
+        def copy(bounds=bounds, dst=dst):
+            list(pool.map(lambda b: np.copyto(dst[b[0] : b[1]], host[b[0] : b[1]]), bounds))
+
+        t = med(copy, 9)
+        rate = host.nbytes / t / 1e9
+        print(f"copyto 64MiB pageable->{label} 8 threads pieces={piece_mib} MiB: {t * 1e3:7.3f} ms {rate:6.1f} GB/s")
+pool.shutdown()
+for flag in (False, True, False, True):
+    stream.free_staging()
+    stream.WRITE_COMBINED = flag
+    assert float(stream.reduce(host, "sum")) == exact
+    t = med(lambda: float(stream.reduce(host, "sum")))
+    ti = med(lambda: float(stream.reduce(host, "sum")), between=peers)
+    tb = med(lambda: float(stream.reduce(big, "sum")), 5)
+    print(
+        f"WRITE_COMBINED={flag!s:5}: 64MiB back to back {t * 1e3:7.3f} ms, between peers {ti * 1e3:7.3f} ms; "
+        f"1GiB {tb * 1e3:7.3f} ms {big.nbytes / tb / 1e9:6.1f} GB/s"
+    )
+stream.free_staging()
+stream.WRITE_COMBINED = False
+
+# -- 6. cudaMemcpy from pageable memory, several threads ------------------------------------------
+rt = cp.cuda.runtime
+for threads in (1, 2, 4, 8, 16):
+    pool = ThreadPoolExecutor(threads)
+    step = n // threads
+
+    def pageable(pool=pool, step=step, threads=threads):
+        def one(i):
+            rt.memcpy(dev.data.ptr + i * step * 4, host.ctypes.data + i * step * 4, step * 4, rt.memcpyHostToDevice)
+
+        list(pool.map(one, range(threads)))
+
+    t = med(pageable, 9)
+    rate = host.nbytes / t / 1e9
+    print(f"cudaMemcpy 64MiB pageable->device {threads:2d} threads: {t * 1e3:7.3f} ms {rate:6.1f} GB/s")
+    pool.shutdown()
