@@ -12,6 +12,9 @@ GPU followed by a stream synchronization:
 ``upload memcpy``      a new 0-d array filled from pinned memory with ``memcpyAsync``
 ``upload pageable``    the same from ordinary memory with a synchronous ``memcpy``
 ``upload writevalue``  the same with the driver's ``cuStreamWriteValue64`` (where it runs)
+``mapped+upload now``  the GPU part of a combine: local->mapped, wait, then the upload
+``mapped+upload waitvalue``  the same with the upload issued before the wait, behind
+                       ``cuStreamWaitValue32`` on a host flag set once the value is there
 ``allreduce OP``       ``multireduce.mpi.allreduce(x, OP)``
 ``allreduce OP (d2h)`` the same with the partial copied, as before the kernel wrote host memory
 ``local mean (state)`` ``core.partial(x, "mean")``: the moments kernel, its state on the host
@@ -119,6 +122,59 @@ def main() -> int:
     except (OSError, AttributeError) as exc:
         if rank == 0:
             print(f"cuStreamWriteValue64_v2 unavailable: {exc}")
+
+    # The GPU part of one combine, without MPI and the layer's Python: the kernel writes the
+    # partial into pinned host memory, a wait, and the result's upload. "now" is the layer's
+    # order (upload issued after the value is known); "waitvalue" issues the upload before
+    # the wait, behind cuStreamWaitValue32 on a flag in mapped pinned memory that the host
+    # sets once the value is there.
+    slots = mpi._Staging.get(device, stream.ptr)
+    slot8 = slots.host_views(np.dtype(np.float64))[1]
+
+    def mapped_upload_now():
+        core.partial(x, "sum", out=slot)
+        out = cupy.empty((), dtype=np.float64)
+        stream.synchronize()
+        slot8[0] = 3.0
+        runtime.memcpyAsync(out.data.ptr, hptr + 8, 8, runtime.memcpyHostToDevice, stream.ptr)
+        stream.synchronize()
+
+    cases["mapped+upload now"] = mapped_upload_now
+    try:
+        wait32 = ctypes.CDLL("libcuda.so.1").cuStreamWaitValue32_v2
+        wait32.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint]
+        flags = runtime.hostAllocPortable | runtime.hostAllocMapped
+        flag_mem = cupy.cuda.PinnedMemoryPointer(cupy.cuda.PinnedMemory(8, flags), 0)
+        flag = np.frombuffer(flag_mem, dtype=np.uint32, count=2)
+        flag[:] = 0
+        flag_dev = runtime.pointerGetAttributes(flag.ctypes.data).devicePointer
+        kernel_done = cupy.cuda.Event(disable_timing=True)
+        seq = [0]
+
+        def mapped_upload_waitvalue():
+            core.partial(x, "sum", out=slot)
+            out = cupy.empty((), dtype=np.float64)
+            kernel_done.record(stream)
+            seq[0] = seq[0] % 0xFFFFFFFF + 1
+            rc = wait32(stream.ptr, flag_dev, seq[0], 0x1)  # CU_STREAM_WAIT_VALUE_EQ
+            try:
+                if rc:
+                    raise RuntimeError(f"cuStreamWaitValue32_v2 returned {rc}")
+                runtime.memcpyAsync(out.data.ptr, hptr + 8, 8, runtime.memcpyHostToDevice, stream.ptr)
+                kernel_done.synchronize()
+                slot8[0] = 3.0
+            finally:
+                flag[0] = seq[0]  # always: the stream must never be left waiting
+            stream.synchronize()
+            return out
+
+        if float(mapped_upload_waitvalue()) == 3.0:
+            cases["mapped+upload waitvalue"] = mapped_upload_waitvalue
+        elif rank == 0:
+            print("cuStreamWaitValue32_v2: wrong value uploaded")
+    except (OSError, AttributeError, RuntimeError) as exc:
+        if rank == 0:
+            print(f"cuStreamWaitValue32_v2 unavailable: {exc}")
 
     old_local = mpi._local_partial
 
