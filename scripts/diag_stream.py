@@ -4,7 +4,8 @@
    0.5-8 MiB (the copy rate bounds every pageable case).
 2. ``stream.reduce`` of 2^24 float32 (the seed's case) for copy threads x pieces per thread,
    back to back and with ``np.sum`` and ``cupy.asarray(h).sum()`` of the same array in
-   between (as ``bench_stream.py`` interleaves them).
+   between (as ``bench_stream.py`` interleaves them); then the default after an idle pause as
+   long as those peers, and after each peer alone.
 3. One call's timeline: when each piece's upload was issued (copy threads) and each kernel
    launched (calling thread).
 4. The one-buffer prototype (copy threads fill one pinned buffer, the caller uploads each
@@ -93,6 +94,20 @@ print(f"stream.reduce 64MiB default {stream.make_plan(host.nbytes, 4)}:")
 print(f"  back to back {t * 1e3:7.3f} ms, between peers {ti * 1e3:7.3f} ms")
 t = med(lambda: float(stream.reduce(pinned, "sum")))
 print(f"stream.reduce 64MiB pinned: {t * 1e3:7.3f} ms {host.nbytes / t / 1e9:6.1f} GB/s")
+
+
+# What between-call work costs: an idle pause of the same length as the peers' calls (the
+# copy threads' CPUs go idle: wake-up latency) against numpy's and cupy's passes over the data.
+t_peers = med(peers, 5)
+for label, between in (
+    ("nothing", None),
+    (f"a {t_peers * 1e3:.0f} ms sleep", lambda: time.sleep(t_peers)),
+    ("np.sum(host) only", lambda: np.sum(host)),
+    ("cupy.asarray(host).sum() only", lambda: float(cp.asarray(host).sum())),
+    ("both peers", peers),
+):
+    t = med(lambda: float(stream.reduce(host, "sum")), 21, between=between)
+    print(f"stream.reduce 64MiB default after {label}: {t * 1e3:7.3f} ms")
 
 
 # -- 3. one call's timeline ----------------------------------------------------------------------
