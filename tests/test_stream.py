@@ -646,6 +646,27 @@ def test_gpu_pinned_detection_and_direct_path():
 
 
 @pytest.mark.gpu
+def test_gpu_write_combined_staging(monkeypatch):
+    # The switch allocates the slots write-combined (the CPU only writes them): same results,
+    # from fresh slots, on both threaded paths.
+    cupy = _cupy()
+    stream.free_staging()
+    monkeypatch.setattr(stream, "WRITE_COMBINED", True)
+    try:
+        x = make_data("float32", 2**24 + 3, np.random.default_rng(14))
+        check(x, "sum", stream.reduce(x, "sum"))  # resident: every slot taken up front
+        check(x, "min", stream.reduce(x, "min", budget=16 << 20, slot_bytes=4 << 20))  # rolling
+        import ctypes
+
+        slot = stream._cupy_pipeline(cupy.cuda.Device().id, stream.DEFAULT_SLOT_BYTES)._free[0]
+        flags = ctypes.c_uint(0)
+        assert ctypes.CDLL("libcuda.so.1").cuMemHostGetFlags(ctypes.byref(flags), ctypes.c_void_p(slot.host_ptr)) == 0
+        assert flags.value & cupy.cuda.runtime.hostAllocWriteCombined
+    finally:
+        stream.free_staging()
+
+
+@pytest.mark.gpu
 def test_gpu_dask_numpy_chunks():
     da = pytest.importorskip("dask.array")
     x = make_data("float32", 2**24, np.random.default_rng(12))
