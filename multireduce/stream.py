@@ -671,13 +671,14 @@ class _Pipeline:
     def _run_resident(self, views, seg_of, offset_of, seg_bytes, dtype, op, acc, plan) -> list[_partials.Partial]:
         """Every segment in its own slot, taken up front; kernels once every piece is uploaded.
 
-        The copy threads take pieces in order from a shared counter; each copies its piece into
-        the segment's pinned buffer and issues the piece's upload (:meth:`put`: ``np.copyto``
-        and one ``memcpyAsync``, both without the GIL). Nothing passes between threads per
-        piece. The calling thread waits for the threads, then launches one kernel per segment,
-        on the segment's stream after its uploads. (With the calling thread issuing every
-        upload, 2^24 float32 took 2.85 ms back to back and 4.4 ms between other work on the
-        H200 host, bench/results/h200_c70c854; with per-piece hand-offs to it, 3.9-4.3 ms.)
+        The copy threads, the calling thread among them, take pieces in order from a shared
+        counter; each copies its piece into the segment's pinned buffer and issues the piece's
+        upload (:meth:`put`: ``np.copyto`` and one ``memcpyAsync``, both without the GIL).
+        Nothing passes between threads per piece. The calling thread then waits for the
+        others and launches one kernel per segment, on the segment's stream after its uploads.
+        (With the calling thread issuing every upload, 2^24 float32 took 2.85 ms back to back
+        and 4.4 ms between other work on the H200 host, bench/results/h200_c70c854; with
+        per-piece hand-offs to it, 3.9-4.3 ms.)
         """
         slots = self.acquire_all(len(seg_bytes), plan.n_slots)
         parts: list[_partials.Partial] = []
@@ -695,8 +696,11 @@ class _Pipeline:
                             return
                         self.put(slots[seg_of[i]], views[i], offset_of[i])
 
-            pool = _executor(plan.threads)
-            _join(pool, [copy] * min(plan.threads, len(views)), stop)
+            # The calling thread copies too: it is running already, while a pool thread that
+            # has been idle can take a millisecond to wake (h200_7ad4740/diag_stream.txt: the
+            # same call took 2.75 ms back to back and 3.72 ms after a 16 ms pause).
+            workers = min(plan.threads, len(views))
+            _join(_executor(workers), [copy] * (workers - 1), stop, inline=copy)
             for k, slot in enumerate(slots):
                 parts.append(self.device.reduce(slot, dtype, seg_bytes[k] // dtype.itemsize, op, acc))
         finally:
@@ -823,14 +827,20 @@ def _settle(pipeline: _Pipeline, slot: _Slot, kernel: bool) -> None:
         pipeline.release(slot)
 
 
-def _join(pool: ThreadPoolExecutor, jobs: list, stop: threading.Event) -> None:
-    """Run ``jobs`` on ``pool`` and wait for all of them; raise the first failure.
+def _join(pool: ThreadPoolExecutor, jobs: list, stop: threading.Event, inline=None) -> None:
+    """Run ``jobs`` on ``pool`` and ``inline()`` here, wait for all of them; raise the first failure.
 
-    On a failure (or an interrupt of the waiting thread) ``stop`` is set, and this still waits
-    for every job to end before raising, so that no job touches the caller's slots afterwards.
+    On a failure (or an interrupt of this thread) ``stop`` is set, and this still waits for
+    every job to end before raising, so that no job touches the caller's slots afterwards.
     """
     pending = {pool.submit(job) for job in jobs}
     error: BaseException | None = None
+    if inline is not None:
+        try:
+            inline()
+        except BaseException as exc:  # raised below, once every job has ended
+            stop.set()
+            error = exc
     while pending:
         try:
             done, pending = futures.wait(pending, return_when=futures.FIRST_EXCEPTION)

@@ -262,6 +262,7 @@ def test_a_failing_copy_raises_and_releases_every_slot(monkeypatch, threads):
 
 
 def test_kernels_are_launched_by_the_calling_thread_and_uploads_by_the_copy_threads(monkeypatch):
+    # The rolling path (more segments than slots): the calling thread only launches kernels.
     import threading
 
     dev = stream.SimulatedDevice()
@@ -444,6 +445,48 @@ def test_a_failing_upload_on_the_resident_path(monkeypatch, when):
     got, _ = sim_reduce(x, "sum", device=dev)
     assert int(got) == exact_int_sum(x, np.int64)
     assert used == {"resident": 2, "rolling": 0}
+
+
+def test_the_calling_thread_copies_on_the_resident_path(monkeypatch):
+    import threading
+
+    used = resident_path_used(monkeypatch)
+    dev = stream.SimulatedDevice()
+    uploaders = []
+    real = dev.upload
+
+    def record(slot, nbytes, offset=0):
+        uploaders.append(threading.get_ident())
+        real(slot, nbytes, offset)
+
+    monkeypatch.setattr(dev, "upload", record)
+    x = np.arange(5 * KIB, dtype=np.int32)
+    for _ in range(20):  # the caller takes at least the first piece of some call
+        got, _ = sim_reduce(x, "sum", device=dev, threads=4)
+        assert int(got) == exact_int_sum(x, np.int64)
+    assert used["resident"] == 20 and threading.get_ident() in uploaders
+
+
+def test_a_failure_in_the_calling_threads_copy_waits_for_the_others(monkeypatch):
+    import threading
+
+    dev = stream.SimulatedDevice(upload_delay=0.002)
+    real = dev.upload
+    main = threading.get_ident()
+
+    def flaky(slot, nbytes, offset=0):
+        if threading.get_ident() == main:
+            raise RuntimeError("simulated failure in the calling thread")
+        real(slot, nbytes, offset)
+
+    monkeypatch.setattr(dev, "upload", flaky)
+    x = np.arange(5 * KIB, dtype=np.int32)
+    with pytest.raises(RuntimeError, match="calling thread"):
+        sim_reduce(x, "sum", device=dev, threads=4)
+    assert dev._pipelines[4 * KIB].in_use == 0
+    monkeypatch.setattr(dev, "upload", real)
+    got, _ = sim_reduce(x, "sum", device=dev, threads=4)
+    assert int(got) == exact_int_sum(x, np.int64)
 
 
 def test_an_interrupt_on_the_resident_path_waits_for_the_copy_threads(monkeypatch):
