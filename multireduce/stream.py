@@ -8,25 +8,27 @@ The pipeline
 The input is cut into *pieces* of at most one staging buffer each, and consecutive pieces that
 fit one staging buffer form a *segment*. A *slot* is one staging unit: a pinned host buffer, a
 device buffer of the same size, a non-blocking CUDA stream, and an event recorded after the
-slot's last kernel (so after its last host-to-device copy). Copy threads take pieces in order:
+slot's last kernel (so after its last host-to-device copy). Each segment gets a slot, waits on
+its event (the previous copy out of the pinned buffer has finished), and then:
 
-1. the first thread to reach a segment takes a free slot for it (blocking while all are
-   taken) and waits on the slot's event, so that the previous copy out of the pinned buffer
-   has finished;
-2. each thread copies its piece into the segment's pinned buffer, at the piece's offset, with
-   NumPy (``np.copyto`` drops the GIL, so several threads copy pageable memory in parallel: one
-   thread alone reaches only a fraction of the link, and ``cudaMemcpy`` from pageable memory
-   gets 7-8.7 GB/s on the H200 host), then
-3. issues the piece's asynchronous copy to the same offset of the slot's device buffer, on
-   the slot's stream (CuPy's ``memcpyAsync`` drops the GIL too). The thread that issues a
-   segment's last copy hands the segment to the calling thread, which launches
+1. copy threads take the segment's pieces in order from a shared counter and copy each into
+   the pinned buffer at the piece's offset with NumPy (``np.copyto`` drops the GIL, so several
+   threads copy pageable memory in parallel: one thread alone reaches only a fraction of the
+   link, and ``cudaMemcpy`` from pageable memory gets 5.5-8.7 GB/s on the H200 host with any
+   number of threads);
+2. the same thread issues the piece's asynchronous copy to the same offset of the slot's
+   device buffer, on the slot's stream (CuPy's ``memcpyAsync`` drops the GIL too);
+3. once every piece of the segment is issued, the calling thread launches
    :func:`multireduce.core.partial` on the segment's device bytes, on the slot's stream (so
    after every copy into it), records the slot's event and returns the slot.
 
-The calling thread launches one kernel per segment and waits for nothing else, and the copy
-threads hold the GIL only briefly between copies. Copies into pinned memory, copies over the
+Inputs whose segments all fit the plan's slots take them together, up front
+(:meth:`_Pipeline.acquire_all`); the calling thread copies pieces too (idle pool threads may
+take up to a millisecond to wake) and launches the kernels at the end. Larger inputs take a
+slot when the copy threads reach a segment, and the thread that issues a segment's last copy
+hands it to the calling thread for its kernel. Copies into pinned memory, copies over the
 link and kernels of different pieces and segments overlap. Source arrays that are already
-pinned skip step 2: their pieces go straight over the link, from one thread.
+pinned skip the host copy: they go straight over the link, a slot at a time.
 
 Each segment's partial (accumulator dtype, on the device) carries an event; at the end the
 caller's stream waits on them, stacks them in input order and reduces them with the core, so
