@@ -1064,9 +1064,9 @@ def reduce(
     slot_bytes : int, optional
         Bytes per staging buffer; default ``min(32 MiB, budget // 4)``.
     threads : int, optional
-        Host threads that copy into pinned buffers; default the usable CPUs, at most 12 and at
-        most one per 16 MiB of input. For a Dask array, Dask's own threads copy and this only
-        sizes the slots.
+        Host threads that copy into pinned buffers (the calling thread among them for inputs
+        that fit the slots); default the usable CPUs, at most 12 and at most one per 8 MiB of
+        input. For a Dask array, Dask's own threads copy and this only sizes the slots.
     split_every : int or dict, optional
         For a Dask array, as in :func:`multireduce.dask.treereduce`.
 
