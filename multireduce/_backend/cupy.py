@@ -27,6 +27,9 @@ _launchers: dict[tuple, tuple] = {}
 #: (device, kernel name) of every kernel compiled in this process, in order.
 compiled: list[tuple[int, str]] = []
 _workspaces: dict[tuple[int, int], tuple] = {}
+#: The default, grid-stride launch of one (device, stream, op, dtypes): everything ``_launch``
+#: would look up and compute again per call (see :func:`_default_launch`).
+_defaults: dict[tuple, tuple] = {}
 
 
 def _launcher(
@@ -177,7 +180,17 @@ def _launch(
         _log.debug("copying a non-dense %s view of shape %s before reducing it", x.dtype, x.shape)
         flat = cupy.ascontiguousarray(x).ravel()
     n = flat.size
-    if config is _DEFAULT_CONFIG and n * flat.itemsize >= _kernels.TILED_MIN_BYTES and grid_override is None:
+    if config is _DEFAULT_CONFIG and grid_override is None:
+        if n * flat.itemsize < _kernels.TILED_MIN_BYTES:
+            stream = _get_current_stream().ptr
+            found = _defaults.get((device, stream, op, flat.dtype, acc, result))
+            if found is None:
+                found = _default_launch(device, stream, op, flat.dtype, acc, result)
+            kernel, max_grid, identity, per_block, partials, counter = found
+            if out is None:
+                out = cupy.ndarray((), dtype=result)
+            kernel((min(max_grid, -(-n // per_block)),), (config[0],), (flat, n, identity, partials, counter, out))
+            return out
         config, grid_override = _TILED_CONFIG, 0  # large inputs: one block per 512 KiB tile
     kernel, max_grid, identity = _launcher(device, op, x.dtype, acc, result, config)
     per_block = (16 // flat.itemsize) * config[0] * config[1]  # elements one block loads per loop trip
@@ -192,6 +205,27 @@ def _launch(
         out = cupy.empty((), dtype=result)
     kernel((grid,), (config[0],), (flat, n, identity, partials, counter, out))
     return out
+
+
+def _default_launch(device: int, stream: int, op: Op, dtype: np.dtype, acc: np.dtype, result: np.dtype) -> tuple:
+    """(kernel, largest grid, identity, elements per block and loop trip, partials, counter).
+
+    For the default configuration on ``stream``, made once and cached. The workspace is the
+    stream's at the time; if a later, larger launch replaces the stream's workspace, this one
+    stays valid (every launch leaves its counter at zero, and the stream orders launches).
+    """
+    kernel, max_grid, identity = _launcher(device, op, dtype, acc, result, _DEFAULT_CONFIG)
+    per_block = (16 // dtype.itemsize) * _DEFAULT_CONFIG[0] * _DEFAULT_CONFIG[1]
+    partials, counter = _workspace(device, stream, max_grid)
+    found = _defaults[(device, stream, op, dtype, acc, result)] = (
+        kernel,
+        max_grid,
+        identity,
+        per_block,
+        partials,
+        counter,
+    )
+    return found
 
 
 def constant(value: np.generic, dtype: np.dtype, shape: tuple[int, ...] = ()) -> cupy.ndarray:
