@@ -72,7 +72,6 @@ __all__ = [
     "SimulatedDevice",
     "StreamPlan",
     "free_staging",
-    "guided_pieces",
     "make_plan",
     "plan_pieces",
     "reduce",
@@ -95,12 +94,6 @@ BYTES_PER_THREAD = 8 << 20
 #: thread, 2.92 with 4 and 4.04 with 8 (bench/results/h200_c8a4677/diag_stream.txt): every
 #: piece costs GIL hand-offs among the copy threads.
 PIECES_PER_THREAD = 2
-#: Cut a dense input that fits the slots into pieces that shrink towards its end (guided
-#: self-scheduling: at most ``piece_bytes``, then the remaining bytes over the threads, at
-#: least GUIDED_MIN_BYTES), so that threads that wake late take small pieces and the link's
-#: backlog after the last copy is small. Off until measured better on the GPU host.
-GUIDED_PIECES = False
-GUIDED_MIN_BYTES = 2 << 20
 #: Allocate the pinned staging buffers write-combined (``cudaHostAllocWriteCombined``): CPU
 #: writes skip the caches (no read for ownership), and the CPU never reads them.
 WRITE_COMBINED = False
@@ -241,31 +234,6 @@ def plan_pieces(shape: tuple[int, ...], max_elements: int) -> list[tuple]:
         return [(slice(i, min(i + rows, shape[0])),) for i in range(0, shape[0], rows)]
     sub = plan_pieces(shape[1:], max_elements)
     return [(i, *rest) for i in range(shape[0]) for rest in sub]
-
-
-def guided_pieces(n: int, itemsize: int, plan: StreamPlan) -> list[tuple]:
-    """Slices of ``range(n)`` (elements of ``itemsize`` bytes) that shrink towards the end.
-
-    Each piece is the remaining bytes divided by ``plan.threads``, at most ``plan.piece_bytes``
-    and at least :data:`GUIDED_MIN_BYTES` (the last one may be smaller), in whole multiples of
-    64 KiB where the sizes allow, and never more than ``plan.piece_bytes``.
-
-    Examples
-    --------
-    >>> plan = StreamPlan(slot_bytes=32 << 20, n_slots=11, threads=8, piece_bytes=4 << 20)
-    >>> [(s.stop - s.start) * 4 >> 20 for (s,) in guided_pieces(2**24, 4, plan)][:12]
-    [4, 4, 4, 4, 4, 4, 4, 4, 4, 3, 3, 2]
-    """
-    out, start = [], 0
-    while start < n:
-        left = (n - start) * itemsize
-        size = min(plan.piece_bytes, max(GUIDED_MIN_BYTES, left // plan.threads))
-        if size >= _PIECE_ALIGN:
-            size -= size % _PIECE_ALIGN
-        count = min(n - start, max(1, size // itemsize))  # never above piece_bytes
-        out.append((slice(start, start + count),))
-        start += count
-    return out
 
 
 def _dense_1d(a: np.ndarray) -> np.ndarray | None:
@@ -659,9 +627,7 @@ class _Pipeline:
                 finally:
                     self.release(slot)
         else:
-            src, pieces, dense = _pieces_of(a, plan.piece_bytes)
-            if GUIDED_PIECES and dense and src.nbytes <= plan.n_slots * plan.slot_bytes:
-                pieces = guided_pieces(src.size, src.itemsize, plan)
+            src, pieces, _ = _pieces_of(a, plan.piece_bytes)
             parts = self._run_threads(src, pieces, op, acc, plan)
         return self.device.finish(parts, op, result)
 

@@ -110,23 +110,6 @@ for label, between in (
     print(f"stream.reduce 64MiB default after {label}: {t * 1e3:7.3f} ms")
 
 
-# Guided piece sizes (stream.GUIDED_PIECES): shrinking pieces, so that late threads take
-# small ones; alternated with the uniform pieces, three settings of what comes between calls.
-for _ in range(2):
-    for guided in (False, True):
-        stream.GUIDED_PIECES = guided
-        assert float(stream.reduce(host, "sum")) == exact
-        fn = lambda: float(stream.reduce(host, "sum"))  # noqa: E731
-        t = med(fn, 21)
-        ts = med(fn, 21, between=lambda: time.sleep(t_peers))
-        ti = med(fn, 21, between=peers)
-        print(
-            f"GUIDED_PIECES={guided!s:5}: back to back {t * 1e3:7.3f} ms, after a sleep {ts * 1e3:7.3f} ms, "
-            f"between peers {ti * 1e3:7.3f} ms"
-        )
-stream.GUIDED_PIECES = False
-
-
 # -- 3. one call's timeline ----------------------------------------------------------------------
 def timeline(between=None) -> None:
     events = []

@@ -556,36 +556,6 @@ def test_acquire_all():
     p.free()
 
 
-@pytest.mark.parametrize("n", [1, 3, 16_384, 16_385, 2**20 + 7, 2**24])
-@pytest.mark.parametrize("itemsize", [1, 2, 8])
-@pytest.mark.parametrize("threads", [1, 3, 8])
-def test_guided_pieces_cover_the_input_and_shrink(n, itemsize, threads):
-    plan = stream.StreamPlan(slot_bytes=32 << 20, n_slots=threads + 3, threads=threads, piece_bytes=4 << 20)
-    pieces = stream.guided_pieces(n, itemsize, plan)
-    bounds = [(s.start, s.stop) for (s,) in pieces]
-    assert bounds[0][0] == 0 and bounds[-1][1] == n
-    assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:], strict=False))  # in order, no gaps
-    sizes = [(b - a) * itemsize for a, b in bounds]
-    assert all(0 < size <= plan.piece_bytes for size in sizes)
-    assert sizes[:-1] == sorted(sizes[:-1], reverse=True)  # never growing
-    assert all(size % (64 << 10) == 0 for size in sizes[:-1])  # aligned (pieces >= 64 KiB), but for the last
-    assert all(size >= stream.GUIDED_MIN_BYTES for size in sizes[:-1])
-
-
-@pytest.mark.parametrize("dtype", ["float32", "float16", "int64"])
-def test_guided_pieces_through_the_pipeline(monkeypatch, dtype):
-    monkeypatch.setattr(stream, "GUIDED_PIECES", True)
-    monkeypatch.setattr(stream, "GUIDED_MIN_BYTES", 4 * KIB)
-    x = make_data(dtype, 20_011, np.random.default_rng(21))
-    for op in OPS:
-        got, dev = sim_reduce(x, op, budget=1 << 20, slot_bytes=16 * KIB, threads=4)
-        check(x, op, got)
-    assert dev._pipelines[16 * KIB].in_use == 0
-    plan = stream.make_plan(x.nbytes, x.itemsize, budget=1 << 20, slot_bytes=16 * KIB, threads=4)
-    sizes = [(s.stop - s.start) * x.itemsize for (s,) in stream.guided_pieces(x.size, x.itemsize, plan)]
-    assert len(sizes) > 4 and max(sizes) <= plan.piece_bytes and sizes[-2] < sizes[0]
-
-
 def test_freeing_slots_in_use_is_refused():
     dev = stream.SimulatedDevice()
     p = stream._Pipeline(dev, 1024)
