@@ -706,8 +706,7 @@ class _Pipeline:
             for k, slot in enumerate(slots):
                 parts.append(self.device.reduce(slot, dtype, seg_bytes[k] // dtype.itemsize, op, acc))
         finally:
-            for k, slot in enumerate(slots):
-                _settle(self, slot, k < len(parts))
+            _settle_all(self, [(slot, k < len(parts)) for k, slot in enumerate(slots)])
         return parts
 
     def _run_rolling(self, views, seg_of, offset_of, seg_bytes, dtype, op, acc, plan) -> list[_partials.Partial]:
@@ -808,11 +807,11 @@ class _Pipeline:
                     self.release(slots[k])
                 except BaseException as exc:
                     error = fail(exc)
-        for k in range(nseg):
-            if slots[k] is not None and parts[k] is None:  # a segment without a kernel
-                _settle(self, slots[k], False)
-        if error is not None:
-            raise error
+        try:  # the segments without a kernel
+            _settle_all(self, [(slots[k], False) for k in range(nseg) if slots[k] is not None and parts[k] is None])
+        finally:
+            if error is not None:
+                raise error
         return parts
 
 
@@ -827,6 +826,18 @@ def _settle(pipeline: _Pipeline, slot: _Slot, kernel: bool) -> None:
             pipeline.device.fence(slot)
     finally:
         pipeline.release(slot)
+
+
+def _settle_all(pipeline: _Pipeline, slots: list[tuple[_Slot, bool]]) -> None:
+    """:func:`_settle` every (slot, kernel) pair; a failure is raised after all are returned."""
+    error: BaseException | None = None
+    for slot, kernel in slots:
+        try:
+            _settle(pipeline, slot, kernel)
+        except BaseException as exc:  # raised below, once every slot is back
+            error = error or exc
+    if error is not None:
+        raise error
 
 
 def _join(pool: ThreadPoolExecutor, jobs: list, stop: threading.Event, inline=None) -> None:

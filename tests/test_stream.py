@@ -489,6 +489,34 @@ def test_a_failure_in_the_calling_threads_copy_waits_for_the_others(monkeypatch)
     assert int(got) == exact_int_sum(x, np.int64)
 
 
+def test_a_failing_fence_still_returns_every_slot(monkeypatch):
+    # A copy fails, so no segment gets a kernel and every slot is fenced before it goes back;
+    # the first fence fails too. Every slot still comes back, and both errors are reported.
+    dev = stream.SimulatedDevice()
+    real_upload, real_fence = dev.upload, dev.fence
+    calls = {"fence": 0}
+
+    def failing_upload(slot, nbytes, offset=0):
+        raise RuntimeError("simulated copy failure")
+
+    def flaky_fence(slot):
+        calls["fence"] += 1
+        if calls["fence"] == 1:
+            raise OSError("simulated fence failure")
+        real_fence(slot)
+
+    monkeypatch.setattr(dev, "upload", failing_upload)
+    monkeypatch.setattr(dev, "fence", flaky_fence)
+    x = np.arange(5 * KIB, dtype=np.int32)
+    with pytest.raises(OSError, match="fence failure") as info:
+        sim_reduce(x, "sum", device=dev)
+    assert isinstance(info.value.__context__, RuntimeError)  # the copy failure, chained
+    assert calls["fence"] == 5 and dev._pipelines[4 * KIB].in_use == 0
+    monkeypatch.setattr(dev, "upload", real_upload)
+    got, _ = sim_reduce(x, "sum", device=dev)
+    assert int(got) == exact_int_sum(x, np.int64)
+
+
 def test_an_interrupt_on_the_resident_path_waits_for_the_copy_threads(monkeypatch):
     from concurrent import futures
     from types import SimpleNamespace
