@@ -31,6 +31,22 @@ def sim_reduce(x, op="sum", *, device=None, **kw):
     return stream.reduce(x, op, _device=device, **kw), device
 
 
+def fail_on_call(real, when: int, exc: BaseException):
+    """``real`` wrapped to raise ``exc`` on its ``when``-th call (counting from 1).
+
+    ``wrapper.calls`` counts every call, the failing one included.
+    """
+
+    def wrapper(*args, **kwargs):
+        wrapper.calls += 1
+        if wrapper.calls == when:
+            raise exc
+        return real(*args, **kwargs)
+
+    wrapper.calls = 0
+    return wrapper
+
+
 # -- planning ------------------------------------------------------------------------------
 
 
@@ -220,15 +236,7 @@ def test_slots_are_reused_across_calls_and_bounded():
 def test_a_failing_upload_raises_and_releases_every_slot(monkeypatch):
     dev = stream.SimulatedDevice()
     real = dev.upload
-    calls = {"n": 0}
-
-    def flaky(slot, nbytes, offset=0):
-        calls["n"] += 1
-        if calls["n"] == 5:
-            raise RuntimeError("simulated copy failure")
-        real(slot, nbytes, offset)
-
-    monkeypatch.setattr(dev, "upload", flaky)
+    monkeypatch.setattr(dev, "upload", fail_on_call(real, 5, RuntimeError("simulated copy failure")))
     with pytest.raises(RuntimeError, match="simulated copy failure"):
         sim_reduce(np.ones(50_000, dtype=np.float32), "sum", device=dev)
     assert dev._pipelines[4 * KIB].in_use == 0
@@ -243,15 +251,7 @@ def test_a_failing_copy_raises_and_releases_every_slot(monkeypatch, threads):
     # the next call works.
     dev = stream.SimulatedDevice(upload_delay=0.001)
     real = dev.host_ready
-    calls = {"n": 0}
-
-    def flaky(slot):
-        calls["n"] += 1
-        if calls["n"] == 6:
-            raise OSError("simulated host failure")
-        real(slot)
-
-    monkeypatch.setattr(dev, "host_ready", flaky)
+    monkeypatch.setattr(dev, "host_ready", fail_on_call(real, 6, OSError("simulated host failure")))
     x = np.arange(50_000, dtype=np.int32)
     with pytest.raises(OSError, match="simulated host failure"):
         sim_reduce(x, "sum", device=dev, budget=16 * KIB, slot_bytes=4 * KIB, threads=threads)
@@ -348,15 +348,7 @@ def test_a_failure_while_others_wait_for_a_slot(monkeypatch, when):
     # a free slot or for the slot another thread is taking. All must end, every slot must come
     # back, and the error must reach the caller.
     x = np.arange(6 * MIB, dtype=np.int32)
-    real = stream.SimulatedDevice.host_ready
-    calls = {"n": 0}
-
-    def flaky(self, slot):
-        calls["n"] += 1
-        if calls["n"] == when:
-            raise OSError("simulated failure while taking a slot")
-        real(self, slot)
-
+    flaky = fail_on_call(stream.SimulatedDevice.host_ready, when, OSError("simulated failure while taking a slot"))
     monkeypatch.setattr(stream.SimulatedDevice, "host_ready", flaky)
     dev = stream.SimulatedDevice(upload_delay=0.001)
     with pytest.raises(OSError, match="simulated failure"):
@@ -428,16 +420,7 @@ def test_small_inputs_take_every_slot_up_front(monkeypatch):
 def test_a_failing_upload_on_the_resident_path(monkeypatch, when):
     used = resident_path_used(monkeypatch)
     dev = stream.SimulatedDevice(upload_delay=0.001)
-    real = dev.upload
-    calls = {"n": 0}
-
-    def flaky(slot, nbytes, offset=0):
-        calls["n"] += 1
-        if calls["n"] == when:
-            raise RuntimeError("simulated copy failure")
-        real(slot, nbytes, offset)
-
-    monkeypatch.setattr(dev, "upload", flaky)
+    monkeypatch.setattr(dev, "upload", fail_on_call(dev.upload, when, RuntimeError("simulated copy failure")))
     x = np.arange(5 * KIB, dtype=np.int32)
     with pytest.raises(RuntimeError, match="simulated copy failure"):
         sim_reduce(x, "sum", device=dev)
@@ -493,25 +476,15 @@ def test_a_failing_fence_still_returns_every_slot(monkeypatch):
     # A copy fails, so no segment gets a kernel and every slot is fenced before it goes back;
     # the first fence fails too. Every slot still comes back, and both errors are reported.
     dev = stream.SimulatedDevice()
-    real_upload, real_fence = dev.upload, dev.fence
-    calls = {"fence": 0}
-
-    def failing_upload(slot, nbytes, offset=0):
-        raise RuntimeError("simulated copy failure")
-
-    def flaky_fence(slot):
-        calls["fence"] += 1
-        if calls["fence"] == 1:
-            raise OSError("simulated fence failure")
-        real_fence(slot)
-
-    monkeypatch.setattr(dev, "upload", failing_upload)
-    monkeypatch.setattr(dev, "fence", flaky_fence)
+    real_upload = dev.upload
+    fence = fail_on_call(dev.fence, 1, OSError("simulated fence failure"))
+    monkeypatch.setattr(dev, "upload", fail_on_call(real_upload, 1, RuntimeError("simulated copy failure")))
+    monkeypatch.setattr(dev, "fence", fence)
     x = np.arange(5 * KIB, dtype=np.int32)
     with pytest.raises(OSError, match="fence failure") as info:
         sim_reduce(x, "sum", device=dev)
     assert isinstance(info.value.__context__, RuntimeError)  # the copy failure, chained
-    assert calls["fence"] == 5 and dev._pipelines[4 * KIB].in_use == 0
+    assert fence.calls == 5 and dev._pipelines[4 * KIB].in_use == 0
     monkeypatch.setattr(dev, "upload", real_upload)
     got, _ = sim_reduce(x, "sum", device=dev)
     assert int(got) == exact_int_sum(x, np.int64)
@@ -521,20 +494,13 @@ def test_an_interrupt_on_the_resident_path_waits_for_the_copy_threads(monkeypatc
     from concurrent import futures
     from types import SimpleNamespace
 
-    calls = {"n": 0}
-
-    def wait(*args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == 1:
-            raise KeyboardInterrupt
-        return futures.wait(*args, **kwargs)
-
+    wait = fail_on_call(futures.wait, 1, KeyboardInterrupt())
     monkeypatch.setattr(stream, "futures", SimpleNamespace(wait=wait, FIRST_EXCEPTION=futures.FIRST_EXCEPTION))
     dev = stream.SimulatedDevice(upload_delay=0.001)
     x = np.arange(5 * KIB, dtype=np.int32)
     with pytest.raises(KeyboardInterrupt):
         sim_reduce(x, "sum", device=dev)
-    assert calls["n"] >= 2  # it waited again for the copy threads before raising
+    assert wait.calls >= 2  # it waited again for the copy threads before raising
     assert dev._pipelines[4 * KIB].in_use == 0
     got, _ = sim_reduce(x, "sum", device=dev)
     assert int(got) == exact_int_sum(x, np.int64)
