@@ -10,3 +10,13 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_
 export MULTIREDUCE_MPIEXEC="${MULTIREDUCE_MPIEXEC:-/usr/bin/mpirun}"
 export MULTIREDUCE_MPIEXEC_ARGS="${MULTIREDUCE_MPIEXEC_ARGS-"--allow-run-as-root --oversubscribe"}"
 read -ra MPIRUN <<<"$MULTIREDUCE_MPIEXEC $MULTIREDUCE_MPIEXEC_ARGS"
+
+device_report() {  # device_report HEADER: the header line, GPUs and their topology, CPUs, library versions
+  echo "$1"
+  nvidia-smi -L
+  nvidia-smi topo -m
+  nvidia-smi --query-gpu=index,name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv
+  nproc
+  "$PY" -c 'import sys, numpy, cupy, mpi4py; print(sys.version); print("numpy", numpy.__version__, "cupy", cupy.__version__, "mpi4py", mpi4py.__version__)'
+  "$PY" -c 'import dask, distributed, dask_cuda; print("dask", dask.__version__, "distributed", distributed.__version__, "dask_cuda", dask_cuda.__version__)'
+}

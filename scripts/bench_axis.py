@@ -95,6 +95,30 @@ def check_against_cpu(cp, mr, got, host, op, axis) -> bool:
     return bool(np.array_equal(got, ref))
 
 
+def time_variant(ctx, op: str, case: str, variant: str, attr: str, config, axis: int, full: dict) -> dict:
+    """Time ``mr.reduce(x, op, axis=axis)`` with ``multireduce._kernels.<attr>`` set to ``config``.
+
+    The launch reads that function at each call; the shipped one is put back afterwards. The
+    result is checked against the CPU (a mismatch goes to ``ctx.failures``), and the record,
+    appended to ``ctx.variants``, is returned.
+    """
+    from multireduce import _kernels
+
+    shipped = getattr(_kernels, attr)
+    setattr(_kernels, attr, config)
+    try:
+        ok = check_against_cpu(ctx.cp, ctx.mr, ctx.mr.reduce(ctx.x, op, axis=axis), ctx.host, op, axis)
+        t = timed(ctx.timer, lambda: ctx.mr.reduce(ctx.x, op, axis=axis), ctx.opts)
+    finally:
+        setattr(_kernels, attr, shipped)
+    if not ok:
+        ctx.failures.append(f"{op} {case} {variant}: does not match the CPU")
+    us = t["median_us"]
+    rec = {"op": op, "case": case, "variant": variant, "us": us, "vs_full": full["median_us"] / us}
+    ctx.variants.append(rec)
+    return rec
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     import cupy as cp
@@ -114,6 +138,7 @@ def main(argv=None) -> int:
     from multireduce import _kernels
 
     variants = []
+    ctx = SimpleNamespace(cp=cp, mr=mr, x=x, host=host, timer=timer, opts=opts, failures=failures, variants=variants)
     for op in [] if args.skip_axis else args.ops.split(","):
         full = timed(timer, lambda op=op, a=x: mr.reduce(a, op), opts)
         cases = {"rows (axis=-1)": -1, "columns (axis=0)": 0}
@@ -149,50 +174,18 @@ def main(argv=None) -> int:
         for v in filter(None, args.rows_variants.split(",")):
             shape, _, waves = v.partition("w")
             block, unroll = (int(k) for k in shape.split("x"))
-            shipped_rows = _kernels.rows_config
-            _kernels.rows_config = lambda b=block, u=unroll, w=int(waves or 0): (b, u, w)  # read at each launch
-            try:
-                ok = check_against_cpu(cp, mr, mr.reduce(x, op, axis=-1), host, op, -1)
-                t = timed(timer, lambda op=op, a=x: mr.reduce(a, op, axis=-1), opts)
-            finally:
-                _kernels.rows_config = shipped_rows
-            if not ok:
-                failures.append(f"{op} rows {v}: does not match the CPU")
-            variants.append(
-                {
-                    "op": op,
-                    "case": "rows",
-                    "variant": v,
-                    "us": t["median_us"],
-                    "vs_full": full["median_us"] / t["median_us"],
-                    "vs_cupy": rows_cupy_us / t["median_us"],
-                }
-            )
+            config = lambda b=block, u=unroll, w=int(waves or 0): (b, u, w)  # noqa: E731
+            rec = time_variant(ctx, op, "rows", v, "rows_config", config, -1, full)
+            rec["vs_cupy"] = rows_cupy_us / rec["us"]
             bk.say(
-                f"{op:>4} rows variant {v:<10} {t['median_us']:9.1f} us  {variants[-1]['vs_full']:.2f}x full, "
-                f"{variants[-1]['vs_cupy']:.2f}x cupy"
+                f"{op:>4} rows variant {v:<10} {rec['us']:9.1f} us  {rec['vs_full']:.2f}x full, "
+                f"{rec['vs_cupy']:.2f}x cupy"
             )
         for v in filter(None, args.cols_variants.split(",")):
             block, unroll = (int(k) for k in v.split("x"))
-            shipped_config = _kernels.cols_config
-            _kernels.cols_config = lambda acc, b=block, u=unroll: (b, u)  # read at each launch
-            try:
-                ok = check_against_cpu(cp, mr, mr.reduce(x, op, axis=0), host, op, 0)
-                t = timed(timer, lambda op=op, a=x: mr.reduce(a, op, axis=0), opts)
-            finally:
-                _kernels.cols_config = shipped_config
-            if not ok:
-                failures.append(f"{op} columns {v}: does not match the CPU")
-            variants.append(
-                {
-                    "op": op,
-                    "case": "columns",
-                    "variant": v,
-                    "us": t["median_us"],
-                    "vs_full": full["median_us"] / t["median_us"],
-                }
-            )
-            bk.say(f"{op:>4} columns variant {v:<8} {t['median_us']:9.1f} us  {variants[-1]['vs_full']:.2f}x full")
+            config = lambda acc, b=block, u=unroll: (b, u)  # noqa: E731
+            rec = time_variant(ctx, op, "columns", v, "cols_config", config, 0, full)
+            bk.say(f"{op:>4} columns variant {v:<8} {rec['us']:9.1f} us  {rec['vs_full']:.2f}x full")
     del x
     bk.release_memory(cp)
 

@@ -24,15 +24,7 @@ SUMMARY="$OUT/summary_multigpu.txt"
 # shellcheck source=scripts/_steps.sh
 source scripts/_steps.sh  # the working directory is the repository root here
 
-{
-  echo "commit ${MULTIREDUCE_GIT_COMMIT:-unset}; GPUs $GPUS; rank counts $RANKS"
-  nvidia-smi -L
-  nvidia-smi topo -m
-  nvidia-smi --query-gpu=index,name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv
-  nproc
-  "$PY" -c 'import sys, numpy, cupy, mpi4py; print(sys.version); print("numpy", numpy.__version__, "cupy", cupy.__version__, "mpi4py", mpi4py.__version__)'
-  "$PY" -c 'import dask, distributed, dask_cuda; print("dask", dask.__version__, "distributed", distributed.__version__, "dask_cuda", dask_cuda.__version__)'
-} >"$OUT/env_multigpu.txt" 2>&1
+device_report "commit ${MULTIREDUCE_GIT_COMMIT:-unset}; GPUs $GPUS; rank counts $RANKS" >"$OUT/env_multigpu.txt" 2>&1
 
 for s in $steps; do
   case $s in
