@@ -16,6 +16,9 @@ computes the same sum; they are interleaved round after round (``_benchutil.inte
 
 and, outside Dask, ``chunk-host``: the host time of the 16 chunk steps called by hand (no
 synchronization inside, so on the GPU this is Python and kernel launches only).
+
+``--profile`` adds a cProfile (the calling thread only) of 100 ``prebuilt`` and of 100
+``prebuilt-noopt`` computes, by cumulative time.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ def main(argv=None) -> int:
     p.add_argument("--chunks", type=int, default=16)
     p.add_argument("--repeat", type=int, default=30)
     p.add_argument("--cpu", action="store_true", help="NumPy chunks (no GPU needed)")
+    p.add_argument("--profile", action="store_true", help="also profile prebuilt and prebuilt-noopt")
     args = p.parse_args(argv)
 
     import dask
@@ -127,7 +131,27 @@ def main(argv=None) -> int:
         print(f"{name:<18} {st['median_ms']:10.3f} {st['p10_ms']:8.3f} {st['p90_ms']:8.3f}")
     st = stats(host[5:])
     print(f"{'chunk-host':<18} {st['median_ms']:10.3f} {st['p10_ms']:8.3f} {st['p90_ms']:8.3f}")
+    if args.profile:
+        for name in ("prebuilt", "prebuilt-noopt"):
+            profile(name, cases[name], sync)
     return 0
+
+
+def profile(name, fn, sync, calls=100) -> None:
+    import cProfile
+    import io
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn()
+        sync()
+    prof.disable()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(45)
+    print(f"--- cProfile: {calls} x {name}, by cumulative time")
+    print(text.getvalue())
 
 
 if __name__ == "__main__":
