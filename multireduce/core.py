@@ -105,6 +105,9 @@ def _arg_axis(axis: Any, ndim: int, op: Op) -> int | None:
 
 
 _plans: dict[tuple, tuple[Op, np.dtype, np.dtype]] = {}
+#: (op name, dtype) -> (op, accumulator, result) of every fold op with a GPU kernel planned
+#: without ``dtype=``: what the per-call path of tiny GPU reductions needs (``_reduce_all``).
+_gpu_plans: dict[tuple[str, np.dtype], tuple[Op, np.dtype, np.dtype]] = {}
 
 
 def _plan(arr, op: str | Op, dtype) -> tuple[Op, np.dtype, np.dtype]:
@@ -123,6 +126,8 @@ def _plan(arr, op: str | Op, dtype) -> tuple[Op, np.dtype, np.dtype]:
         _plans[op, arr.dtype, dtype] = plan
     except TypeError:
         pass
+    if type(op) is str and dtype is None and resolved.kind == "fold" and resolved.functor is not None:
+        _gpu_plans[op, arr.dtype] = (resolved, plan[2], plan[1])
     return plan
 
 
@@ -238,19 +243,26 @@ def reduce(
     >>> multireduce.reduce(np.arange(6).reshape(2, 3), "sum", axis=0)
     array([3, 5, 7])
     """
-    if (
-        _cupy_backend is not None
-        and type(x) is _cupy_backend.cupy.ndarray
-        and axis is None
-        and dtype is None
-        and keepdims is False
-        and reproducible is False
-        and correction is _NO_CORRECTION
-    ):
-        # The per-call path of tiny GPU reductions: a fold op with a kernel, planned before.
-        plan = _plans.get((op, x.dtype, None)) if type(op) is str else None
-        if plan is not None and plan[0].kind == "fold" and plan[0].functor is not None and x.size:
-            return _cupy_backend.reduce_full(x, plan[0], plan[2], plan[1])
+    if axis is None and dtype is None and keepdims is False and reproducible is False and correction is _NO_CORRECTION:
+        return _reduce_all(x, op)
+    return _reduce(x, op, axis, keepdims, dtype, correction, reproducible)
+
+
+def _reduce_all(x: Any, op: str | Op):
+    """``reduce(x, op)`` with no other argument: first, the per-call path of tiny GPU reductions.
+
+    A non-empty CuPy array and a fold op with a GPU kernel, planned before (``_gpu_plans``),
+    go straight to the kernel launch.
+    """
+    if _cupy_backend is not None and type(x) is _cupy_backend.cupy.ndarray and type(op) is str:
+        plan = _gpu_plans.get((op, x.dtype))
+        if plan is not None and x.size:
+            return _cupy_backend.reduce_full(x, *plan)
+    return _reduce(x, op, None, False, None, _NO_CORRECTION, False)
+
+
+def _reduce(x: Any, op: str | Op, axis: Any, keepdims: bool, dtype: Any, correction: float, reproducible: bool):
+    """:func:`reduce`, all arguments given."""
     backend, arr = _backend_and_array(x)
     op, result, acc = _plan(arr, op, dtype)
     corr = _check_correction(op, correction) if correction or op.kind == "moments" else 0.0
@@ -432,7 +444,9 @@ def sum(x: Any, *, axis: Any = None, keepdims: bool = False, dtype: Any = None, 
     ``reproducible=True`` a float sum is the correctly rounded exact sum: the same bits for
     any order, chunking, rank count or device.
     """
-    return reduce(x, "sum", axis=axis, keepdims=keepdims, dtype=dtype, reproducible=reproducible)
+    if axis is None and dtype is None and keepdims is False and reproducible is False:
+        return _reduce_all(x, "sum")
+    return _reduce(x, "sum", axis, keepdims, dtype, _NO_CORRECTION, reproducible)
 
 
 def prod(x: Any, *, axis: Any = None, keepdims: bool = False, dtype: Any = None):
@@ -445,12 +459,16 @@ def prod(x: Any, *, axis: Any = None, keepdims: bool = False, dtype: Any = None)
 
 def max(x: Any, *, axis: Any = None, keepdims: bool = False):  # noqa: A001
     """Largest element over ``axis`` (NaN if any element is NaN; +0.0 > -0.0); :func:`reduce` with ``op="max"``."""
-    return reduce(x, "max", axis=axis, keepdims=keepdims)
+    if axis is None and keepdims is False:
+        return _reduce_all(x, "max")
+    return _reduce(x, "max", axis, keepdims, None, _NO_CORRECTION, False)
 
 
 def min(x: Any, *, axis: Any = None, keepdims: bool = False):  # noqa: A001
     """Smallest element over ``axis`` (NaN if any element is NaN; -0.0 < +0.0); :func:`reduce` with ``op="min"``."""
-    return reduce(x, "min", axis=axis, keepdims=keepdims)
+    if axis is None and keepdims is False:
+        return _reduce_all(x, "min")
+    return _reduce(x, "min", axis, keepdims, None, _NO_CORRECTION, False)
 
 
 def mean(x: Any, *, axis: Any = None, keepdims: bool = False, reproducible: bool = False):

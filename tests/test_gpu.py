@@ -215,3 +215,32 @@ def test_float32_subnormals_as_documented():
     for dtype in ("float16", "float64"):
         tiny = np.full(1000, np.finfo(dtype).smallest_subnormal, dtype=dtype)
         assert float(multireduce.sum(cupy.asarray(tiny))) == float(multireduce.sum(tiny)) > 0.0
+
+
+def test_tiny_reductions_from_many_threads():
+    """The default launch packs its arguments in a per-thread block: threads launching at
+    the same time, each on its own stream and its own first call, get their own results."""
+    import threading
+
+    sizes = [1, 3, 33, 257, 1025, 4099, 65537, 2**20 + 1]
+    errors: list[str] = []
+    start = threading.Barrier(len(sizes))
+
+    def work(i: int, n: int) -> None:
+        stream = cupy.cuda.Stream(non_blocking=True)
+        start.wait()
+        with stream:
+            for k in range(200):
+                x = cupy.full(n, i + k % 7, dtype=cupy.int32)
+                want = n * (i + k % 7)
+                got = int(multireduce.sum(x))
+                if got != want:
+                    errors.append(f"thread {i}, call {k}: {got} != {want}")
+                    return
+
+    threads = [threading.Thread(target=work, args=(i, n)) for i, n in enumerate(sizes)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []

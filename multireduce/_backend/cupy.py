@@ -9,10 +9,12 @@ ordered, so they can share it.
 from __future__ import annotations
 
 import logging
+import struct
 import threading
 
 import cupy
 import numpy as np
+from cupy.cuda import driver as _driver
 from cupy.cuda import runtime as _runtime
 
 from .. import _exact, _kernels
@@ -30,6 +32,31 @@ _workspaces: dict[tuple[int, int], tuple] = {}
 #: The default, grid-stride launch of one (device, stream, op, dtypes): everything ``_launch``
 #: would look up and compute again per call (see :func:`_default_launch`).
 _defaults: dict[tuple, tuple] = {}
+
+
+class _LaunchArgs(threading.local):
+    """One thread's argument block for ``cuLaunchKernel`` of the default launch.
+
+    ``reduce_kernel`` takes six arguments of at most 8 bytes each: ``values`` holds one per
+    8-byte slot (a narrower argument in the slot's low bytes: the driver copies each
+    argument's own size from its slot), and ``pointers`` is the array of slot addresses that
+    the driver reads. One block per thread, so that threads launching at the same time never
+    share one; the driver copies the values at launch, so a block is reused at once.
+    """
+
+    def __init__(self) -> None:
+        self.values = np.zeros(6, dtype=np.uint64)
+        base = self.values.ctypes.data
+        self.pointers = np.array([base + 8 * i for i in range(6)], dtype=np.uint64)
+        self.address = int(self.pointers.ctypes.data)
+        #: Devices whose CUDA context this thread has made current through the runtime (as
+        #: CuPy's own launches ensure): the driver's launch needs one.
+        self.contexts: set[int] = set()
+
+
+_args = _LaunchArgs()
+_pack_args = struct.Struct("<6Q").pack_into
+_launch_kernel = _driver.launchKernel
 
 
 def _launcher(
@@ -186,10 +213,16 @@ def _launch(
             found = _defaults.get((device, stream, op, flat.dtype, acc, result))
             if found is None:
                 found = _default_launch(device, stream, op, flat.dtype, acc, result)
-            kernel, max_grid, identity, per_block, partials, counter = found
+            function, max_grid, identity, per_block, partials, counter, _, _ = found
             if out is None:
                 out = cupy.ndarray((), dtype=result)
-            kernel((min(max_grid, -(-n // per_block)),), (config[0],), (flat, n, identity, partials, counter, out))
+            args = _args
+            if device not in args.contexts:
+                _runtime.memGetInfo()  # a runtime call makes the device's context current here
+                args.contexts.add(device)
+            _pack_args(args.values, 0, flat.data.ptr, n, identity, partials, counter, out.data.ptr)
+            grid = min(max_grid, -(-n // per_block))
+            _launch_kernel(function, grid, 1, 1, _DEFAULT_CONFIG[0], 1, 1, 0, stream, args.address, 0)
             return out
         config, grid_override = _TILED_CONFIG, 0  # large inputs: one block per 512 KiB tile
     kernel, max_grid, identity = _launcher(device, op, x.dtype, acc, result, config)
@@ -208,20 +241,25 @@ def _launch(
 
 
 def _default_launch(device: int, stream: int, op: Op, dtype: np.dtype, acc: np.dtype, result: np.dtype) -> tuple:
-    """(kernel, largest grid, identity, elements per block and loop trip, partials, counter).
+    """The default configuration's launch on ``stream``, made once and cached.
 
-    For the default configuration on ``stream``, made once and cached. The workspace is the
-    stream's at the time; if a later, larger launch replaces the stream's workspace, this one
-    stays valid (every launch leaves its counter at zero, and the stream orders launches).
+    A tuple: the driver function's address, the largest grid, the identity's bits (as the
+    kernel's ``Acc`` argument, zero-extended to 8 bytes), the elements per block and loop
+    trip, the partials' and the counter's device addresses, and then the workspace's arrays,
+    which keep those addresses alive. The workspace is the stream's at the time; if a later,
+    larger launch replaces the stream's workspace, this one stays valid (every launch leaves
+    its counter at zero, and the stream orders launches).
     """
     kernel, max_grid, identity = _launcher(device, op, dtype, acc, result, _DEFAULT_CONFIG)
     per_block = (16 // dtype.itemsize) * _DEFAULT_CONFIG[0] * _DEFAULT_CONFIG[1]
     partials, counter = _workspace(device, stream, max_grid)
     found = _defaults[(device, stream, op, dtype, acc, result)] = (
-        kernel,
+        kernel.ptr,
         max_grid,
-        identity,
+        int.from_bytes(np.asarray(identity, dtype=acc).tobytes(), "little"),
         per_block,
+        partials.data.ptr,
+        counter.data.ptr,
         partials,
         counter,
     )
