@@ -72,6 +72,8 @@ _CODE_DTYPES = {code: dt for dt, code in _DTYPE_CODES.items()}
 # memory for a non-CUDA-aware MPI ("staged"), CuPy buffers handed to MPI ("device").
 _transport_counts = {"host": 0, "staged": 0, "device": 0}
 _cuda_aware: CudaAwareness | None = None
+#: allreduce()'s default correction, compared by identity on the per-call path.
+_NO_CORRECTION = 0.0
 
 
 class RankError(RuntimeError):
@@ -152,7 +154,7 @@ def _agree(comm, plan: _Plan | None, meta: np.ndarray, error, *, empty_error=Non
     comm.Allreduce(MPI.IN_PLACE, meta, op=MPI.MAX)
     if meta[0]:
         _raise_failures(comm, error)
-    _check_agreement(comm, plan, meta)
+    _check_agreement(comm, None if plan is None else plan.static, meta)
     if empty_error is not None and not meta[7]:
         _raise_everywhere(comm, empty_error())
 
@@ -239,11 +241,6 @@ class _Plan:
     count: int
     on_gpu: bool
     device: int | None
-    # Set by _local_partial when the kernel wrote the partial into the current stream's
-    # pinned slot on the current device: (slots, stream), and the result's 0-d array,
-    # allocated while the kernel runs. Later steps use them instead of looking both up again.
-    staging: tuple | None = None
-    out: Any = None
 
     @property
     def op(self) -> Op:
@@ -263,13 +260,6 @@ def _local_partial(x: Any, plan: _Plan):
     if plan.static.requested is None:
         if plan.on_gpu and x.size and not cuda_aware().enabled:
             # The kernel writes the partial straight into a pinned host slot (_Staging.slot).
-            import cupy
-
-            if cupy.cuda.runtime.getDevice() == plan.device:
-                stream = cupy.cuda.get_current_stream()
-                slots = _Staging.get(plan.device, stream.ptr)
-                plan.staging = (slots, stream)
-                return core.partial(x, plan.op.name, out=slots.device_partial(plan.static.acc))
             return core.partial(x, plan.op.name, out=_Staging.slot(plan))
         return core.partial(x, plan.op)
     # dtype= changes the accumulator (e.g. int input summed as float16 accumulates in
@@ -278,7 +268,13 @@ def _local_partial(x: Any, plan: _Plan):
 
 
 def allreduce(
-    x_local: Any, op: str | Op, *, comm=None, dtype: Any = None, correction: float = 0.0, reproducible: bool = False
+    x_local: Any,
+    op: str | Op,
+    *,
+    comm=None,
+    dtype: Any = None,
+    correction: float = _NO_CORRECTION,
+    reproducible: bool = False,
 ):
     """Reduce the shards of all ranks with ``op``; every rank gets the global result.
 
@@ -356,6 +352,10 @@ def allreduce(
     >>> allreduce(x_local, "sum")  # doctest: +SKIP
     np.int64(780)
     """
+    if dtype is None and reproducible is False and correction is _NO_CORRECTION and type(op) is str:
+        fast = _fast_gpu(x_local, op)
+        if fast is not None:
+            return _fast_gpu_allreduce(_comm(comm), x_local, fast)
     comm = _comm(comm)
     plan = partial = error = None
     exact = False
@@ -619,13 +619,6 @@ def _to_host(partial, plan: _Plan) -> np.generic:
         import cupy
 
         _transport_counts["staged"] += 1
-        if plan.staging is not None and partial.data.ptr == plan.staging[0].mapped:
-            # The common case, on the current device and stream (see _local_partial): the
-            # result's array is allocated while the kernel runs, then one wait.
-            slots, stream = plan.staging
-            plan.out = cupy.empty((), dtype=plan.static.result)
-            stream.synchronize()
-            return slots.host_views(partial.dtype)[0][0]
         runtime = cupy.cuda.runtime
         if runtime.getDevice() != plan.device:
             with cupy.cuda.Device(plan.device):
@@ -651,16 +644,12 @@ def _from_host(value: np.generic, plan: _Plan):
 
     runtime = cupy.cuda.runtime
     dtype = value.dtype
-    if plan.out is not None and plan.out.dtype == dtype:
-        slots, stream = plan.staging
-        out = plan.out
-    else:
-        if runtime.getDevice() != plan.device:
-            with cupy.cuda.Device(plan.device):
-                return _from_host(value, plan)
-        stream = cupy.cuda.get_current_stream()
-        slots = _Staging.get(plan.device, stream.ptr)
-        out = cupy.empty((), dtype=dtype)
+    if runtime.getDevice() != plan.device:
+        with cupy.cuda.Device(plan.device):
+            return _from_host(value, plan)
+    stream = cupy.cuda.get_current_stream()
+    slots = _Staging.get(plan.device, stream.ptr)
+    out = cupy.empty((), dtype=dtype)
     slots.host_views(dtype)[1][0] = value
     runtime.memcpyAsync(out.data.ptr, slots.ptr + 8, dtype.itemsize, runtime.memcpyHostToDevice, stream.ptr)
     return out
@@ -688,14 +677,14 @@ def _meta(plan: _Plan | None, error) -> np.ndarray:
     return meta
 
 
-def _check_agreement(comm, plan: _Plan, meta: np.ndarray) -> None:
+def _check_agreement(comm, static: _Static, meta: np.ndarray) -> None:
     m = meta[1:7].tolist()
     if m[0] == ~m[1] and m[2] == ~m[3] and m[4] == ~m[5]:
         return  # the common case, in Python ints
     names = ("input dtype", "op", "dtype=")
     for i, name in enumerate(names):
         if meta[1 + 2 * i] != ~meta[2 + 2 * i]:
-            st = plan.static
+            st = static
             local = (st.in_dtype.name, st.op.name, None if st.requested is None else st.requested.name)[i]
             values = comm.allgather(local)
             listing = describe_failures({r: str(v) for r, v in enumerate(values)}).replace(" failed:", ":")
@@ -759,6 +748,101 @@ def _combine_on_device(comm, plan: _Plan, partial):
         return value.astype(st.result).reshape(())
 
 
+class _FastGPU:
+    """What :func:`_fast_gpu_allreduce` needs for one (op, dtype, device, stream), made once."""
+
+    __slots__ = (
+        "static", "op", "acc", "device", "stream", "slots", "partial", "host_in", "host_out",
+        "meta", "arith", "mpi_op", "wire", "wire_acc",
+    )  # fmt: skip
+
+    def __init__(self, static: _Static, device: int, stream: Any) -> None:
+        self.static = static
+        self.op, self.acc = static.op, static.acc
+        self.device, self.stream = device, stream
+        self.slots = _Staging.get(device, stream.ptr)
+        self.partial = self.slots.device_partial(static.acc)  # slot 0, which the kernel writes
+        self.host_in = self.slots.host_views(static.acc)[0]
+        self.host_out = self.slots.host_views(static.result)[1]  # slot 8, the result's way back
+        meta = _meta_template(static.codes).copy()
+        meta[7] = 1  # this shard is not empty
+        self.meta = meta
+        self.arith = _arith(static)
+        self.mpi_op = _MPI_ARITH[static.op.mpi_name] if self.arith else MPI.MAX
+        # The value Allreduce's buffer (sums and products), reused: the stream's slots are too.
+        self.wire = np.zeros(1, dtype=static.acc).view(static.wire)
+        self.wire_acc = self.wire.view(static.acc)
+
+
+#: (op name, dtype, device, stream) -> _FastGPU, or None where the per-call path does not apply.
+_fast: dict[tuple, _FastGPU | None] = {}
+
+
+def _fast_gpu(x: Any, op: str) -> _FastGPU | None:
+    """The per-call path's entry for ``allreduce(x, op)``, if it applies.
+
+    It does for a non-empty CuPy shard on the current device, a fold op with a GPU kernel
+    (sum, max, min) and an MPI that is not CUDA-aware: the common case of the main job.
+    """
+    backend = core._cupy_backend
+    if backend is None or type(x) is not backend.cupy.ndarray or not x.size:
+        return None
+    cupy = backend.cupy
+    device = x.data.device_id
+    if device != cupy.cuda.runtime.getDevice():
+        return None
+    stream = cupy.cuda.get_current_stream()
+    key = (op, x.dtype, device, stream.ptr)
+    try:
+        return _fast[key]
+    except KeyError:
+        pass
+    entry = None
+    resolved = OPS.get(op)
+    if resolved is not None and resolved.kind == "fold" and resolved.functor is not None:
+        if x.dtype in _DTYPE_CODES and not cuda_aware().enabled:
+            entry = _FastGPU(_static(resolved, x.dtype, None), device, stream)
+    return _fast.setdefault(key, entry)
+
+
+def _fast_gpu_allreduce(comm, x: Any, f: _FastGPU):
+    """:func:`allreduce` of a GPU shard on the per-call path (see :func:`_fast_gpu`).
+
+    The same steps as the general path (:func:`_combine`), with everything looked up once per
+    (op, dtype, device, stream): the kernel writes the partial into the pinned slot, the
+    result's array is allocated while it runs, one wait, the agreement Allreduce (which
+    carries the max/min key), the value Allreduce for sums, and the result's upload from
+    slot 8 on the stream.
+    """
+    st = f.static
+    try:
+        core._cupy_backend.reduce_full(x, f.op, f.acc, f.acc, out=f.partial)
+        out = core._cupy_backend.cupy.ndarray((), dtype=st.result)
+        f.stream.synchronize()
+        host = f.host_in[0]
+        meta = f.meta.copy()
+        if not f.arith:
+            meta[8] = encode_extreme_scalar(host, st.positive, f.op.nan_wins)
+    except Exception as exc:  # agreed with the other ranks in _combine, then re-raised
+        return _combine(comm, _Plan(st, x.size, True, f.device), None, exc)
+    _transport_counts["staged"] += 1
+    comm.Allreduce(MPI.IN_PLACE, meta, op=MPI.MAX)
+    if meta[0]:
+        _raise_failures(comm, None)
+    _check_agreement(comm, st, meta)
+    if f.arith:
+        f.wire_acc[0] = host
+        comm.Allreduce(MPI.IN_PLACE, f.wire, op=f.mpi_op)
+        value = f.wire_acc[0]
+    else:
+        value = decode_extreme_scalar(int(meta[8]), st.positive, st.acc, f.op.nan_wins)
+    f.host_out[0] = value.astype(st.result)
+    slots = f.slots
+    runtime = core._cupy_backend.cupy.cuda.runtime
+    runtime.memcpyAsync(out.data.ptr, slots.ptr + 8, out.itemsize, runtime.memcpyHostToDevice, f.stream.ptr)
+    return out
+
+
 def transport_counts() -> dict[str, int]:
     """How many combines on this rank moved their partial which way, since import.
 
@@ -797,6 +881,7 @@ def cuda_aware(*, refresh: bool = False) -> CudaAwareness:
             ("Open MPI mpi_built_with_cuda_support", openmpi_cvar_probe(lib, MPI.Get_library_version())),
         ]
         _cuda_aware = decide_cuda_aware(probes)
+        _fast.clear()  # its entries were made for the previous answer
     return _cuda_aware
 
 

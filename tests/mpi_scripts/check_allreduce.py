@@ -111,6 +111,11 @@ def check(g: np.ndarray, op: str, dtype=None, *, exact_floats: bool) -> None:
     got = to_host(mpi.allreduce(local, op, dtype=dtype))
     same_everywhere(got)
     assert got.dtype == result_dt, (op, g.dtype, got.dtype, result_dt)
+    if dtype is None:
+        # An Op object takes the general path; a name takes the per-call path where it applies
+        # (a non-empty GPU shard): both give the same bits.
+        general = to_host(mpi.allreduce(local, multireduce.get_op(op)))
+        assert bits_equal(got, general, result_dt) and general.dtype == got.dtype, (op, g.dtype, got, general)
     if op == "sum":
         source = g.astype(requested) if requested is not None and requested.kind in "iu" else g
         ref = ref_sum(source, result_dt)
@@ -506,6 +511,8 @@ def main() -> int:
     counts = mpi.transport_counts()
     if args.gpu and not mpi.cuda_aware().enabled:
         assert counts["staged"] > 0 and counts["device"] == 0, counts
+        # The main job's common case took the per-call path (mpi._fast_gpu).
+        assert any(entry is not None for entry in mpi._fast.values()), mpi._fast
     if args.gpu and mpi.cuda_aware().enabled:
         assert counts["device"] > 0 and counts["staged"] == 0, counts
     if not args.gpu:
