@@ -353,7 +353,10 @@ def allreduce(
     np.int64(780)
     """
     if dtype is None and reproducible is False and correction is _NO_CORRECTION and type(op) is str:
-        fast = _fast_gpu(x_local, op)
+        try:
+            fast = _fast_gpu(x_local, op)
+        except Exception as exc:  # agreed with the other ranks in _combine, then re-raised
+            return _combine(_comm(comm), None, None, exc)
         if fast is not None:
             return _fast_gpu_allreduce(_comm(comm), x_local, fast)
     comm = _comm(comm)
@@ -769,9 +772,9 @@ class _FastGPU:
         self.meta = meta
         self.arith = _arith(static)
         self.mpi_op = _MPI_ARITH[static.op.mpi_name] if self.arith else MPI.MAX
-        # The value Allreduce's buffer (sums and products), reused: the stream's slots are too.
-        self.wire = np.zeros(1, dtype=static.acc).view(static.wire)
-        self.wire_acc = self.wire.view(static.acc)
+        if self.arith:  # the value Allreduce's buffer, reused (as the stream's slots are)
+            self.wire = np.zeros(1, dtype=static.acc).view(static.wire)
+            self.wire_acc = self.wire.view(static.acc)
 
 
 #: (op name, dtype, device, stream) -> _FastGPU, or None where the per-call path does not apply.

@@ -30,6 +30,7 @@ from multireduce._transport import (
     openmpi_cvar_probe,
     sum_wire_dtype,
 )
+from multireduce.ops import KERNEL_OPS, SUPPORTED_DTYPES
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -320,3 +321,33 @@ def test_openmpi_probe_only_asks_open_mpi():
     assert openmpi_cvar_probe(_FakeLib(), "MPICH Version: 5")() == (None, "not Open MPI")
     answer, detail = openmpi_cvar_probe(_FakeLib(), "Open MPI v4.1.6, ...")()
     assert answer is None and "MPI_T functions not exported" in detail
+
+
+class _HostSlots:
+    """A CPU stand-in for mpi._Slots: NumPy arrays where the GPU path has pinned memory."""
+
+    ptr = 0
+
+    def device_partial(self, dtype):
+        return np.zeros((), dtype)
+
+    def host_views(self, dtype):
+        return np.zeros(1, dtype), np.zeros(1, dtype)
+
+
+@pytest.mark.parametrize("dt", [np.dtype(d).name for d in SUPPORTED_DTYPES])
+@pytest.mark.parametrize("op", KERNEL_OPS)
+def test_per_call_path_entry_for_every_kernel_op_and_dtype(monkeypatch, op, dt):
+    # mpi._FastGPU is made on the first GPU call of each (op, dtype); building it must work for
+    # every pair the path accepts, and a sum's wire buffer must carry the accumulator's bits.
+    mpi = pytest.importorskip("multireduce.mpi")
+    monkeypatch.setattr(mpi._Staging, "get", classmethod(lambda cls, device, stream: _HostSlots()))
+    static = mpi._static(get_op(op), np.dtype(dt), None)
+    entry = mpi._FastGPU(static, 0, type("Stream", (), {"ptr": 0})())
+    assert entry.arith == (op == "sum")
+    assert entry.meta[7] == 1 and entry.meta[0] == 0
+    assert entry.partial.dtype == static.acc and entry.host_out.dtype == static.result
+    if entry.arith:
+        value = np.array(-3 if static.acc.kind == "i" else 3, dtype=static.acc)[()]
+        entry.wire_acc[0] = value
+        assert entry.wire.dtype == static.wire and entry.wire.view(static.acc)[0] == value
