@@ -11,6 +11,7 @@ import pickle
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -342,10 +343,15 @@ def test_per_call_path_entry_for_every_kernel_op_and_dtype(monkeypatch, op, dt):
     # every pair the path accepts, and a sum's wire buffer must carry the accumulator's bits.
     mpi = pytest.importorskip("multireduce.mpi")
     monkeypatch.setattr(mpi._Staging, "get", classmethod(lambda cls, device, stream: _HostSlots()))
+    runtime = SimpleNamespace(memcpyAsync=None, memcpyHostToDevice=1)
+    monkeypatch.setattr(
+        mpi.core, "_cupy_backend", SimpleNamespace(cupy=SimpleNamespace(cuda=SimpleNamespace(runtime=runtime)))
+    )
     static = mpi._static(get_op(op), np.dtype(dt), None)
     entry = mpi._FastGPU(static, 0, type("Stream", (), {"ptr": 0})())
     assert entry.arith == (op == "sum")
     assert entry.meta[7] == 1 and entry.meta[0] == 0
+    assert entry.codes == entry.meta[1:7].tobytes()
     assert entry.partial.dtype == static.acc and entry.host_out.dtype == static.result
     if entry.arith:
         value = np.array(-3 if static.acc.kind == "i" else 3, dtype=static.acc)[()]
