@@ -354,11 +354,11 @@ def allreduce(
     """
     if dtype is None and reproducible is False and correction is _NO_CORRECTION and type(op) is str:
         try:
-            fast = _fast_gpu(x_local, op)
+            fast = _fast_entry(x_local, op)
         except Exception as exc:  # agreed with the other ranks in _combine, then re-raised
             return _combine(_comm(comm), None, None, exc)
         if fast is not None:
-            return _fast_gpu_allreduce(_comm(comm), x_local, fast)
+            return _fast_allreduce(_comm(comm), x_local, fast)
     comm = _comm(comm)
     plan = partial = error = None
     exact = False
@@ -751,88 +751,105 @@ def _combine_on_device(comm, plan: _Plan, partial):
         return value.astype(st.result).reshape(())
 
 
-class _FastGPU:
-    """What :func:`_fast_gpu_allreduce` needs for one (op, dtype, device, stream), made once."""
+class _Fast:
+    """What :func:`_fast_allreduce` needs, made once.
+
+    Per (op, dtype) for NumPy shards, per (op, dtype, device, stream) for CuPy shards, whose
+    fields past ``device`` (the stream's pinned slots and their views) only a GPU entry has.
+    """
 
     __slots__ = (
-        "static", "op", "acc", "device", "stream", "slots", "partial", "host_in", "host_out",
-        "meta", "codes", "arith", "mpi_op", "wire", "wire_acc", "memcpy_async", "host_to_device",
+        "static", "op", "acc", "meta", "codes", "arith", "mpi_op", "wire", "wire_acc",
+        "device", "stream", "slots", "partial", "host_in", "host_out", "memcpy_async", "host_to_device",
     )  # fmt: skip
 
-    def __init__(self, static: _Static, device: int, stream: Any) -> None:
+    def __init__(self, static: _Static, device: int | None = None, stream: Any = None) -> None:
         self.static = static
         self.op, self.acc = static.op, static.acc
-        self.device, self.stream = device, stream
-        self.slots = _Staging.get(device, stream.ptr)
-        self.partial = self.slots.device_partial(static.acc)  # slot 0, which the kernel writes
-        self.host_in = self.slots.host_views(static.acc)[0]
-        self.host_out = self.slots.host_views(static.result)[1]  # slot 8, the result's way back
         meta = _meta_template(static.codes).copy()
         meta[7] = 1  # this shard is not empty
         self.meta = meta
         self.codes = meta.tobytes()[8:56]  # meta[1:7]: what the agreement gives if all ranks agree
-        runtime = core._cupy_backend.cupy.cuda.runtime
-        self.memcpy_async, self.host_to_device = runtime.memcpyAsync, runtime.memcpyHostToDevice
         self.arith = _arith(static)
         self.mpi_op = _MPI_ARITH[static.op.mpi_name] if self.arith else MPI.MAX
-        if self.arith:  # the value Allreduce's buffer, reused (as the stream's slots are)
+        if self.arith:  # the value Allreduce's buffer, reused (as a stream's slots are)
             self.wire = np.zeros(1, dtype=static.acc).view(static.wire)
             self.wire_acc = self.wire.view(static.acc)
+        self.device, self.stream = device, stream
+        if stream is not None:
+            self.slots = _Staging.get(device, stream.ptr)
+            self.partial = self.slots.device_partial(static.acc)  # slot 0, which the kernel writes
+            self.host_in = self.slots.host_views(static.acc)[0]
+            self.host_out = self.slots.host_views(static.result)[1]  # slot 8, the result's way back
+            runtime = core._cupy_backend.cupy.cuda.runtime
+            self.memcpy_async, self.host_to_device = runtime.memcpyAsync, runtime.memcpyHostToDevice
 
 
-#: (op name, dtype, device, stream) -> _FastGPU, or None where the per-call path does not apply.
-_fast: dict[tuple, _FastGPU | None] = {}
+#: (op name, dtype) for NumPy shards, (op name, dtype, device, stream) for CuPy shards ->
+#: _Fast, or None where the per-call path does not apply.
+_fast: dict[tuple, _Fast | None] = {}
 
 
-def _fast_gpu(x: Any, op: str) -> _FastGPU | None:
+def _fast_entry(x: Any, op: str) -> _Fast | None:
     """The per-call path's entry for ``allreduce(x, op)``, if it applies.
 
-    It does for a non-empty CuPy shard on the current device, a fold op with a GPU kernel
-    (sum, max, min) and an MPI that is not CUDA-aware: the common case of the main job.
+    It does for a non-empty shard and a fold op: a NumPy array, or a CuPy array on the current
+    device with an op that has a GPU kernel (sum, max, min) and an MPI that is not CUDA-aware.
+    The main job's common case.
     """
-    backend = core._cupy_backend
-    if backend is None or type(x) is not backend.cupy.ndarray or not x.size:
-        return None
-    cupy = backend.cupy
-    device = x.data.device_id
-    if device != cupy.cuda.runtime.getDevice():
-        return None
-    stream = cupy.cuda.get_current_stream()
-    key = (op, x.dtype, device, stream.ptr)
+    if type(x) is np.ndarray:
+        if not x.size:
+            return None
+        key: tuple = (op, x.dtype)
+        device = stream = None
+    else:
+        backend = core._cupy_backend
+        if backend is None or type(x) is not backend.cupy.ndarray or not x.size:
+            return None
+        cupy = backend.cupy
+        device = x.data.device_id
+        if device != cupy.cuda.runtime.getDevice():
+            return None
+        stream = cupy.cuda.get_current_stream()
+        key = (op, x.dtype, device, stream.ptr)
     try:
         return _fast[key]
     except KeyError:
         pass
     entry = None
     resolved = OPS.get(op)
-    if resolved is not None and resolved.kind == "fold" and resolved.functor is not None:
-        if x.dtype in _DTYPE_CODES and not cuda_aware().enabled:
-            entry = _FastGPU(_static(resolved, x.dtype, None), device, stream)
+    if resolved is not None and resolved.kind == "fold" and x.dtype in _DTYPE_CODES:
+        if stream is None or (resolved.functor is not None and not cuda_aware().enabled):
+            entry = _Fast(_static(resolved, x.dtype, None), device, stream)
     return _fast.setdefault(key, entry)
 
 
-def _fast_gpu_allreduce(comm, x: Any, f: _FastGPU):
-    """:func:`allreduce` of a GPU shard on the per-call path (see :func:`_fast_gpu`).
+def _fast_allreduce(comm, x: Any, f: _Fast):
+    """:func:`allreduce` on the per-call path (see :func:`_fast_entry`).
 
-    The same steps as the general path (:func:`_combine`), with everything looked up once per
-    (op, dtype, device, stream): the kernel writes the partial into the pinned slot, the
-    result's array is allocated while it runs, one wait, the agreement Allreduce (which
-    carries the max/min key), the value Allreduce for sums, and the result's upload from
-    slot 8 on the stream.
+    The same steps and collective calls as the general path (:func:`_combine`), with
+    everything looked up once: the local partial (on a GPU, the kernel writes it into the
+    stream's pinned slot, and the result's array is allocated while it runs, then one wait),
+    the agreement Allreduce (which carries the max/min key), the value Allreduce for sums and
+    products, and on a GPU the result's upload from slot 8 on the stream.
     """
     st = f.static
     try:
-        core._cupy_backend.reduce_full(x, f.op, f.acc, f.acc, out=f.partial)
-        # While the kernel runs: the result's array and the agreement's buffer.
-        out = core._cupy_backend.cupy.ndarray((), dtype=st.result)
-        meta = f.meta.copy()
-        f.stream.synchronize()
-        host = f.host_in[0]
+        if f.stream is None:
+            host = core.partial(x, f.op)
+            meta = f.meta.copy()
+        else:
+            core._cupy_backend.reduce_full(x, f.op, f.acc, f.acc, out=f.partial)
+            # While the kernel runs: the result's array and the agreement's buffer.
+            out = core._cupy_backend.cupy.ndarray((), dtype=st.result)
+            meta = f.meta.copy()
+            f.stream.synchronize()
+            host = f.host_in[0]
         if not f.arith:
             meta[8] = encode_extreme_scalar(host, st.positive, f.op.nan_wins)
     except Exception as exc:  # agreed with the other ranks in _combine, then re-raised
-        return _combine(comm, _Plan(st, x.size, True, f.device), None, exc)
-    _transport_counts["staged"] += 1
+        return _combine(comm, _Plan(st, x.size, f.stream is not None, f.device), None, exc)
+    _transport_counts["host" if f.stream is None else "staged"] += 1
     comm.Allreduce(MPI.IN_PLACE, meta, op=MPI.MAX)
     if meta[0]:
         _raise_failures(comm, None)
@@ -844,6 +861,8 @@ def _fast_gpu_allreduce(comm, x: Any, f: _FastGPU):
         value = f.wire_acc[0]
     else:
         value = decode_extreme_scalar(int(meta[8]), st.positive, st.acc, f.op.nan_wins)
+    if f.stream is None:
+        return value.astype(st.result)
     f.host_out[0] = value  # cast to the result dtype as value.astype would
     f.memcpy_async(out.data.ptr, f.slots.ptr + 8, out.itemsize, f.host_to_device, f.stream.ptr)
     return out

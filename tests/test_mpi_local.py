@@ -31,7 +31,7 @@ from multireduce._transport import (
     openmpi_cvar_probe,
     sum_wire_dtype,
 )
-from multireduce.ops import KERNEL_OPS, SUPPORTED_DTYPES
+from multireduce.ops import KERNEL_OPS, OPS, SUPPORTED_DTYPES
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -336,24 +336,59 @@ class _HostSlots:
         return np.zeros(1, dtype), np.zeros(1, dtype)
 
 
+_FAST_CASES = [(name, False) for name, op in OPS.items() if op.kind == "fold"] + [(name, True) for name in KERNEL_OPS]
+
+
 @pytest.mark.parametrize("dt", [np.dtype(d).name for d in SUPPORTED_DTYPES])
-@pytest.mark.parametrize("op", KERNEL_OPS)
-def test_per_call_path_entry_for_every_kernel_op_and_dtype(monkeypatch, op, dt):
-    # mpi._FastGPU is made on the first GPU call of each (op, dtype); building it must work for
-    # every pair the path accepts, and a sum's wire buffer must carry the accumulator's bits.
+@pytest.mark.parametrize(("op", "gpu"), _FAST_CASES, ids=[f"{op}-{'gpu' if g else 'host'}" for op, g in _FAST_CASES])
+def test_per_call_path_entry_for_every_fold_op_and_dtype(monkeypatch, op, dt, gpu):
+    # mpi._Fast is made on the first call of each (op, dtype) (and device and stream); building
+    # it must work for every pair the path accepts, and a sum's wire buffer must carry the
+    # accumulator's bits. The GPU entry (kernel ops only) runs here on CPU stand-ins.
     mpi = pytest.importorskip("multireduce.mpi")
-    monkeypatch.setattr(mpi._Staging, "get", classmethod(lambda cls, device, stream: _HostSlots()))
-    runtime = SimpleNamespace(memcpyAsync=None, memcpyHostToDevice=1)
-    monkeypatch.setattr(
-        mpi.core, "_cupy_backend", SimpleNamespace(cupy=SimpleNamespace(cuda=SimpleNamespace(runtime=runtime)))
-    )
+    stream = None
+    if gpu:
+        monkeypatch.setattr(mpi._Staging, "get", classmethod(lambda cls, device, stream: _HostSlots()))
+        runtime = SimpleNamespace(memcpyAsync=None, memcpyHostToDevice=1)
+        cupy = SimpleNamespace(cuda=SimpleNamespace(runtime=runtime))
+        monkeypatch.setattr(mpi.core, "_cupy_backend", SimpleNamespace(cupy=cupy))
+        stream = SimpleNamespace(ptr=0)
     static = mpi._static(get_op(op), np.dtype(dt), None)
-    entry = mpi._FastGPU(static, 0, type("Stream", (), {"ptr": 0})())
-    assert entry.arith == (op == "sum")
+    entry = mpi._Fast(static, 0 if gpu else None, stream)
+    assert entry.arith == (get_op(op).mpi_name in ("SUM", "PROD"))
     assert entry.meta[7] == 1 and entry.meta[0] == 0
     assert entry.codes == entry.meta[1:7].tobytes()
-    assert entry.partial.dtype == static.acc and entry.host_out.dtype == static.result
+    if gpu:
+        assert entry.partial.dtype == static.acc and entry.host_out.dtype == static.result
     if entry.arith:
         value = np.array(-3 if static.acc.kind == "i" else 3, dtype=static.acc)[()]
         entry.wire_acc[0] = value
         assert entry.wire.dtype == static.wire and entry.wire.view(static.acc)[0] == value
+
+
+def test_per_call_path_taken_for_numpy_shards_and_not_for_others():
+    mpi = pytest.importorskip("multireduce.mpi")
+    x = np.arange(5, dtype=np.float32)
+    entry = mpi._fast_entry(x, "sum")
+    assert entry is not None and entry.stream is None and entry.static.acc == np.float64
+    assert mpi._fast_entry(x, "mean") is None  # moments: the general path
+    assert mpi._fast_entry(x[:0], "sum") is None  # empty shard: the general path
+    assert mpi._fast_entry(x.astype(np.complex64), "sum") is None  # refused by the general path
+    assert mpi._fast_entry([1.0, 2.0], "sum") is None  # lists are converted by the general path
+
+
+def test_per_call_path_failure_goes_through_the_agreement(monkeypatch):
+    # A local failure on the per-call path is agreed like one on the general path: raised
+    # here, marked as this rank's, after the agreement Allreduce (at one rank, in process).
+    mpi = pytest.importorskip("multireduce.mpi")
+    assert mpi._fast_entry(np.ones(3), "sum") is not None
+
+    def broken(x, op, **kwargs):
+        raise MemoryError("injected")
+
+    monkeypatch.setattr(mpi.core, "partial", broken)
+    with pytest.raises(MemoryError, match="injected") as info:
+        mpi.allreduce(np.ones(3), "sum")
+    assert list(mpi.rank_failures(info.value)) == [0]
+    monkeypatch.undo()
+    assert mpi.allreduce(np.ones(3), "sum") == 3.0  # and the next call works

@@ -511,7 +511,8 @@ def main() -> int:
     counts = mpi.transport_counts()
     if args.gpu and not mpi.cuda_aware().enabled:
         assert counts["staged"] > 0 and counts["device"] == 0, counts
-        # The main job's common case took the per-call path (mpi._fast_gpu).
+    if not (args.gpu and mpi.cuda_aware().enabled):
+        # The main job's common case took the per-call path (mpi._fast_entry).
         assert any(entry is not None for entry in mpi._fast.values()), mpi._fast
     if args.gpu and mpi.cuda_aware().enabled:
         assert counts["device"] > 0 and counts["staged"] == 0, counts
