@@ -8,6 +8,9 @@ GPU followed by a stream synchronization:
 ``local``              ``core.partial(x, "sum")`` (a new 0-d device array)
 ``local+d2h``          the same, then an 8-byte device-to-host copy into pinned memory
 ``local->mapped``      ``core.partial(x, "sum", out=slot)``: the kernel writes pinned host memory
+``local->mapped query`` the same, waiting by polling ``cudaStreamQuery`` instead
+``local->mapped spin`` the same, then ``cuStreamWriteValue32`` of a sequence number into mapped
+                       pinned memory behind the kernel, waiting by reading it in a loop
 ``empty``              ``cupy.empty(())`` alone (no synchronization)
 ``upload memcpy``      a new 0-d array filled from pinned memory with ``memcpyAsync``
 ``upload pageable``    the same from ordinary memory with a synchronous ``memcpy``
@@ -15,8 +18,9 @@ GPU followed by a stream synchronization:
 ``mapped+upload now``  the GPU part of a combine: local->mapped, wait, then the upload
 ``mapped+upload waitvalue``  the same with the upload issued before the wait, behind
                        ``cuStreamWaitValue32`` on a host flag set once the value is there
-``allreduce OP``       ``multireduce.mpi.allreduce(x, OP)``
-``allreduce OP (d2h)`` the same with the partial copied, as before the kernel wrote host memory
+``allreduce OP``       ``multireduce.mpi.allreduce(x, OP)`` (the per-call path)
+``allreduce OP (general)`` the same through the general path (the op as an ``Op`` object)
+``allreduce OP (d2h)`` the general path with the partial copied, as before the kernel wrote host memory
 ``local mean (state)`` ``core.partial(x, "mean")``: the moments kernel, its state on the host
 ``stats``              ``multireduce.mpi.stats(x)``
 ``allreduce mean``     ``multireduce.mpi.allreduce(x, "mean")``
@@ -35,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from multireduce import _provenance, core, mpi
+from multireduce import _provenance, core, get_op, mpi
 from multireduce.mpi import MPI
 
 
@@ -84,6 +88,11 @@ def main() -> int:
         core.partial(x, "sum", out=slot)
         stream.synchronize()
 
+    def local_mapped_query():
+        core.partial(x, "sum", out=slot)
+        while not stream.done:
+            pass
+
     def upload_memcpy():
         mpi._from_host(value, plan)
         stream.synchronize()
@@ -98,6 +107,7 @@ def main() -> int:
         "local": local,
         "local+d2h": local_d2h,
         "local->mapped": local_mapped,
+        "local->mapped query": local_mapped_query,
         "empty": lambda: cupy.empty((), dtype=np.float64),
         "upload memcpy": upload_memcpy,
         "upload pageable": upload_pageable,
@@ -172,6 +182,24 @@ def main() -> int:
             cases["mapped+upload waitvalue"] = mapped_upload_waitvalue
         elif rank == 0:
             print("cuStreamWaitValue32_v2: wrong value uploaded")
+        write32 = ctypes.CDLL("libcuda.so.1").cuStreamWriteValue32_v2
+        write32.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint]
+        host_slot = slots.host_views(np.dtype(np.float64))[0]
+
+        def local_mapped_spin():
+            core.partial(x, "sum", out=slot)
+            seq[0] = seq[0] % 0xFFFFFFFF + 1
+            rc = write32(stream.ptr, flag_dev + 4, seq[0], 0)  # after the kernel, with a fence
+            if rc:
+                raise RuntimeError(f"cuStreamWriteValue32_v2 returned {rc}")
+            while flag[1] != seq[0]:
+                pass
+            return host_slot[0]
+
+        if local_mapped_spin() == 1.0:
+            cases["local->mapped spin"] = local_mapped_spin
+        elif rank == 0:
+            print("cuStreamWriteValue32_v2: wrong partial seen")
     except (OSError, AttributeError, RuntimeError) as exc:
         if rank == 0:
             print(f"cuStreamWaitValue32_v2 unavailable: {exc}")
@@ -192,10 +220,16 @@ def main() -> int:
         cases[f"allreduce {op}"] = call
     for op in ("sum", "max"):
 
+        def call_general(op=op):
+            mpi.allreduce(x, get_op(op))
+            stream.synchronize()
+
+        cases[f"allreduce {op} (general)"] = call_general
+
         def call_old(op=op):
             mpi._local_partial = d2h_local
             try:
-                mpi.allreduce(x, op)
+                mpi.allreduce(x, get_op(op))
                 stream.synchronize()
             finally:
                 mpi._local_partial = old_local
