@@ -754,13 +754,16 @@ def _combine_on_device(comm, plan: _Plan, partial):
 class _Fast:
     """What :func:`_fast_allreduce` needs, made once.
 
-    Per (op, dtype) for NumPy shards, per (op, dtype, device, stream) for CuPy shards, whose
-    fields past ``device`` (the stream's pinned slots and their views) only a GPU entry has.
+    Per (op, dtype) for NumPy shards, per (op, dtype, device, stream) for CuPy shards. Only a
+    GPU entry has the fields past ``stream``: the stream's pinned slots, their views, and the
+    sum's wire buffer, all used by one call at a time as the stream's slots always were. A
+    NumPy entry holds nothing that a call writes, so that host callers in several threads
+    (each with its own communicator) do not share a buffer.
     """
 
     __slots__ = (
-        "static", "op", "acc", "meta", "codes", "arith", "mpi_op", "wire", "wire_acc",
-        "device", "stream", "slots", "partial", "host_in", "host_out", "memcpy_async", "host_to_device",
+        "static", "op", "acc", "meta", "codes", "arith", "mpi_op", "device", "stream",
+        "wire", "wire_acc", "slots", "partial", "host_in", "host_out", "memcpy_async", "host_to_device",
     )  # fmt: skip
 
     def __init__(self, static: _Static, device: int | None = None, stream: Any = None) -> None:
@@ -772,11 +775,11 @@ class _Fast:
         self.codes = meta.tobytes()[8:56]  # meta[1:7]: what the agreement gives if all ranks agree
         self.arith = _arith(static)
         self.mpi_op = _MPI_ARITH[static.op.mpi_name] if self.arith else MPI.MAX
-        if self.arith:  # the value Allreduce's buffer, reused (as a stream's slots are)
-            self.wire = np.zeros(1, dtype=static.acc).view(static.wire)
-            self.wire_acc = self.wire.view(static.acc)
         self.device, self.stream = device, stream
         if stream is not None:
+            if self.arith:  # the value Allreduce's buffer, reused as the stream's slots are
+                self.wire = np.zeros(1, dtype=static.acc).view(static.wire)
+                self.wire_acc = self.wire.view(static.acc)
             self.slots = _Staging.get(device, stream.ptr)
             self.partial = self.slots.device_partial(static.acc)  # slot 0, which the kernel writes
             self.host_in = self.slots.host_views(static.acc)[0]
@@ -855,7 +858,11 @@ def _fast_allreduce(comm, x: Any, f: _Fast):
         _raise_failures(comm, None)
     if meta.tobytes()[8:56] != f.codes:  # every rank's codes equal this rank's: agreed
         _check_agreement(comm, st, meta)
-    if f.arith:
+    if f.arith and f.stream is None:
+        wire = np.array([host], dtype=st.acc).view(st.wire)
+        comm.Allreduce(MPI.IN_PLACE, wire, op=f.mpi_op)
+        value = wire.view(st.acc)[0]
+    elif f.arith:
         f.wire_acc[0] = host
         comm.Allreduce(MPI.IN_PLACE, f.wire, op=f.mpi_op)
         value = f.wire_acc[0]
