@@ -29,6 +29,7 @@ __all__ = [
     "exact_kernel_name",
     "exact_round_kernel_name",
     "default_kernel_names",
+    "elements_per_trip",
     "arg_kernel_name",
     "kernel_dir",
     "kernel_name",
@@ -83,6 +84,11 @@ def cols_config(acc: np.dtype) -> tuple[int, int]:
     if np.dtype(acc).itemsize == 8:
         return COLS_BLOCK_WIDE, COLS_UNROLL_WIDE
     return COLS_BLOCK, COLS_UNROLL
+
+
+def elements_per_trip(itemsize: int, block: int, unroll: int) -> int:
+    """Elements one block loads per trip of its loop: ``unroll`` 16-byte vectors per thread."""
+    return (16 // itemsize) * block * unroll
 
 
 def rows_config() -> tuple[int, int, int]:

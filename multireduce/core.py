@@ -106,7 +106,8 @@ def _arg_axis(axis: Any, ndim: int, op: Op) -> int | None:
 
 _plans: dict[tuple, tuple[Op, np.dtype, np.dtype]] = {}
 #: (op name, dtype) -> (op, accumulator, result) of every fold op with a GPU kernel planned
-#: without ``dtype=``: what the per-call path of tiny GPU reductions needs (``_reduce_all``).
+#: without ``dtype=``: what the per-call paths of tiny GPU reductions need (``_reduce_all``,
+#: and :func:`partial` into ``out=``).
 _gpu_plans: dict[tuple[str, np.dtype], tuple[Op, np.dtype, np.dtype]] = {}
 
 
@@ -369,10 +370,9 @@ def partial(
     """
     if out is not None and _cupy_backend is not None and type(x) is type(out) is _cupy_backend.cupy.ndarray:
         # The MPI layer's per-call path: a GPU shard's partial into its pinned slot.
-        plan = _plans.get((op, x.dtype, None)) if axis is None and not (keepdims or reproducible) else None
-        if plan is not None and plan[0].kind == "fold" and plan[0].functor is not None and x.size:
-            if out.shape == () and out.dtype == plan[2]:
-                return _cupy_backend.reduce_full(x, plan[0], plan[2], plan[2], out=out)
+        plan = _gpu_plans.get((op, x.dtype)) if axis is None and not (keepdims or reproducible) else None
+        if plan is not None and x.size and out.shape == () and out.dtype == plan[1]:
+            return _cupy_backend.reduce_full(x, plan[0], plan[1], plan[1], out=out)
     backend, arr = _backend_and_array(x)
     op, result, acc = _plan(arr, op, None)
     if out is not None:

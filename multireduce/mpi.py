@@ -145,7 +145,7 @@ def _raise_everywhere(comm, exc: BaseException) -> None:
     raise _mark(exc, dict.fromkeys(range(comm.Get_size()), _describe(exc)))
 
 
-def _agree(comm, plan: _Plan | None, meta: np.ndarray, error, *, empty_error=None) -> None:
+def _agree(comm, static: _Static | None, meta: np.ndarray, error, *, empty_error=None) -> None:
     """The agreement Allreduce of ``meta`` (in place, :func:`_meta`), then what it decided.
 
     On every rank alike: the failures if any rank failed, a dtype/op/``dtype=`` mismatch across
@@ -154,7 +154,7 @@ def _agree(comm, plan: _Plan | None, meta: np.ndarray, error, *, empty_error=Non
     comm.Allreduce(MPI.IN_PLACE, meta, op=MPI.MAX)
     if meta[0]:
         _raise_failures(comm, error)
-    _check_agreement(comm, None if plan is None else plan.static, meta)
+    _check_agreement(comm, static, meta)
     if empty_error is not None and not meta[7]:
         _raise_everywhere(comm, empty_error())
 
@@ -387,7 +387,7 @@ def allreduce(
 
 def _combine_exact(comm, plan: _Plan, acc, error):
     """Agree, then add every rank's exact accumulator with one integer Allreduce."""
-    _agree(comm, plan, _meta(plan, error), error)
+    _agree(comm, plan.static, _meta(plan, error), error)
     _transport_counts["host"] += 1
     # Normalized limbs are below 2**32, so up to 2**31 ranks add without overflow.
     packed = acc.normalize().to_array()
@@ -465,7 +465,7 @@ def _combine_states(comm, plan: _Plan, state, correction: float, *, finalize: bo
     """
     st = plan.static
     empty_error = _stats.empty_stats_error if stats else (None if st.op.empty_allowed else st.op.empty_error)
-    _agree(comm, plan, _meta(plan, None), None, empty_error=empty_error)
+    _agree(comm, st, _meta(plan, None), None, empty_error=empty_error)
     _transport_counts["host"] += 1
     # One layout on every rank (an empty shard's arg state holds an int64 placeholder value).
     layout = (_stats.moments_dtype if st.op.kind == "moments" else _stats.arg_dtype)(st.in_dtype)
@@ -714,20 +714,31 @@ def _combine(comm, plan: _Plan | None, partial, error):
         meta = _meta(plan, error)
     # plan is None only where this rank failed, and then _agree raises before the empty check.
     empty_error = None if plan is None or plan.op.empty_allowed else plan.op.empty_error
-    _agree(comm, plan, meta, error, empty_error=empty_error)
+    _agree(comm, None if plan is None else plan.static, meta, error, empty_error=empty_error)
     st = plan.static
     if use_device:
         return _combine_on_device(comm, plan, partial)
-    if _arith(st):
-        buf = np.array([host], dtype=st.acc).view(st.wire)
-        comm.Allreduce(MPI.IN_PLACE, buf, op=_MPI_ARITH[st.op.mpi_name])
-        value = buf.view(st.acc)[0]
-    else:
-        value = decode_extreme_scalar(int(meta[8]), st.positive, st.acc, st.op.nan_wins)
-    result = value.astype(st.result)
+    result = _global_value(comm, st, host, meta).astype(st.result)
     if plan.on_gpu:
         return _from_host(result, plan)
     return result
+
+
+def _global_value(comm, st: _Static, host: np.generic, meta: np.ndarray, wire: np.ndarray | None = None):
+    """The global value, in the accumulator dtype, once the agreement has run.
+
+    Max and min: decoded from the key that the agreement carried (``meta[8]``). Sums and
+    products: one more Allreduce of this rank's host partial, in ``wire`` if given (a
+    one-element buffer of the wire dtype, reused by the caller) or in a new one.
+    """
+    if not _arith(st):
+        return decode_extreme_scalar(int(meta[8]), st.positive, st.acc, st.op.nan_wins)
+    if wire is None:
+        wire = np.empty(1, dtype=st.wire)
+    value = wire.view(st.acc)
+    value[0] = host
+    comm.Allreduce(MPI.IN_PLACE, wire, op=_MPI_ARITH[st.op.mpi_name])
+    return value[0]
 
 
 def _combine_on_device(comm, plan: _Plan, partial):
@@ -762,8 +773,8 @@ class _Fast:
     """
 
     __slots__ = (
-        "static", "op", "acc", "meta", "codes", "arith", "mpi_op", "device", "stream",
-        "wire", "wire_acc", "slots", "partial", "host_in", "host_out", "memcpy_async", "host_to_device",
+        "static", "op", "acc", "meta", "arith", "device", "stream",
+        "wire", "slots", "partial", "host_in", "host_out", "memcpy_async", "host_to_device",
     )  # fmt: skip
 
     def __init__(self, static: _Static, device: int | None = None, stream: Any = None) -> None:
@@ -772,14 +783,12 @@ class _Fast:
         meta = _meta_template(static.codes).copy()
         meta[7] = 1  # this shard is not empty
         self.meta = meta
-        self.codes = meta.tobytes()[8:56]  # meta[1:7]: what the agreement gives if all ranks agree
         self.arith = _arith(static)
-        self.mpi_op = _MPI_ARITH[static.op.mpi_name] if self.arith else MPI.MAX
         self.device, self.stream = device, stream
+        self.wire = None  # _global_value's buffer, reused (GPU entries of sums only)
         if stream is not None:
-            if self.arith:  # the value Allreduce's buffer, reused as the stream's slots are
-                self.wire = np.zeros(1, dtype=static.acc).view(static.wire)
-                self.wire_acc = self.wire.view(static.acc)
+            if self.arith:  # reused as the stream's slots are
+                self.wire = np.zeros(1, dtype=static.wire)
             self.slots = _Staging.get(device, stream.ptr)
             self.partial = self.slots.device_partial(static.acc)  # slot 0, which the kernel writes
             self.host_in = self.slots.host_views(static.acc)[0]
@@ -853,21 +862,8 @@ def _fast_allreduce(comm, x: Any, f: _Fast):
     except Exception as exc:  # agreed with the other ranks in _combine, then re-raised
         return _combine(comm, _Plan(st, x.size, f.stream is not None, f.device), None, exc)
     _transport_counts["host" if f.stream is None else "staged"] += 1
-    comm.Allreduce(MPI.IN_PLACE, meta, op=MPI.MAX)
-    if meta[0]:
-        _raise_failures(comm, None)
-    if meta.tobytes()[8:56] != f.codes:  # every rank's codes equal this rank's: agreed
-        _check_agreement(comm, st, meta)
-    if f.arith and f.stream is None:
-        wire = np.array([host], dtype=st.acc).view(st.wire)
-        comm.Allreduce(MPI.IN_PLACE, wire, op=f.mpi_op)
-        value = wire.view(st.acc)[0]
-    elif f.arith:
-        f.wire_acc[0] = host
-        comm.Allreduce(MPI.IN_PLACE, f.wire, op=f.mpi_op)
-        value = f.wire_acc[0]
-    else:
-        value = decode_extreme_scalar(int(meta[8]), st.positive, st.acc, f.op.nan_wins)
+    _agree(comm, st, meta, None)  # the shard is not empty: no empty-array error to agree on
+    value = _global_value(comm, st, host, meta, f.wire)
     if f.stream is None:
         return value.astype(st.result)
     f.host_out[0] = value  # cast to the result dtype as value.astype would

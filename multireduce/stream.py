@@ -637,8 +637,7 @@ class _Pipeline:
         The pieces of each segment are copied and uploaded one after the other, so that the
         link starts after the first piece, and each segment gets one kernel.
         """
-        views = [src[index] for index in pieces]
-        seg_of, offset_of, seg_bytes = _segments([v.nbytes for v in views], plan.slot_bytes)
+        views, seg_of, offset_of, seg_bytes = _segmented(src, pieces, plan.slot_bytes)
         parts = []
         with self.device.bind():
             i = 0
@@ -663,8 +662,7 @@ class _Pipeline:
         own slot, the slots are taken up front (:meth:`_run_resident`), else as the copy threads
         reach their segments (:meth:`_run_rolling`).
         """
-        views = [src[index] for index in pieces]
-        seg_of, offset_of, seg_bytes = _segments([v.nbytes for v in views], plan.slot_bytes)
+        views, seg_of, offset_of, seg_bytes = _segmented(src, pieces, plan.slot_bytes)
         args = (views, seg_of, offset_of, seg_bytes, src.dtype, op, acc, plan)
         if len(seg_bytes) <= plan.n_slots:
             return self._run_resident(*args)
@@ -867,6 +865,12 @@ def _join(pool: ThreadPoolExecutor, jobs: list, stop: threading.Event, inline=No
                 error = error or f.exception()
     if error is not None:
         raise error
+
+
+def _segmented(src: np.ndarray, pieces: list[tuple], slot_bytes: int) -> tuple[list, list[int], list[int], list[int]]:
+    """``src``'s pieces as views, and their segments (:func:`_segments`) after them."""
+    views = [src[index] for index in pieces]
+    return (views, *_segments([v.nbytes for v in views], slot_bytes))
 
 
 def _segments(sizes: list[int], slot_bytes: int) -> tuple[list[int], list[int], list[int]]:

@@ -39,7 +39,7 @@ for s in $steps; do
     generated) step bench_stream_generated 300 "$PY" scripts/bench_stream.py --cases generated \
                  --output "$OUT/bench_stream_generated.json" ;;
     dask) step bench_dask 150 "$PY" scripts/bench_dask.py --output "$OUT/bench_dask.json"
-          step profile_dask 120 "$PY" scripts/profile_dask.py ;;
+          step diag_dask 150 "$PY" scripts/diag_dask.py --profile ;;
     mpi) step profile_mpi_n1 90 "${MPIRUN[@]}" -n 1 "$PY" scripts/profile_mpi.py --output "$OUT/profile_mpi_n1.json"
          for r in 1 2 4; do
            step "bench_mpi_n$r" 90 "${MPIRUN[@]}" -n "$r" "$PY" scripts/bench_mpi.py --output "$OUT/bench_mpi_n$r.json"

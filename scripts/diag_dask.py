@@ -17,8 +17,9 @@ computes the same sum; they are interleaved round after round (``_benchutil.inte
 and, outside Dask, ``chunk-host``: the host time of the 16 chunk steps called by hand (no
 synchronization inside, so on the GPU this is Python and kernel launches only).
 
-``--profile`` adds a cProfile (the calling thread only) of 100 ``prebuilt`` and of 100
-``prebuilt-noopt`` computes, by cumulative time.
+``--profile`` adds a cProfile of 100 computes each of ``prebuilt``, ``prebuilt-sync`` (all
+of the work in the calling thread) and ``prebuilt-noopt``, by cumulative time. (This replaces
+``scripts/profile_dask.py``, whose output some earlier result folders hold.)
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def main(argv=None) -> int:
     p.add_argument("--chunks", type=int, default=16)
     p.add_argument("--repeat", type=int, default=30)
     p.add_argument("--cpu", action="store_true", help="NumPy chunks (no GPU needed)")
-    p.add_argument("--profile", action="store_true", help="also profile prebuilt and prebuilt-noopt")
+    p.add_argument("--profile", action="store_true", help="also profile prebuilt, prebuilt-sync and prebuilt-noopt")
     args = p.parse_args(argv)
 
     import dask
@@ -132,7 +133,7 @@ def main(argv=None) -> int:
     st = stats(host[5:])
     print(f"{'chunk-host':<18} {st['median_ms']:10.3f} {st['p10_ms']:8.3f} {st['p90_ms']:8.3f}")
     if args.profile:
-        for name in ("prebuilt", "prebuilt-noopt"):
+        for name in ("prebuilt", "prebuilt-sync", "prebuilt-noopt"):
             profile(name, cases[name], sync)
     return 0
 

@@ -344,7 +344,8 @@ _FAST_CASES = [(name, False) for name, op in OPS.items() if op.kind == "fold"] +
 def test_per_call_path_entry_for_every_fold_op_and_dtype(monkeypatch, op, dt, gpu):
     # mpi._Fast is made on the first call of each (op, dtype) (and device and stream); building
     # it must work for every pair the path accepts, and a GPU entry's sum buffer must carry the
-    # accumulator's bits. The GPU entry (kernel ops only) runs here on CPU stand-ins.
+    # accumulator's bits (as _global_value uses it). The GPU entry (kernel ops only) runs here
+    # on CPU stand-ins.
     mpi = pytest.importorskip("multireduce.mpi")
     stream = None
     if gpu:
@@ -357,12 +358,12 @@ def test_per_call_path_entry_for_every_fold_op_and_dtype(monkeypatch, op, dt, gp
     entry = mpi._Fast(static, 0 if gpu else None, stream)
     assert entry.arith == (get_op(op).mpi_name in ("SUM", "PROD"))
     assert entry.meta[7] == 1 and entry.meta[0] == 0
-    assert entry.codes == entry.meta[1:7].tobytes()
+    assert entry.meta[1:7].tolist() == mpi._meta_template(static.codes)[1:7].tolist()
     if gpu:
         assert entry.partial.dtype == static.acc and entry.host_out.dtype == static.result
     if entry.arith and gpu:
         value = np.array(-3 if static.acc.kind == "i" else 3, dtype=static.acc)[()]
-        entry.wire_acc[0] = value
+        entry.wire.view(static.acc)[0] = value
         assert entry.wire.dtype == static.wire and entry.wire.view(static.acc)[0] == value
 
 

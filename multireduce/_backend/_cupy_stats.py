@@ -55,7 +55,7 @@ def state_dtype(dtype: np.dtype) -> np.dtype:
 
 def _grid(rows: int, length: int, itemsize: int, unroll: int, max_grid: int) -> tuple[int, int]:
     """(blocks per row, blocks over rows), as ``_launch_rows`` in cupy.py chooses them."""
-    per_block = (16 // itemsize) * _BLOCK * unroll  # elements one block loads per loop trip
+    per_block = _kernels.elements_per_trip(itemsize, _BLOCK, unroll)
     per_row = 1 if rows >= max_grid else max(1, min(-(-length // per_block), -(-max_grid // rows)))
     return per_row, min(rows, _MAX_GRID_Y)
 

@@ -226,7 +226,7 @@ def _launch(
             return out
         config, grid_override = _TILED_CONFIG, 0  # large inputs: one block per 512 KiB tile
     kernel, max_grid, identity = _launcher(device, op, x.dtype, acc, result, config)
-    per_block = (16 // flat.itemsize) * config[0] * config[1]  # elements one block loads per loop trip
+    per_block = _kernels.elements_per_trip(flat.itemsize, config[0], config[1])
     grid = min(max_grid, -(-n // per_block))
     if grid_override is not None:  # large inputs, and benchmark variants
         tiling = config[2] >> 2
@@ -251,7 +251,7 @@ def _default_launch(device: int, stream: int, op: Op, dtype: np.dtype, acc: np.d
     its counter at zero, and the stream orders launches).
     """
     kernel, max_grid, identity = _launcher(device, op, dtype, acc, result, _DEFAULT_CONFIG)
-    per_block = (16 // dtype.itemsize) * _DEFAULT_CONFIG[0] * _DEFAULT_CONFIG[1]
+    per_block = _kernels.elements_per_trip(dtype.itemsize, _DEFAULT_CONFIG[0], _DEFAULT_CONFIG[1])
     partials, counter = _workspace(device, stream, max_grid)
     found = _defaults[(device, stream, op, dtype, acc, result)] = (
         kernel.ptr,
@@ -348,7 +348,7 @@ def _launch_rows(x, op: Op, acc: np.dtype, result: np.dtype, rows: int, length: 
     block, unroll, waves = _kernels.rows_config()
     config = (block, unroll, _kernels.DEFAULT_LOAD)
     kernel, max_grid, identity = _launcher(x.data.device_id, op, x.dtype, acc, result, config, "reduce_rows_kernel")
-    per_block = (16 // x.itemsize) * block * unroll
+    per_block = _kernels.elements_per_trip(x.itemsize, block, unroll)
     # Few long rows: several blocks share each row (last-block-done per row); many rows:
     # one block each (or, with waves, a few waves of blocks that loop over the rows).
     per_row = 1 if rows >= max_grid else max(1, min(-(-length // per_block), -(-max_grid // rows)))
