@@ -217,10 +217,8 @@ def reduce(
     numpy.exceptions.AxisError
         For an axis out of range.
     NotImplementedError
-        For CuPy input, an op or axis set without a GPU kernel: the GPU runs sum, max and min
-        over all, trailing or leading axes; mean, var, std, nanmean, argmin and argmax over
-        all or trailing axes (docs/axis-kernels.md). With ``reproducible=True``: prod, var,
-        std, nansum and nanmean, and an ``axis`` that leaves axes unreduced.
+        With ``reproducible=True``: prod, var, std, nansum and nanmean, and an ``axis`` that
+        leaves axes unreduced.
 
     Notes
     -----
@@ -362,8 +360,7 @@ def partial(
     Raises
     ------
     NotImplementedError
-        For CuPy input, anything but a full sum, max or min partial; with
-        ``reproducible=True``, as :func:`reduce`.
+        With ``reproducible=True``, as :func:`reduce`.
     TypeError, ValueError
         For an ``out`` of the wrong library, dtype or shape, or with an op or axis it does not
         take.
@@ -582,8 +579,6 @@ def stats(x: Any, *, axis: Any = None, correction: float = 0.0) -> _stats.Stats:
     ------
     ValueError
         Over zero elements (min and max are undefined there).
-    NotImplementedError
-        For CuPy input whose reduced axes are neither all the axes nor the trailing ones.
 
     Notes
     -----

@@ -186,7 +186,10 @@ def _fold_aggregate(x, axis, keepdims, *, op: Op, result: np.dtype, computing_me
     if computing_meta:
         return x
     # Combined in the partials' dtype, converted once at the end (as _partials.finalize).
-    return np.asarray(core.reduce(x, op.combiner, axis=axis, keepdims=keepdims)).astype(result)
+    value = core.reduce(x, op.combiner, axis=axis, keepdims=keepdims)
+    if _partials._is_cupy(value):  # CuPy chunks: the result stays on their device
+        return value.astype(result)
+    return np.asarray(value).astype(result)
 
 
 # -- moments and arg ops: partials are the structured-array form of their _stats state ------
@@ -368,7 +371,7 @@ def treereduce(
         update; argmin and argmax merge (value, int64 global index) states.
     axis : None, int or tuple of int, optional
         Axes to reduce, as in :func:`multireduce.reduce` (argmin/argmax: None or one int).
-        Only full reductions of fold ops run on CuPy chunks.
+        Every op and axis set runs on CuPy chunks, on multireduce's kernels.
     keepdims : bool, optional
         If true, the reduced axes stay as axes of length one.
     dtype : dtype, optional
@@ -405,8 +408,7 @@ def treereduce(
         For an unknown op, or max/min of an array with no elements: at once when the size is
         known, else when computed (as NumPy).
     NotImplementedError
-        When computed: for CuPy chunks, anything but a full sum, max or min (no GPU kernel
-        yet), and CuPy chunks of one array on several GPUs of one process.
+        When computed: CuPy chunks of one array on several GPUs of one process.
 
     Notes
     -----
@@ -513,9 +515,9 @@ def stats(x: da.Array, *, axis: Any = None, correction: float = 0.0, split_every
     Parameters
     ----------
     x : dask.array.Array
-        NumPy or CuPy chunks. CuPy chunks go through the GPU moments kernel (over all axes,
-        or the trailing axes of C order; other axis sets raise NotImplementedError when
-        computed), and the merged statistics come back as NumPy values.
+        NumPy or CuPy chunks. CuPy chunks go through the GPU moments kernel (other axis sets
+        than all axes or the trailing ones are copied with the reduced axes last first), and
+        the merged statistics come back as NumPy values.
     axis : None, int or tuple of int, optional
     correction : float, optional
         For the variance, as in :func:`multireduce.var`.

@@ -328,8 +328,6 @@ def allreduce(
         On every rank for max, min, nanmax, nanmin, argmin, argmax when all shards are empty
         (NumPy's message); on a rank given an unknown op, or on every rank if the ranks' ops
         differ.
-    NotImplementedError
-        On a rank with a CuPy shard and an op without a GPU kernel.
     RankError
         On the other ranks when some rank raised.
 
@@ -431,8 +429,6 @@ def stats(x_local: Any, *, comm=None, correction: float = 0.0) -> _stats.Stats:
     ------
     ValueError
         On every rank if all shards are empty.
-    NotImplementedError
-        On a rank whose CuPy shard has a layout the GPU moments kernel cannot read.
     RankError
         On the other ranks when some rank raised.
     """

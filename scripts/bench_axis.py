@@ -36,7 +36,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--side", type=int, default=1 << 15, help="the array is side x side float32 (default 2^15)")
     p.add_argument("--repro-n", type=int, default=1 << 30, help="elements of the reproducible-sum case (2^30)")
-    p.add_argument("--ops", default="sum,max,min")
+    p.add_argument("--ops", default="sum,max,min", help="fold ops, each against cupy's function of that name")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--repeat", type=int, default=15)
     p.add_argument("--skip-repro", action="store_true", help="skip the reproducible-sum case")
@@ -90,7 +90,7 @@ def timed(timer, fn, opts) -> dict:
 def check_against_cpu(cp, mr, got, host, op, axis) -> bool:
     ref = np.asarray(mr.reduce(host, op, axis=axis))
     got = cp.asnumpy(got)
-    if op == "sum":
+    if op in ("sum", "nansum", "prod"):
         return bool(np.allclose(got, ref, rtol=1e-6, atol=1e-3))
     return bool(np.array_equal(got, ref))
 
@@ -140,13 +140,34 @@ def main(argv=None) -> int:
     variants = []
     ctx = SimpleNamespace(cp=cp, mr=mr, x=x, host=host, timer=timer, opts=opts, failures=failures, variants=variants)
     for op in [] if args.skip_axis else args.ops.split(","):
+        peer_fn = getattr(cp, op)  # cupy.sum, cupy.nanmax, cupy.count_nonzero, ...
         full = timed(timer, lambda op=op, a=x: mr.reduce(a, op), opts)
+        if not check_against_cpu(cp, mr, mr.reduce(x, op), host, op, None):
+            failures.append(f"{op} full: does not match the CPU")
+        full_cupy = timed(timer, lambda f=peer_fn, a=x: f(a), opts)
+        records.append(
+            {
+                "op": op,
+                "case": "full (axis=None)",
+                "shape": [side, side],
+                "dtype": "float32",
+                "ours_us": full["median_us"],
+                "cupy_us": full_cupy["median_us"],
+                "ours_gbps": nbytes / full["median_us"] / 1e3,
+                "vs_cupy": full_cupy["median_us"] / full["median_us"],
+                "timing": {"ours": full, "cupy": full_cupy},
+            }
+        )
+        bk.say(
+            f"{op:>4} {'full (axis=None)':<17} ours {full['median_us']:9.1f} us "
+            f"({records[-1]['ours_gbps']:6.0f} GB/s)  cupy {full_cupy['median_us']:9.1f} us  "
+            f"{records[-1]['vs_cupy']:.2f}x cupy"
+        )
         cases = {"rows (axis=-1)": -1, "columns (axis=0)": 0}
         for label, axis in cases.items():
             ours = mr.reduce(x, op, axis=axis)
             if not check_against_cpu(cp, mr, ours, host, op, axis):
                 failures.append(f"{op} {label}: does not match the CPU")
-            peer_fn = {"sum": cp.sum, "max": cp.max, "min": cp.min}[op]
             t_ours = timed(timer, lambda op=op, axis=axis, a=x: mr.reduce(a, op, axis=axis), opts)
             t_cupy = timed(timer, lambda f=peer_fn, axis=axis, a=x: f(a, axis=axis), opts)
             rec = {

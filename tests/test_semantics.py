@@ -12,8 +12,8 @@ dtype, NaN/inf/signed zeros, non-contiguous and transposed views. References:
 * mean/var/std: NumPy in float64, within rounding to the result dtype; where N - correction
   <= 0 the standard's NaN replaces NumPy's inf.
 
-The GPU variants (marked gpu) check that sum/max/min match (full and over adjacent axes) and
-that everything else raises NotImplementedError rather than falling back.
+The GPU variants (marked gpu) run the same checks on CuPy copies of the same views: every op,
+every axis set (non-adjacent ones too), on multireduce's kernels.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import warnings
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from reference import same_float
@@ -47,8 +47,12 @@ _MAGNITUDE = np.int64(0x7FFF_FFFF_FFFF_FFFF)
 
 
 @st.composite
-def cases(draw, *, powers_of_two: bool = False, max_side: int = 5):
-    """(array view, its dtype) with planted specials, a random view and layout."""
+def cases(draw, *, powers_of_two: bool = False, max_side: int = 5, recipe: bool = False):
+    """An array view with planted specials, a random view and layout.
+
+    With ``recipe``, ``(base, index, order)`` instead, for :func:`view_of` (to make the same
+    view of a device copy).
+    """
     dtype = np.dtype(draw(st.sampled_from(DTYPES)))
     shape = draw(hnp.array_shapes(min_dims=0, max_dims=4, min_side=0, max_side=max_side))
     if dtype.kind == "f":
@@ -70,12 +74,20 @@ def cases(draw, *, powers_of_two: bool = False, max_side: int = 5):
         flat = base.reshape(-1)
         for _ in range(draw(st.integers(1, 3))):
             flat[draw(st.integers(0, flat.size - 1))] = draw(st.sampled_from(SPECIALS))
+    index, order = (), None
     if base.ndim:
         index = tuple(slice(None, None, draw(st.sampled_from([1, 1, 2, -1]))) for _ in range(base.ndim))
-        base = base[index]
         if base.ndim > 1 and draw(st.booleans()):
-            base = base.transpose(draw(st.permutations(range(base.ndim))))
-    return base
+            order = draw(st.permutations(range(base.ndim)))
+    if recipe:
+        return base, index, order
+    return view_of(base, index, order)
+
+
+def view_of(base, index, order):
+    """``base[index]``, transposed to ``order`` if given: the same view of a NumPy or CuPy array."""
+    view = base[index] if index else base  # a 0-d array stays an array
+    return view if order is None else view.transpose(order)
 
 
 @st.composite
@@ -183,21 +195,30 @@ class _quiet_ctx:
         return self._ctx.__exit__(*exc)
 
 
-def check_op(x: np.ndarray, op: str, axis, keepdims: bool, correction: float = 0.0) -> None:
-    """Assert multireduce.reduce(x, op, axis, keepdims) against the references above."""
+def check_op(x: np.ndarray, op: str, axis, keepdims: bool, correction: float = 0.0, device=None) -> None:
+    """Assert multireduce.reduce(x, op, axis, keepdims) against the references above.
+
+    With ``device`` (a CuPy array holding the same view as ``x``), reduce that instead: the
+    result must be a CuPy array on its device, and its values pass the same checks.
+    """
     kw = {"correction": correction} if op in ("var", "std") else {}
     axes = _norm_axes(axis, x.ndim)
     reduced = math.prod(x.shape[a] for a in axes)
+    subject = x if device is None else device
     if reduced == 0 and not OPS[op].empty_allowed:
         with pytest.raises(ValueError):
-            multireduce.reduce(x, op, axis=axis, keepdims=keepdims)
+            multireduce.reduce(subject, op, axis=axis, keepdims=keepdims)
         with pytest.raises(ValueError):  # NumPy raises too
             numpy_result(x, op, axis, keepdims)
         return
     with _quiet_ctx():
-        got = multireduce.reduce(x, op, axis=axis, keepdims=keepdims, **kw)
+        got = multireduce.reduce(subject, op, axis=axis, keepdims=keepdims, **kw)
     np_kw = {"ddof": correction} if kw else {}
     theirs = numpy_result(x, op, axis, keepdims, **np_kw)
+    if device is not None:
+        assert type(got) is type(device) and got.data.device_id == device.data.device_id, type(got)
+        got = got.get()
+        got = got[()] if isinstance(theirs, np.generic) else got
     # Shape, dtype and scalar-ness as NumPy's.
     assert np.shape(got) == np.shape(theirs), (op, axis, np.shape(got), np.shape(theirs))
     assert got.dtype == np.asarray(theirs).dtype, (op, x.dtype, got.dtype, np.asarray(theirs).dtype)
@@ -549,58 +570,68 @@ def test_public_functions_and_docstrings():
         assert fn.__doc__ and fn.__module__ == "multireduce.core"
 
 
-# -- GPU: the ops with kernels match the CPU; the others refuse -------------------------------------------------
+# -- GPU: every op, every axis set, on multireduce's kernels, against the same references -------------------
+
+
+def _device_view(base, index, order):
+    """(host view, device view) of the same data: the host copy is what reached the device
+    (CuPy's transfer may turn a 0-d -0.0 into +0.0)."""
+    import cupy
+
+    dev = cupy.asarray(base)
+    return view_of(dev.get(), index, order), view_of(dev, index, order)
+
+
+_GPU_AXES = [None, 0, 1, 2, -1, (0, 1), (1, 2), (0, 2), (2, 0), (0, 1, 2)]
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("op", ALL_OPS)
-def test_gpu_ops(op):
-    import cupy
-
-    host = np.arange(24, dtype=np.float32).reshape(2, 3, 4) - 11.5
-    dev = cupy.asarray(host)
-    if op in ("sum", "max", "min"):
-        got = multireduce.reduce(dev, op)
-        assert isinstance(got, cupy.ndarray) and got.shape == ()
-        _bits_equal(got.get(), np.asarray(multireduce.reduce(host, op)))
-        # Adjacent axes run on the row/column kernels (tests/test_gpu_axis.py checks them in
-        # depth); non-adjacent ones are refused.
-        _bits_equal(multireduce.reduce(dev, op, axis=1).get(), multireduce.reduce(host, op, axis=1))
-        with pytest.raises(NotImplementedError, match="non-adjacent axes"):
-            multireduce.reduce(dev, op, axis=(0, 2))
-        # A kept axis of length one.
-        got = multireduce.reduce(dev[:1], op, axis=(1, 2))
-        assert got.shape == (1,)
-        _bits_equal(got.get(), multireduce.reduce(host[:1], op, axis=(1, 2)))
-    elif op in ("mean", "var", "std", "nanmean", "argmin", "argmax"):
-        # The moments and arg kernels (tests/test_gpu_stats.py checks them in depth): all
-        # axes and trailing axes run, on the device; other axis sets are refused.
-        got = multireduce.reduce(dev, op)
-        assert isinstance(got, cupy.ndarray) and got.shape == ()
-        want = np.asarray(multireduce.reduce(host, op))
-        assert got.dtype == want.dtype and np.allclose(got.get(), want, rtol=1e-6, atol=1e-9)
-        rows = multireduce.reduce(dev, op, axis=-1)
-        assert isinstance(rows, cupy.ndarray) and rows.shape == (2, 3)
-        assert np.allclose(rows.get(), multireduce.reduce(host, op, axis=-1), rtol=1e-6, atol=1e-9)
-        with pytest.raises(NotImplementedError, match="needs a multireduce GPU kernel"):
-            multireduce.reduce(dev, op, axis=0)
-    else:
-        with pytest.raises(NotImplementedError, match=f"{op}.*needs a multireduce GPU kernel"):
-            multireduce.reduce(dev, op)
-    s = multireduce.stats(dev)
-    ref = multireduce.stats(host)
-    assert s.count == ref.count and s.sum == ref.sum and s.min == ref.min and s.max == ref.max
-    assert np.isclose(s.var, ref.var, rtol=1e-6) and np.isclose(s.mean, ref.mean, rtol=1e-6)
+@pytest.mark.parametrize("dtype", ["float32", "float16", "int8", "uint64", "bool"])
+def test_gpu_ops(op, dtype):
+    # Every axis set of a 3-d array (non-adjacent ones too) with and without keepdims, on a
+    # C-contiguous array, a transposed view and a strided view; floats with NaN, inf and -0.0
+    # planted. Each result must be a CuPy array on the device with the CPU's semantics.
+    rng = np.random.default_rng(7)
+    base = (rng.integers(-8, 9, size=(4, 6, 10)) / 2).astype(dtype)
+    if base.dtype.kind == "f":
+        base[0, 0, 0], base[1, 2, 3], base[2, 5, 9], base[3, 1, 4] = np.nan, np.inf, -0.0, -np.inf
+        base[:, 3, :] = -0.0  # a whole row of -0.0 next to +0.0
+        base[:, 4, :] = 0.0
+    for index, order in [((), None), ((), (2, 0, 1)), ((slice(None), slice(None, None, 2), slice(1, None)), None)]:
+        x, dev = _device_view(base, index, order)
+        for axis in _GPU_AXES:
+            if op in ARGS and isinstance(axis, tuple):
+                continue
+            for keepdims in (False, True):
+                check_op(x, op, axis, keepdims, correction=1 if op in ("var", "std") else 0.0, device=dev)
 
 
 @pytest.mark.gpu
-@settings(max_examples=60, deadline=None)
-@given(x=cases(), op=st.sampled_from(["sum", "max", "min"]))
-def test_gpu_full_reductions_property(x, op):
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), op=st.sampled_from(ALL_OPS))
+def test_gpu_ops_against_numpy(data, op):
+    # The CPU property test's cases on the device: shapes up to 4-D (empty axes included),
+    # every axis combination, keepdims, every dtype, NaN/inf/signed zeros, strided, reversed
+    # and transposed views made on the device.
+    prod = op == "prod"
+    base, index, order = data.draw(cases(powers_of_two=prod, max_side=3 if prod else 5, recipe=True))
+    x, dev = _device_view(base, index, order)
+    axis = data.draw(axes_for(x.ndim, single=op in ARGS))
+    keepdims = data.draw(st.booleans())
+    correction = data.draw(st.sampled_from([0, 1, 0.5, 2])) if op in ("var", "std") else 0.0
+    check_op(x, op, axis, keepdims, correction, device=dev)
+
+
+@pytest.mark.gpu
+def test_gpu_stats_matches_the_cpu_on_every_axis_set():
     import cupy
 
-    assume(x.size > 0 or op == "sum")
-    dev = cupy.asarray(x)
-    host = dev.get()  # what is on the device (CuPy's transfer may turn a 0-d -0.0 into +0.0)
-    got = multireduce.reduce(dev, op, keepdims=True)
-    _bits_equal(got.get(), np.asarray(multireduce.reduce(host, op, keepdims=True)))
+    host = np.arange(120, dtype=np.float32).reshape(4, 5, 6) - 59.5
+    dev = cupy.asarray(host)
+    for axis in _GPU_AXES:
+        s, ref = multireduce.stats(dev, axis=axis), multireduce.stats(host, axis=axis)
+        for name in ("count", "nan_count", "sum", "min", "max"):
+            _bits_equal(getattr(s, name).get(), np.asarray(getattr(ref, name)))
+        for name in ("mean", "var"):
+            assert np.allclose(getattr(s, name).get(), getattr(ref, name), rtol=1e-6), (axis, name)

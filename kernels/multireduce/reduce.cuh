@@ -90,14 +90,49 @@ __device__ __forceinline__ Acc load_as(T x) { return convert<Acc>(convert<Out>(x
 // ---------------------------------------------------------------------------------------
 // Operators. Each is the device half of one multireduce.ops.Op (the functor field names
 // it); the identity comes from that Op as a kernel argument, so it is defined only there.
+// An operator has `combine` and `load`: `load` turns one input element into an accumulator
+// value as it is read (in the same pass, never a separate one). Fold's load is load_as;
+// NanSum, Any, All and CountNonzero map the element first.
 
-struct Sum {
+template <class T> __device__ __forceinline__ bool is_nan(T x) {
+    if constexpr (IsFloating<T>::value) {
+        return x != x;
+    } else {
+        return false;
+    }
+}
+template <> __device__ __forceinline__ bool is_nan<__half>(__half x) { return __hisnan(x); }
+
+// x != 0 as NumPy means it for truth values: NaN is nonzero, -0.0 is zero.
+template <class T> __device__ __forceinline__ bool nonzero(T x) { return x != T(0); }
+template <> __device__ __forceinline__ bool nonzero<__half>(__half x) { return __half2float(x) != 0.0f; }
+template <> __device__ __forceinline__ bool nonzero<bool>(bool x) { return x; }
+
+struct Fold {
+    template <class Acc, class Out, class T> static __device__ __forceinline__ Acc load(T x) {
+        return load_as<Acc, Out>(x);
+    }
+};
+
+struct Sum : Fold {
     template <class A> static __device__ __forceinline__ A combine(A a, A b) { return a + b; }
+};
+
+struct Prod : Fold {
+    template <class A> static __device__ __forceinline__ A combine(A a, A b) { return a * b; }
+};
+
+// nansum: NaN elements count as zero (before any dtype= conversion, as on the CPU); a NaN
+// made by the sum itself (inf + -inf) stays. Its partials combine with Sum.
+struct NanSum : Sum {
+    template <class Acc, class Out, class T> static __device__ __forceinline__ Acc load(T x) {
+        return is_nan(x) ? Acc(0) : load_as<Acc, Out>(x);
+    }
 };
 
 // IEEE 754-2019 maximum/minimum: NaN propagates, and -0.0 orders below +0.0, so that the
 // result does not depend on the order of the operands.
-struct Max {
+struct Max : Fold {
     template <class A> static __device__ __forceinline__ A combine(A a, A b) {
         if constexpr (IsFloating<A>::value) {
             return (a > b || a != a || (a == b && !sign_bit(a))) ? a : b;
@@ -107,13 +142,53 @@ struct Max {
     }
 };
 
-struct Min {
+struct Min : Fold {
     template <class A> static __device__ __forceinline__ A combine(A a, A b) {
         if constexpr (IsFloating<A>::value) {
             return (a < b || a != a || (a == b && sign_bit(a))) ? a : b;
         } else {
             return a < b ? a : b;
         }
+    }
+};
+
+// IEEE 754-2019 maximumNumber/minimumNumber (nanmax, nanmin): NaN loses to any number, and
+// is the identity; zeros order as in Max/Min. All-NaN gives NaN.
+struct NanMax : Fold {
+    template <class A> static __device__ __forceinline__ A combine(A a, A b) {
+        if constexpr (IsFloating<A>::value) {
+            if (b != b) return a;
+            if (a != a) return b;
+        }
+        return Max::combine(a, b);
+    }
+};
+
+struct NanMin : Fold {
+    template <class A> static __device__ __forceinline__ A combine(A a, A b) {
+        if constexpr (IsFloating<A>::value) {
+            if (b != b) return a;
+            if (a != a) return b;
+        }
+        return Min::combine(a, b);
+    }
+};
+
+// any, all (bool accumulators) and count_nonzero (int64): each element read as x != 0.
+struct Any {
+    template <class Acc, class Out, class T> static __device__ __forceinline__ Acc load(T x) {
+        return static_cast<Acc>(nonzero(x));
+    }
+    template <class A> static __device__ __forceinline__ A combine(A a, A b) { return a || b; }
+};
+
+struct All : Any {
+    template <class A> static __device__ __forceinline__ A combine(A a, A b) { return a && b; }
+};
+
+struct CountNonzero : Sum {
+    template <class Acc, class Out, class T> static __device__ __forceinline__ Acc load(T x) {
+        return nonzero(x) ? Acc(1) : Acc(0);
     }
 };
 
@@ -215,14 +290,14 @@ __device__ __forceinline__ void fold_vectors(Acc (&acc)[ACC], const uint4* __res
         for (int u = 0; u < UNROLL; ++u) {
             const T* e = reinterpret_cast<const T*>(&raw[u]);
 #pragma unroll
-            for (int j = 0; j < VEC; ++j) acc[j % ACC] = Op::combine(acc[j % ACC], load_as<Acc, Out>(e[j]));
+            for (int j = 0; j < VEC; ++j) acc[j % ACC] = Op::combine(acc[j % ACC], Op::template load<Acc, Out>(e[j]));
         }
     }
     for (; i < end; i += stride) {
         const uint4 raw = load16<LOAD>(body + i);
         const T* e = reinterpret_cast<const T*>(&raw);
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) acc[j % ACC] = Op::combine(acc[j % ACC], load_as<Acc, Out>(e[j]));
+        for (int j = 0; j < VEC; ++j) acc[j % ACC] = Op::combine(acc[j % ACC], Op::template load<Acc, Out>(e[j]));
     }
 }
 
@@ -245,8 +320,8 @@ __device__ __forceinline__ Acc thread_reduce(const T* __restrict__ in, long long
     const long long head = split.head, nvec = split.nvec, tail_start = split.tail_start;
     const uint4* __restrict__ body = split.body;
 
-    if (tid < head) acc[0] = Op::combine(acc[0], load_as<Acc, Out>(in[tid]));
-    if (tid < n - tail_start) acc[ACC - 1] = Op::combine(acc[ACC - 1], load_as<Acc, Out>(in[tail_start + tid]));
+    if (tid < head) acc[0] = Op::combine(acc[0], Op::template load<Acc, Out>(in[tid]));
+    if (tid < n - tail_start) acc[ACC - 1] = Op::combine(acc[ACC - 1], Op::template load<Acc, Out>(in[tail_start + tid]));
 
     fold_vectors<T, Acc, Out, Op, UNROLL, LOAD>(acc, body, tid, nvec, nthreads);
 
@@ -278,8 +353,8 @@ __device__ __forceinline__ Acc tile_reduce(const T* __restrict__ in, long long n
     const uint4* __restrict__ body = split.body;
     const long long tid = static_cast<long long>(blockIdx.x) * BLOCK + threadIdx.x;
 
-    if (tid < head) acc[0] = Op::combine(acc[0], load_as<Acc, Out>(in[tid]));
-    if (tid < n - tail_start) acc[ACC - 1] = Op::combine(acc[ACC - 1], load_as<Acc, Out>(in[tail_start + tid]));
+    if (tid < head) acc[0] = Op::combine(acc[0], Op::template load<Acc, Out>(in[tid]));
+    if (tid < n - tail_start) acc[ACC - 1] = Op::combine(acc[ACC - 1], Op::template load<Acc, Out>(in[tail_start + tid]));
 
     for (long long start = static_cast<long long>(blockIdx.x) * TILE; start < nvec;
          start += static_cast<long long>(gridDim.x) * TILE) {
@@ -414,9 +489,9 @@ reduce_cols_kernel(const T* __restrict__ in, long long outer, long long R, long 
 #pragma unroll
                 for (int u = 0; u < UNROLL; ++u) x[u] = column[(r + u) * inner];
 #pragma unroll
-                for (int u = 0; u < UNROLL; ++u) acc[u] = Op::combine(acc[u], load_as<Acc, Out>(x[u]));
+                for (int u = 0; u < UNROLL; ++u) acc[u] = Op::combine(acc[u], Op::template load<Acc, Out>(x[u]));
             }
-            for (; r < r1; ++r) acc[0] = Op::combine(acc[0], load_as<Acc, Out>(column[r * inner]));
+            for (; r < r1; ++r) acc[0] = Op::combine(acc[0], Op::template load<Acc, Out>(column[r * inner]));
         }
         Acc v = acc[0];
 #pragma unroll

@@ -2,9 +2,10 @@
 
 Both kernels reduce ``rows`` contiguous rows of ``length`` elements each, in one launch and one
 read of the input: a full reduction is one row (any dense view, in memory order, for moments;
-the C-order flattening for argmin/argmax), and an axis reduction is supported where the
+the C-order flattening for argmin/argmax), and an axis reduction reads rows where the
 reduced axes are the last ones of C order (``inner == 1`` in
-:func:`multireduce._axes.axis_layout`). Other layouts raise ``NotImplementedError``.
+:func:`multireduce._axes.axis_layout`); other axis sets are copied with the reduced axes moved
+last first (one extra read and write, logged and counted).
 
 The states come back to the host as the NumPy arrays of :class:`multireduce._stats.Moments`
 and :class:`multireduce._stats.ArgState`, so the call waits for the kernel; :func:`stats`
@@ -24,7 +25,7 @@ import numpy as np
 from .. import _kernels, _stats
 from .._axes import axis_layout
 from ..ops import OPS, Op
-from .cupy import _MAX_GRID_Y, _dense_base, _kernel, _missing
+from .cupy import _MAX_GRID_Y, _dense_base, _kernel, copy_to_c_order
 
 __all__ = ["arg", "finalize_state", "launch_moments", "moments", "state_dtype", "stats"]
 
@@ -70,25 +71,26 @@ def _moments_constants(dtype: np.dtype) -> tuple[np.dtype, np.generic, np.generi
 def _rows_view(x: cupy.ndarray, axes: tuple[int, ...], what: str, order_free: bool):
     """``(data, rows, length)``: ``x`` as rows of contiguous elements to reduce.
 
-    ``order_free``: a full reduction may read a dense view in memory order. Copies a
-    non-contiguous input to C order (logged at debug level) only where the layout is one the
-    kernels reduce; raises otherwise.
+    ``order_free``: a full reduction may read a dense view in memory order. A non-contiguous
+    input, or one whose reduced axes are not the last ones in C order, is copied first (the
+    reduced axes moved last, the kept ones in their order; :func:`copy_to_c_order` logs and
+    counts it).
     """
     if len(axes) == x.ndim or math.prod(x.shape[a] for a in range(x.ndim) if a not in axes) == 1:
         flat = _dense_base(x) if order_free else (x.ravel() if x.flags.c_contiguous else None)
         if flat is None:
-            _log.debug("copying a %s view of shape %s to C order before %s", x.dtype, x.shape, what)
-            flat = cupy.ascontiguousarray(x).ravel()
+            flat = copy_to_c_order(x, "dense", f"a non-dense view, before {what}").ravel()
         return flat, 1, x.size
     layout = axis_layout(x.shape, axes)
     if layout is None or layout[2] != 1:
-        raise _missing(
-            f"{what} over axes {axes} of shape {x.shape} (the GPU kernel reduces all axes, or reduced "
-            "axes that are the last ones in C order)"
-        )
-    if not x.flags.c_contiguous:
-        _log.debug("copying a non-contiguous %s array of shape %s to C order before %s", x.dtype, x.shape, what)
-        x = cupy.ascontiguousarray(x)
+        # The kernels reduce trailing axes: move the reduced axes last (argmin/argmax have one,
+        # so its indices are unchanged), at the cost of one copy.
+        order = [a for a in range(x.ndim) if a not in axes] + sorted(axes)
+        x = copy_to_c_order(x.transpose(order), "transpose", f"reduced axes {axes} moved last, before {what}")
+        axes = tuple(range(x.ndim - len(axes), x.ndim))
+        layout = axis_layout(x.shape, axes)
+    elif not x.flags.c_contiguous:
+        x = copy_to_c_order(x, "axis", f"a non-contiguous array, before {what}")
     return x, layout[0], layout[1]
 
 
@@ -130,11 +132,7 @@ def moments(x: cupy.ndarray, axes: tuple[int, ...], op: Op) -> _stats.Moments:
     """The :class:`multireduce._stats.Moments` of ``x`` over ``axes`` (normalized, sorted).
 
     One fused pass (``moments_rows_kernel``); the state comes back as host NumPy arrays.
-
-    Raises
-    ------
-    NotImplementedError
-        Where the reduced axes are not the last ones in C order (nor all of them).
+    Other axis sets are copied first (:func:`_rows_view`).
     """
     kshape = tuple(n for i, n in enumerate(x.shape) if i not in axes)
     with x.device:
@@ -168,11 +166,7 @@ def stats(x: cupy.ndarray, axes: tuple[int, ...], correction: float) -> _stats.S
     One pass of ``moments_rows_kernel``, then ``stats_finalize_kernel`` turns the states into
     the seven fields (CuPy arrays with the shape of the kept axes, on ``x``'s device) by the
     rules of :func:`multireduce._stats.finalize_stats`. Nothing waits for the device.
-
-    Raises
-    ------
-    NotImplementedError
-        Where the reduced axes are not the last ones in C order (nor all of them).
+    Other axis sets are copied first (:func:`_rows_view`).
     """
     kshape = tuple(n for i, n in enumerate(x.shape) if i not in axes)
     with x.device:
@@ -208,13 +202,9 @@ def finalize_state(state: _stats.Moments, dtype: np.dtype, correction: float) ->
 def arg(x: cupy.ndarray, axis: int | None, op: Op) -> _stats.ArgState:
     """The :class:`multireduce._stats.ArgState` of argmin/argmax of ``x`` along ``axis``.
 
-    ``axis=None`` indexes the C-order flattening (a non-C-contiguous ``x`` is copied first,
-    logged at debug level). One pass (``arg_rows_kernel``); the state comes back to the host.
-
-    Raises
-    ------
-    NotImplementedError
-        Where ``axis`` is not the last axis in C order (axes of length one aside).
+    ``axis=None`` indexes the C-order flattening (a non-C-contiguous ``x`` is copied first).
+    One pass (``arg_rows_kernel``); the state comes back to the host.
+    Other axis sets are copied first (:func:`_rows_view`).
     """
     axes = tuple(range(x.ndim)) if axis is None else (axis,)
     kshape = tuple(n for i, n in enumerate(x.shape) if i not in axes)

@@ -28,6 +28,20 @@ _lock = threading.Lock()
 _launchers: dict[tuple, tuple] = {}
 #: (device, kernel name) of every kernel compiled in this process, in order.
 compiled: list[tuple[int, str]] = []
+#: Inputs copied to C order before a kernel could read them, by reason ("dense": a full
+#: reduction of a non-dense view; "axis": an axis reduction of a non-contiguous array;
+#: "transpose": moments or argmin/argmax whose reduced axes are not the last ones; "exact": a
+#: reproducible sum of a non-dense view). Each copy is also logged at debug level.
+layout_copies: dict[str, int] = {"dense": 0, "axis": 0, "transpose": 0, "exact": 0}
+
+
+def copy_to_c_order(x: cupy.ndarray, why: str, message: str) -> cupy.ndarray:
+    """``x`` copied to a C-contiguous array (one extra read and write), logged and counted."""
+    _log.debug("copying a %s array of shape %s to C order: %s", x.dtype, x.shape, message)
+    layout_copies[why] += 1
+    return cupy.ascontiguousarray(x)
+
+
 _workspaces: dict[tuple[int, int], tuple] = {}
 #: The default, grid-stride launch of one (device, stream, op, dtypes): everything ``_launch``
 #: would look up and compute again per call (see :func:`_default_launch`).
@@ -204,8 +218,7 @@ def _launch(
     # Every step here is on the path of every call: tiny reductions are dominated by it.
     flat = _dense_base(x)
     if flat is None:
-        _log.debug("copying a non-dense %s view of shape %s before reducing it", x.dtype, x.shape)
-        flat = cupy.ascontiguousarray(x).ravel()
+        flat = copy_to_c_order(x, "dense", "a non-dense view, before a full reduction").ravel()
     n = flat.size
     if config is _DEFAULT_CONFIG and grid_override is None:
         if n * flat.itemsize < _kernels.TILED_MIN_BYTES:
@@ -291,12 +304,9 @@ def from_host(value, dtype: np.dtype) -> cupy.ndarray:
 
 def _missing(what: str) -> NotImplementedError:
     return NotImplementedError(
-        f"{what} on CuPy arrays needs a multireduce GPU kernel that does not exist yet. The GPU "
-        "kernels cover sum, max and min over all axes, trailing axes or leading axes; mean, var, "
-        "std, nanmean, stats, argmin and argmax over all axes or trailing axes; and reproducible "
-        "sums and means over all axes (docs/axis-kernels.md). "
-        "multireduce does not fall back to CuPy's reductions or to the host; convert with "
-        "cupy.asnumpy(x) to reduce on the CPU."
+        f"{what} on CuPy arrays needs a multireduce GPU kernel that does not exist yet "
+        "(docs/axis-kernels.md). multireduce does not fall back to CuPy's reductions or to the "
+        "host; convert with cupy.asnumpy(x) to reduce on the CPU."
     )
 
 
@@ -306,13 +316,14 @@ def reduce(x: cupy.ndarray, op: Op, acc: np.dtype, result: np.dtype, axes: tuple
     Full reductions go to ``reduce_kernel``. Others view the array as (outer, reduced,
     inner) (:func:`multireduce._axes.axis_layout`): rows (``inner == 1``) go to
     ``reduce_rows_kernel`` and the rest to ``reduce_cols_kernel``; each reads the input once.
-    An F-contiguous array is reduced as its C-contiguous transpose; any other layout is
-    copied to C order first (logged at debug level).
+    Reduced axes that are not adjacent take one such launch per run of adjacent reduced axes
+    (:func:`_reduce_in_passes`). An F-contiguous array is reduced as its C-contiguous
+    transpose; any other layout is copied to C order first (:func:`copy_to_c_order`).
 
     Raises
     ------
     NotImplementedError
-        For an op without a GPU kernel, or reduced axes that are not adjacent.
+        For an op without a GPU kernel.
     """
     if op.functor is None:
         raise _missing(f"op {op.name!r}")
@@ -327,18 +338,56 @@ def reduce(x: cupy.ndarray, op: Op, acc: np.dtype, result: np.dtype, axes: tuple
             flipped = tuple(sorted(x.ndim - 1 - a for a in axes))
             return reduce(x.T, op, acc, result, flipped).T
         if not x.flags.c_contiguous:
-            _log.debug("copying a non-contiguous %s array of shape %s before an axis reduction", x.dtype, x.shape)
-            x = cupy.ascontiguousarray(x)
+            x = copy_to_c_order(x, "axis", "a non-contiguous array, before an axis reduction")
         layout = axis_layout(x.shape, axes)
         if layout is None:
-            raise _missing(f"{op.name} over the non-adjacent axes {axes} of a {x.ndim}-d array")
-        outer, length, inner = layout
-        out = cupy.empty(kept, dtype=result)
-        if inner == 1:
-            _launch_rows(x, op, acc, result, outer, length, out)
-        else:
-            _launch_cols(x, op, acc, result, outer, length, inner, out)
-        return out
+            return _reduce_in_passes(x, op, acc, result, axes)
+        return _reduce_adjacent(x, op, acc, result, layout, kept)
+
+
+def _reduce_adjacent(x, op: Op, acc: np.dtype, result: np.dtype, layout, kept: tuple[int, ...]) -> cupy.ndarray:
+    """One launch of the row or the column kernel over the C-contiguous, non-empty ``x``."""
+    outer, length, inner = layout
+    out = cupy.empty(kept, dtype=result)
+    if inner == 1:
+        _launch_rows(x, op, acc, result, outer, length, out)
+    else:
+        _launch_cols(x, op, acc, result, outer, length, inner, out)
+    return out
+
+
+def _reduce_in_passes(x, op: Op, acc: np.dtype, result: np.dtype, axes: tuple[int, ...]) -> cupy.ndarray:
+    """Reduce the C-contiguous, non-empty ``x`` over non-adjacent ``axes``, one run at a time.
+
+    The last run of adjacent reduced axes goes first, then the next run of the (smaller)
+    partials, and so on: each pass is one row or column launch, and every pass after the
+    first reads only the partials, so the input is read once. The partials stay in the
+    accumulator dtype (combined by ``op.combiner``: nansum's and count_nonzero's partials
+    add up as sums) and become ``result`` at the end. The kernels convert each element to the
+    result dtype before accumulating (``dtype=``, as NumPy does); where that conversion is not
+    exact, the input is converted once first, so that the partials may skip it.
+    """
+    axes = tuple(sorted(axes))
+    if result != op.result_dtype(x.dtype) and not np.can_cast(x.dtype, result, "safe"):
+        if op.name == "nansum" and x.dtype.kind == "f":
+            x = cupy.where(cupy.isnan(x), x.dtype.type(0), x)  # NaN drops out before converting
+        x = x.astype(result)
+    step = op
+    while True:
+        layout = axis_layout(x.shape, axes)
+        if layout is not None:
+            kept = tuple(n for i, n in enumerate(x.shape) if i not in axes)
+            out = _reduce_adjacent(x, step, acc, acc, layout, kept)
+            return out if result == acc else out.astype(result)
+        stop = axes[-1]
+        start = stop
+        while start - 1 in axes:
+            start -= 1
+        run = tuple(range(start, stop + 1))
+        kept = x.shape[:start] + x.shape[stop + 1 :]
+        x = _reduce_adjacent(x, step, acc, acc, axis_layout(x.shape, run), kept)
+        axes = tuple(a for a in axes if a < start)
+        step = op.combiner
 
 
 _MAX_GRID_Y = 65535  # gridDim.y and gridDim.z limits; the kernels stride over the rest
@@ -390,8 +439,7 @@ def _exact_launch(x: cupy.ndarray):
     """
     flat = _dense_base(x)
     if flat is None:
-        _log.debug("copying a non-dense %s view of shape %s before an exact sum", x.dtype, x.shape)
-        flat = cupy.ascontiguousarray(x).ravel()
+        flat = copy_to_c_order(x, "exact", "a non-dense view, before an exact sum").ravel()
     n = flat.size
     if n == 0:
         return None, 0
