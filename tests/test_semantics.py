@@ -143,6 +143,8 @@ def ref_extreme(x: np.ndarray, op: str, axes: tuple[int, ...]) -> np.ndarray:
 
 
 def ref_arg(x: np.ndarray, op: str, axis) -> np.ndarray:
+    if x.dtype.kind != "f":  # exact in NumPy (float64 keys would tie distinct 64-bit integers)
+        return (np.argmax if op == "argmax" else np.argmin)(x.reshape(-1) if axis is None else x, axis=axis)
     f = np.array(x, dtype=np.float64)
     if axis is None:
         f = f.reshape(-1)

@@ -179,11 +179,13 @@ struct Any {
     template <class Acc, class Out, class T> static __device__ __forceinline__ Acc load(T x) {
         return static_cast<Acc>(nonzero(x));
     }
-    template <class A> static __device__ __forceinline__ A combine(A a, A b) { return a || b; }
+    // Bitwise, not || and &&: both operands are already loaded, and a short circuit would let
+    // the compiler make the loads conditional.
+    template <class A> static __device__ __forceinline__ A combine(A a, A b) { return static_cast<A>(a | b); }
 };
 
 struct All : Any {
-    template <class A> static __device__ __forceinline__ A combine(A a, A b) { return a && b; }
+    template <class A> static __device__ __forceinline__ A combine(A a, A b) { return static_cast<A>(a & b); }
 };
 
 struct CountNonzero : Sum {
