@@ -16,7 +16,6 @@ Each backend module provides the same functions:
 ``constant(value, dtype)``
     A result holding ``value``, for empty inputs.
 
-The CuPy backend implements only what its kernels do (see docs/semantics.md) and raises
-NotImplementedError, naming what is missing, for the rest: it never falls back silently to
-CuPy's own reductions or to the host.
+The CuPy backend runs every op on multireduce's kernels (see docs/semantics.md); it never
+falls back to CuPy's own reductions or to the host.
 """
