@@ -91,14 +91,16 @@ def elements_per_trip(itemsize: int, block: int, unroll: int) -> int:
     return (16 // itemsize) * block * unroll
 
 
-def rows_config() -> tuple[int, int, int]:
-    """(threads per block, 16-byte loads in flight, waves) of the row kernel.
+def rows_config() -> tuple[int, int, int, int, int]:
+    """(threads per block, 16-byte loads in flight, waves, load policy, blocks per row) of the row kernel.
 
     ``waves`` 0: one block per row (gridDim.y = rows, up to 65535, the kernel strides over the
     rest); otherwise at most ``waves`` times the blocks the GPU holds at once, each looping
-    over rows. ``scripts/bench_axis.py --rows-variants`` times others.
+    over rows. The load policy is ``load16``'s (0-3). Blocks per row 0: chosen from the shape
+    (one for many rows; several, combined by the last one done, for few long rows).
+    ``scripts/bench_axis.py --rows-variants`` times others.
     """
-    return DEFAULT_BLOCK, DEFAULT_UNROLL, 0
+    return DEFAULT_BLOCK, DEFAULT_UNROLL, 0, DEFAULT_LOAD & 3, 0
 
 
 #: Threads per block, and 16-byte loads in flight per thread, of the moments and arg kernels

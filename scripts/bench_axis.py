@@ -19,6 +19,7 @@ a table with PASS/MISS per target.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -56,7 +57,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--rows-variants",
         default="",
-        help="extra BLOCKxUNROLL[wWAVES] launch shapes of the row kernel to time, e.g. 256x4,512x4w4 "
+        help="extra BLOCKxUNROLL[wWAVES][lLOAD][sSPLIT] launches of the row kernel to time, e.g. 256x4,512x4w4,"
+        "512x4l1,512x4s2 (waves, load policy 0-3, blocks per row) "
         "(each is checked against the CPU; the shipped one is multireduce._kernels.rows_config)",
     )
     p.add_argument(
@@ -68,6 +70,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     p.add_argument("--out", type=Path, default=None)
     return p.parse_args(argv)
+
+
+def _rows_variant(text: str):
+    """BLOCKxUNROLL[wWAVES][lLOAD][sSPLIT] -> a stand-in for multireduce._kernels.rows_config."""
+    from multireduce import _kernels
+
+    m = re.fullmatch(r"(\d+)x(\d+)(?:w(\d+))?(?:l(\d))?(?:s(\d+))?", text)
+    if m is None:
+        raise SystemExit(f"bad --rows-variants entry {text!r}: expected BLOCKxUNROLL[wWAVES][lLOAD][sSPLIT]")
+    block, unroll, waves, load, split = m.groups()
+    shipped = _kernels.rows_config()
+    config = (int(block), int(unroll), int(waves or 0), shipped[3] if load is None else int(load), int(split or 0))
+    return lambda: config
 
 
 def timing_options(args) -> SimpleNamespace:
@@ -193,9 +208,7 @@ def main(argv=None) -> int:
                 f"{rec['vs_full']:.2f}x full, {rec['vs_cupy']:.2f}x cupy  {rec['status']}"
             )
         for v in filter(None, args.rows_variants.split(",")):
-            shape, _, waves = v.partition("w")
-            block, unroll = (int(k) for k in shape.split("x"))
-            config = lambda b=block, u=unroll, w=int(waves or 0): (b, u, w)  # noqa: E731
+            config = _rows_variant(v)
             rec = time_variant(ctx, op, "rows", v, "rows_config", config, -1, full)
             rec["vs_cupy"] = rows_cupy_us / rec["us"]
             bk.say(

@@ -394,13 +394,13 @@ _MAX_GRID_Y = 65535  # gridDim.y and gridDim.z limits; the kernels stride over t
 
 
 def _launch_rows(x, op: Op, acc: np.dtype, result: np.dtype, rows: int, length: int, out: cupy.ndarray) -> None:
-    block, unroll, waves = _kernels.rows_config()
-    config = (block, unroll, _kernels.DEFAULT_LOAD)
+    block, unroll, waves, load, split = _kernels.rows_config()
+    config = (block, unroll, load)
     kernel, max_grid, identity = _launcher(x.data.device_id, op, x.dtype, acc, result, config, "reduce_rows_kernel")
     per_block = _kernels.elements_per_trip(x.itemsize, block, unroll)
     # Few long rows: several blocks share each row (last-block-done per row); many rows:
     # one block each (or, with waves, a few waves of blocks that loop over the rows).
-    per_row = 1 if rows >= max_grid else max(1, min(-(-length // per_block), -(-max_grid // rows)))
+    per_row = split or (1 if rows >= max_grid else max(1, min(-(-length // per_block), -(-max_grid // rows))))
     partials = cupy.empty(rows * per_row, dtype=acc)
     counters = cupy.zeros(rows if per_row > 1 else 1, dtype=np.uint32)
     grid_y = min(rows, _MAX_GRID_Y) if per_row > 1 or not waves else min(rows, _MAX_GRID_Y, waves * max_grid)
