@@ -296,8 +296,7 @@ def allreduce(
     x_local : numpy.ndarray or cupy.ndarray
         This rank's shard, of any shape, possibly empty. All ranks must pass the same dtype.
     op : str or Op
-        Any of ``multireduce.OPS``, the same on every rank. CuPy shards support the ops with
-        a GPU kernel: sum, max, min, mean, var, std, nanmean, argmin and argmax.
+        Any of ``multireduce.OPS``, the same on every rank, for NumPy and CuPy shards alike.
     comm : mpi4py.MPI.Comm, optional
         Defaults to ``MPI.COMM_WORLD``.
     dtype : dtype, optional
@@ -802,7 +801,7 @@ def _fast_entry(x: Any, op: str) -> _Fast | None:
     """The per-call path's entry for ``allreduce(x, op)``, if it applies.
 
     It does for a non-empty shard and a fold op: a NumPy array, or a CuPy array on the current
-    device with an op that has a GPU kernel (sum, max, min) and an MPI that is not CUDA-aware.
+    device with an MPI that is not CUDA-aware (every fold op has a GPU kernel).
     The main job's common case.
     """
     if type(x) is np.ndarray:

@@ -7,7 +7,7 @@ An :class:`Op` carries everything that every layer needs to know about one reduc
 * its **accumulator dtype**, the precision in which partials are formed and travel between
   ranks and chunks;
 * its **combine rule**: ``host_reduce`` on the CPU, and the C++ functor of the same name in
-  ``kernels/multireduce/reduce.cuh`` on the GPU (sum, max and min so far);
+  ``kernels/multireduce/reduce.cuh`` on the GPU (every fold op);
 * the name of the matching predefined MPI operation.
 
 Ops of kind ``"fold"`` have one value per output element as their partial. The moments ops
