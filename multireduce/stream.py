@@ -1066,10 +1066,10 @@ def reduce(
         A host array (any shape and layout), a ``.npy`` file (memory-mapped, read-only,
         ``allow_pickle=False``), or a Dask array of NumPy chunks (CuPy chunks are reduced where
         they are). Supported dtypes as for :func:`multireduce.reduce`.
-    op : {"sum", "max", "min"} or Op
-        The reduction.
+    op : str or Op
+        A fold op (sum, prod, max, min, nansum, nanmax, nanmin, any, all, count_nonzero).
     dtype : dtype, optional
-        Result dtype, for ``"sum"`` only (as ``numpy.sum``).
+        Result dtype, for the ops that take one (sum, prod, nansum), as in :func:`multireduce.reduce`.
     device : int, optional
         The CUDA device; default CuPy's current device.
     budget : int, optional
@@ -1115,8 +1115,8 @@ def reduce(
     op = get_op(op)
     if op.kind != "fold":
         raise NotImplementedError(
-            f"stream.reduce streams ops whose partial is one value (sum, max, min, ...); {op.name!r} has a "
-            "state (multireduce._stats) and no GPU kernel yet. Use multireduce.reduce or multireduce.stats on the host."
+            f"stream.reduce streams the fold ops, whose partial is one value; {op.name!r} has a state "
+            "(multireduce._stats) that the pipeline does not merge. Use multireduce.reduce or multireduce.stats."
         )
     if _is_dask_array(source):
         return _reduce_dask(source, op, dtype, device, budget, slot_bytes, threads, split_every, _device)

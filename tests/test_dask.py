@@ -581,3 +581,32 @@ def test_argmax_global_index_is_int64_across_chunks():
     assert got == np.ravel_multi_index((2, 4, 1), x.shape) and got.dtype == np.int64
     along = d.treereduce("argmax", axis=1).compute(scheduler="sync")
     assert along.dtype == np.int64 and along[2, 1] == 4
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "op", ["sum", "prod", "nansum", "max", "nanmin", "any", "count_nonzero", "mean", "var", "argmax", "argmin"]
+)
+def test_gpu_cupy_chunks_every_op_over_axes(op):
+    # Partial-axis reductions of CuPy chunks (adjacent and non-adjacent axes, keepdims, uneven
+    # chunks, NaN) against the same reduction of NumPy chunks: every op runs on the GPU kernels.
+    cupy = _cupy()
+    rng = np.random.default_rng(11)
+    x = (rng.integers(-4, 5, size=(12, 10, 9)) / 2).astype(np.float32)
+    if op == "prod":
+        x = rng.choice(np.array([0.5, 1.0, 2.0, -1.0], dtype=np.float32), size=x.shape)
+    x[3, 4, 5] = np.nan
+    chunks = ((5, 7), (4, 6), (9,))
+    host = da.from_array(x, chunks=chunks)
+    dev = da.from_array(cupy.asarray(x), chunks=chunks, asarray=False)
+    axes = [0, 2, -1] if op in ("argmax", "argmin") else [0, 1, 2, (0, 1), (1, 2), (0, 2)]
+    for axis in axes:
+        for keepdims in (False, True):
+            want = np.asarray(host.treereduce(op, axis=axis, keepdims=keepdims).compute(scheduler="sync"))
+            got = dev.treereduce(op, axis=axis, keepdims=keepdims).compute(scheduler="threads")
+            got = cupy.asnumpy(got) if isinstance(got, cupy.ndarray) else np.asarray(got)
+            assert got.dtype == want.dtype and got.shape == want.shape, (op, axis, got.dtype, want.dtype)
+            if got.dtype.kind == "f":
+                assert np.allclose(got, want, rtol=1e-6, atol=1e-6, equal_nan=True), (op, axis, got, want)
+            else:
+                assert np.array_equal(got, want), (op, axis, got, want)

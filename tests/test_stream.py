@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from reference import check, exact_int_sum, make_data
 
-from multireduce import stream
+from multireduce import core, stream
 
 OPS = ["sum", "max", "min"]
 KIB = 1024
@@ -667,6 +667,27 @@ def test_gpu_values(op, dtype):
     x = make_data(dtype, 17 * 176_471, np.random.default_rng(10))
     check(x, op, stream.reduce(x, op))
     check(x.reshape(-1, 17)[:, ::2], op, stream.reduce(x.reshape(-1, 17)[:, ::2], op))  # strided
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", ["prod", "nansum", "nanmax", "nanmin", "any", "all", "count_nonzero"])
+def test_gpu_every_fold_op_streams(op):
+    # The other fold ops stream through the same pipeline on their own kernels: pieces from
+    # several slots (a small budget), NaN in one piece, against the CPU path.
+    rng = np.random.default_rng(13)
+    if op == "prod":
+        x = np.ones(3_000_017, dtype=np.float32)  # 60 factors other than one: an exact, finite product
+        x[rng.integers(0, x.size, 60)] = rng.choice(np.array([0.5, 2.0, -1.0], dtype=np.float32), size=60)
+    else:
+        x = make_data("float32", 3_000_017, rng)
+        x[123_456] = np.nan
+    got = stream.reduce(x, op, budget=8 << 20, slot_bytes=2 << 20)
+    want = core.reduce(x, op)
+    assert got.dtype == want.dtype, (got.dtype, want.dtype)
+    if want.dtype.kind == "f":
+        assert np.allclose(got, want, rtol=1e-6, equal_nan=True), (got, want)
+    else:
+        assert got == want, (got, want)
 
 
 @pytest.mark.gpu
