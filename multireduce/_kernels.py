@@ -250,7 +250,7 @@ def default_kernel_names(
     names = set()
     for op in OPS.values():
         if op.functor is None:
-            continue  # no GPU kernel yet (see docs/axis-kernels.md)
+            continue  # moments and arg ops: their own kernels, below
         for dt in SUPPORTED_DTYPES:
             result = op.result_dtype(dt)
             acc = op.accumulator_dtype(result)

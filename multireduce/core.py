@@ -127,7 +127,7 @@ def _plan(arr, op: str | Op, dtype) -> tuple[Op, np.dtype, np.dtype]:
         _plans[op, arr.dtype, dtype] = plan
     except TypeError:
         pass
-    if type(op) is str and dtype is None and resolved.kind == "fold" and resolved.functor is not None:
+    if type(op) is str and dtype is None and resolved.kind == "fold":  # every fold op has a kernel
         _gpu_plans[op, arr.dtype] = (resolved, plan[2], plan[1])
     return plan
 

@@ -826,7 +826,7 @@ def _fast_entry(x: Any, op: str) -> _Fast | None:
     entry = None
     resolved = OPS.get(op)
     if resolved is not None and resolved.kind == "fold" and x.dtype in _DTYPE_CODES:
-        if stream is None or (resolved.functor is not None and not cuda_aware().enabled):
+        if stream is None or not cuda_aware().enabled:
             entry = _Fast(_static(resolved, x.dtype, None), device, stream)
     return _fast.setdefault(key, entry)
 
