@@ -486,10 +486,6 @@ reduce_cols_kernel(const T* __restrict__ in, long long outer, long long R, long 
         if (c < inner) {
             const T* __restrict__ column = in + o * R * inner + c;
             long long r = r0;
-            // Four trips per loop iteration, for every op: left to itself, ptxas unrolled
-            // Sum's loop four times (4 * UNROLL loads in flight) but NanSum's only twice and
-            // Max's not at all, and NanSum's columns ran at 0.78x the full reduction.
-#pragma unroll 4
             for (; r + UNROLL <= r1; r += UNROLL) {
                 T x[UNROLL];
 #pragma unroll
