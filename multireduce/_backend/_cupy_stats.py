@@ -25,7 +25,7 @@ import numpy as np
 from .. import _kernels, _stats
 from .._axes import axis_layout
 from ..ops import OPS, Op
-from .cupy import _MAX_GRID_Y, _dense_base, _kernel, copy_to_c_order
+from .cupy import _MAX_GRID_Y, _counters, _dense_base, _kernel, copy_to_c_order
 
 __all__ = ["arg", "finalize_state", "launch_moments", "moments", "state_dtype", "stats"]
 
@@ -92,22 +92,6 @@ def _rows_view(x: cupy.ndarray, axes: tuple[int, ...], what: str, order_free: bo
     elif not x.flags.c_contiguous:
         x = copy_to_c_order(x, "axis", f"a non-contiguous array, before {what}")
     return x, layout[0], layout[1]
-
-
-def _counters(device: int, count: int) -> cupy.ndarray:
-    """At least ``count`` zero counters for the current stream of ``device``.
-
-    Every launch leaves its counters at zero, so launches ordered on one stream share them.
-    """
-    key = (device, cupy.cuda.get_current_stream().ptr)
-    found = _counter_cache.get(key)
-    if found is None or found.size < count:
-        found = cupy.zeros(max(count, 1024), dtype=np.uint32)
-        _counter_cache[key] = found
-    return found
-
-
-_counter_cache: dict[tuple[int, int], cupy.ndarray] = {}
 
 
 def launch_moments(data: cupy.ndarray, rows: int, length: int) -> cupy.ndarray:

@@ -146,6 +146,22 @@ def _workspace(device: int, stream: int, max_grid: int):
     return ws
 
 
+def _counters(device: int, count: int) -> cupy.ndarray:
+    """At least ``count`` zero counters for the current stream of ``device``.
+
+    Every launch leaves its counters at zero, so launches ordered on one stream share them.
+    """
+    key = (device, cupy.cuda.get_current_stream().ptr)
+    found = _counter_cache.get(key)
+    if found is None or found.size < count:
+        found = cupy.zeros(max(count, 1024), dtype=np.uint32)
+        _counter_cache[key] = found
+    return found
+
+
+_counter_cache: dict[tuple[int, int], cupy.ndarray] = {}
+
+
 def _dense_base(x: cupy.ndarray):
     """A 1-d array over ``x``'s memory if ``x`` covers one dense block of memory, else ``None``.
 
@@ -402,7 +418,7 @@ def _launch_rows(x, op: Op, acc: np.dtype, result: np.dtype, rows: int, length: 
     # one block each (or, with waves, a few waves of blocks that loop over the rows).
     per_row = split or (1 if rows >= max_grid else max(1, min(-(-length // per_block), -(-max_grid // rows))))
     partials = cupy.empty(rows * per_row, dtype=acc)
-    counters = cupy.zeros(rows if per_row > 1 else 1, dtype=np.uint32)
+    counters = _counters(x.data.device_id, rows if per_row > 1 else 1)
     grid_y = min(rows, _MAX_GRID_Y) if per_row > 1 or not waves else min(rows, _MAX_GRID_Y, waves * max_grid)
     grid = (per_row, grid_y)
     kernel(grid, (block,), (x, rows, length, identity, partials, counters, out))
@@ -422,7 +438,7 @@ def _launch_cols(x, op: Op, acc: np.dtype, result: np.dtype, outer: int, length:
     if blocks_x * blocks_y < want:
         slabs = max(1, min(-(-want // (blocks_x * blocks_y)), length // (4 * unroll), _MAX_GRID_Y))
     partials = cupy.empty(outer * slabs * inner if slabs > 1 else 1, dtype=acc)
-    counters = cupy.zeros(outer * blocks_x if slabs > 1 else 1, dtype=np.uint32)
+    counters = _counters(x.data.device_id, outer * blocks_x if slabs > 1 else 1)
     kernel((blocks_x, blocks_y, slabs), (block,), (x, outer, length, inner, identity, partials, counters, out))
 
 
