@@ -217,7 +217,7 @@ def main(argv=None) -> int:
             )
         for v in filter(None, args.cols_variants.split(",")):
             block, unroll = (int(k) for k in v.split("x"))
-            config = lambda acc, b=block, u=unroll: (b, u)  # noqa: E731
+            config = lambda op, dtype, acc, b=block, u=unroll: (b, u)  # noqa: E731
             rec = time_variant(ctx, op, "columns", v, "cols_config", config, 0, full)
             bk.say(f"{op:>4} columns variant {v:<8} {rec['us']:9.1f} us  {rec['vs_full']:.2f}x full")
     del x

@@ -425,7 +425,7 @@ def _launch_rows(x, op: Op, acc: np.dtype, result: np.dtype, rows: int, length: 
 
 
 def _launch_cols(x, op: Op, acc: np.dtype, result: np.dtype, outer: int, length: int, inner: int, out) -> None:
-    block, unroll = _kernels.cols_config(acc)
+    block, unroll = _kernels.cols_config(op, x.dtype, acc)
     kernel, max_grid, identity = _launcher(
         x.data.device_id, op, x.dtype, acc, result, (block, unroll, 0), "reduce_cols_kernel"
     )
