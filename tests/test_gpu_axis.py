@@ -65,6 +65,27 @@ def test_adjacent_axes_match_the_cpu(shape, dtype, op):
             assert_close(got.get(), ref, op, host, axes)
 
 
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+def test_nansum_adjacent_axes_match_numpy(shape, dtype):
+    # float32 nansum has its own column launch shape (256 x 6 rows in flight, _kernels.
+    # cols_config): column lengths around the 6-row trip and the slab split, NaN anywhere.
+    rng = np.random.default_rng(len(shape) * 17 + shape[-1])
+    n = int(np.prod(shape))
+    host = make_data(dtype, n, rng)
+    host[rng.integers(0, n, size=max(1, n // 7))] = np.nan
+    host = host.reshape(shape)
+    dev = cupy.asarray(host)
+    wide = host.astype(np.float64)
+    for axes in adjacent_axis_sets(shape):
+        for keepdims in (False, True):
+            ref = np.nansum(wide, axis=axes, keepdims=keepdims).astype(host.dtype)
+            got = multireduce.nansum(dev, axis=axes, keepdims=keepdims)
+            assert isinstance(got, cupy.ndarray)
+            assert not np.isnan(got.get()).any(), axes
+            assert_close(got.get(), ref, "sum", host, axes)
+
+
 @pytest.mark.parametrize("op", ["sum", "max", "min"])
 def test_layouts_views_and_specials(op):
     rng = np.random.default_rng(3)
