@@ -154,25 +154,19 @@ struct Min : Fold {
 
 // IEEE 754-2019 maximumNumber/minimumNumber (nanmax, nanmin): NaN loses to any number, and
 // is the identity; zeros order as in Max/Min. All-NaN gives NaN.
-struct NanMax : Fold {
+template <class Extreme>
+struct NanIgnoring : Fold {
     template <class A> static __device__ __forceinline__ A combine(A a, A b) {
         if constexpr (IsFloating<A>::value) {
             if (b != b) return a;
             if (a != a) return b;
         }
-        return Max::combine(a, b);
+        return Extreme::combine(a, b);
     }
 };
 
-struct NanMin : Fold {
-    template <class A> static __device__ __forceinline__ A combine(A a, A b) {
-        if constexpr (IsFloating<A>::value) {
-            if (b != b) return a;
-            if (a != a) return b;
-        }
-        return Min::combine(a, b);
-    }
-};
+struct NanMax : NanIgnoring<Max> {};
+struct NanMin : NanIgnoring<Min> {};
 
 // any, all (bool accumulators) and count_nonzero (int64): each element read as x != 0.
 struct Any {

@@ -133,15 +133,15 @@ def _compile(device: int, name: str, block: int):
 
 
 def _workspace(device: int, stream: int, max_grid: int):
-    """Per-(device, stream) partials and counter.
+    """Per-(device, stream) partials, and a counter of the stream's zeroed ones (:func:`_counters`).
 
-    The counter starts at zero and every launch leaves it at zero. Partials are 8 bytes
-    wide, enough for every accumulator type.
+    ``stream`` is the current stream. Partials are 8 bytes wide, enough for every accumulator
+    type.
     """
     key = (device, stream)
     ws = _workspaces.get(key)
     if ws is None or ws[0].size < max_grid:
-        ws = (cupy.empty(max_grid, dtype=np.uint64), cupy.zeros(1, dtype=np.uint32))
+        ws = (cupy.empty(max_grid, dtype=np.uint64), _counters(device, 1)[:1])
         _workspaces[key] = ws
     return ws
 
