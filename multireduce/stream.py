@@ -74,6 +74,7 @@ __all__ = [
     "free_staging",
     "make_plan",
     "plan_pieces",
+    "ramp_pieces",
     "reduce",
     "staging_info",
 ]
@@ -94,6 +95,13 @@ BYTES_PER_THREAD = 8 << 20
 #: thread, 2.92 with 4 and 4.04 with 8 (bench/results/h200_c8a4677/diag_stream.txt): every
 #: piece costs GIL hand-offs among the copy threads.
 PIECES_PER_THREAD = 2
+#: Cut dense inputs into pieces that grow over the first ``threads`` pieces and shrink over the
+#: last ones (:func:`ramp_pieces`), so that the link starts after a small first piece and the
+#: copy threads finish together. Uniform pieces otherwise (:func:`plan_pieces`).
+RAMP = True
+#: The same for a Dask task's chunk, streamed by one thread (:func:`_dask_chunk`): its pieces
+#: ramp over this many steps up and down (1: uniform pieces of ``SERIAL_PIECE_BYTES``).
+SERIAL_RAMP = 1
 #: Allocate the pinned staging buffers write-combined (``cudaHostAllocWriteCombined``): CPU
 #: writes skip the caches (no read for ownership), and the CPU never reads them.
 WRITE_COMBINED = False
@@ -236,6 +244,48 @@ def plan_pieces(shape: tuple[int, ...], max_elements: int) -> list[tuple]:
     return [(i, *rest) for i in range(shape[0]) for rest in sub]
 
 
+def ramp_pieces(n: int, max_elements: int, ramp: int, align: int = 1) -> list[tuple]:
+    """1-d slices that cut ``n`` elements into pieces growing, level, then shrinking.
+
+    With ``q = max_elements // ramp`` (rounded down to a multiple of ``align``): the first
+    ``ramp`` pieces have ``q, 2q, ..., ramp*q`` elements, the middle ones ``max_elements``,
+    and the last ``ramp - 1`` pieces ``(ramp-1)q, ..., q`` (the very last takes what is left
+    over; the middle pieces are made equal, at most ``max_elements``). Taken in order by ``ramp`` copy threads, the first piece is done after a
+    ``ramp``-th of a full piece's copy, so the link starts early, and the threads finish
+    together instead of one full piece apart. If ``n`` is smaller than ``ramp * max_elements``
+    the steps shrink to fit; if a step would be below ``align``, the uniform
+    :func:`plan_pieces` cut is returned instead.
+
+    Every boundary but the last is a multiple of ``align``, and every piece has at most
+    ``max_elements`` elements.
+
+    Examples
+    --------
+    >>> [s.stop - s.start for (s,) in ramp_pieces(100, 16, 4)]
+    [4, 8, 12, 16, 12, 12, 12, 12, 8, 4]
+    """
+    if max_elements < 1 or ramp < 1 or align < 1:
+        raise ValueError(f"max_elements, ramp and align must be at least 1, not {max_elements}, {ramp}, {align}")
+    q = min(max_elements // ramp, n // (ramp * ramp))
+    q -= q % align
+    if ramp == 1 or q < 1:
+        return plan_pieces((n,), max_elements)
+    up = [q * k for k in range(1, ramp + 1)]
+    down = [q * k for k in range(ramp - 1, 0, -1)]
+    rest = n - sum(up) - sum(down)  # >= 0, since ramp * ramp * q <= n
+    # The middle: as few pieces as hold `rest` at `max_elements` each, of equal aligned sizes
+    # (they differ by at most one `align`).
+    full = max_elements - max_elements % align
+    units = rest // align
+    m = -(-units // (full // align))
+    middle = [align * (units // m + (i < units % m)) for i in range(m)] if m else []
+    # Under one `align` more for the last piece: q >= align and q <= max_elements // 2, so it
+    # stays below 2q <= max_elements.
+    down[-1] += rest - units * align
+    bounds = list(itertools.accumulate(up + middle + down, initial=0))
+    return [(slice(a, b),) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+
+
 def _dense_1d(a: np.ndarray) -> np.ndarray | None:
     """Return a 1-d view of all of ``a``'s elements in memory order, or None.
 
@@ -252,15 +302,17 @@ def _dense_1d(a: np.ndarray) -> np.ndarray | None:
     return b.reshape(-1) if b.flags.c_contiguous else None
 
 
-def _pieces_of(a: np.ndarray, piece_bytes: int) -> tuple[np.ndarray, list[tuple], bool]:
+def _pieces_of(a: np.ndarray, piece_bytes: int, ramp: int = 1) -> tuple[np.ndarray, list[tuple], bool]:
     """Return (array to index, piece indexes, whether the pieces are contiguous) for ``a``.
 
-    The pieces are 1-d slices of ``a``'s dense view if it has one, else C-order blocks of ``a``.
+    The pieces are 1-d slices of ``a``'s dense view if it has one (:func:`ramp_pieces` over
+    ``ramp`` pieces, uniform for ``ramp=1``), else uniform C-order blocks of ``a``.
     """
     per_piece = max(1, piece_bytes // a.itemsize)
     flat = _dense_1d(a)
     if flat is not None:
-        return flat, plan_pieces(flat.shape, per_piece), True
+        align = max(1, _PIECE_ALIGN // a.itemsize)
+        return flat, ramp_pieces(flat.size, per_piece, ramp, align), True
     return a, plan_pieces(a.shape, per_piece), False
 
 
@@ -627,7 +679,7 @@ class _Pipeline:
                 finally:
                     self.release(slot)
         else:
-            src, pieces, _ = _pieces_of(a, plan.piece_bytes)
+            src, pieces, _ = _pieces_of(a, plan.piece_bytes, plan.threads if RAMP else 1)
             parts = self._run_threads(src, pieces, op, acc, plan)
         return self.device.finish(parts, op, result)
 
@@ -1034,7 +1086,7 @@ def _dask_chunk(block, axis, keepdims, *, ref, op: Op, acc: np.dtype, plan: Stre
     pipeline = _resolve(ref)
     # Pieces of at most SERIAL_PIECE_BYTES (smaller ones start this task's uploads earlier,
     # several to a slot, but cost GIL hand-offs among Dask's threads).
-    src, pieces, _ = _pieces_of(block, min(plan.piece_bytes, SERIAL_PIECE_BYTES))
+    src, pieces, _ = _pieces_of(block, min(plan.piece_bytes, SERIAL_PIECE_BYTES), SERIAL_RAMP)
     if not pieces:
         return pipeline.device.empty_partial(op, acc)
     return pipeline.device.ready(pipeline.run_serial(src, pieces, op, acc, plan))

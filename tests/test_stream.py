@@ -8,6 +8,7 @@ without memory growth.
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import math
 import zlib
 
@@ -74,6 +75,41 @@ def test_plan_pieces_examples():
     assert stream.plan_pieces((3, 0), 5) == []
     with pytest.raises(ValueError):
         stream.plan_pieces((3,), 0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    n=st.integers(0, 5000),
+    max_elements=st.integers(1, 300),
+    ramp=st.integers(1, 12),
+    align=st.sampled_from([1, 2, 8, 16]),
+)
+def test_ramp_pieces_cover_every_element_once_in_order(n, max_elements, ramp, align):
+    pieces = stream.ramp_pieces(n, max_elements, ramp, align)
+    sizes = [s.stop - s.start for (s,) in pieces]
+    assert [s.start for (s,) in pieces] == [0, *itertools.accumulate(sizes)][:-1]
+    assert sum(sizes) == n and all(1 <= k <= max_elements for k in sizes)
+    if pieces == stream.plan_pieces((n,), max_elements):
+        return  # the uniform fallback (steps below `align`)
+    assert all(s.stop % align == 0 for (s,) in pieces[:-1])
+    q = sizes[0]
+    assert sizes[:ramp] == [q * k for k in range(1, ramp + 1)]  # growing
+    assert sizes[-ramp + 1 :][:-1] == [q * k for k in range(ramp - 1, 1, -1)]  # shrinking
+    assert q <= sizes[-1] < q + align
+    middle = sizes[ramp : len(sizes) - ramp + 1]
+    assert not middle or max(middle) - min(middle) <= align
+
+
+def test_ramp_pieces_examples():
+    mib = 1 << 18  # float32 elements per MiB
+    sizes = [(s.stop - s.start) / mib for (s,) in stream.ramp_pieces(64 * mib, 4 * mib, 8, 16 * KIB)]
+    # The seed's 2^24 float32, 8 threads: 0.5 .. 4 MiB, eight 4 MiB pieces, 3.5 .. 0.5 MiB.
+    assert sizes == [0.5 * k for k in range(1, 9)] + [4.0] * 8 + [0.5 * k for k in range(7, 0, -1)]
+    assert stream.ramp_pieces(10, 4, 1) == stream.plan_pieces((10,), 4)
+    assert stream.ramp_pieces(10, 4, 4, 2) == stream.plan_pieces((10,), 4)  # steps under `align`
+    assert stream.ramp_pieces(0, 4, 4) == []
+    with pytest.raises(ValueError, match="at least 1"):
+        stream.ramp_pieces(10, 4, 0)
 
 
 @pytest.mark.parametrize("nbytes", [1, 4 * KIB, 64 << 20, 8 << 30])

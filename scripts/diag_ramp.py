@@ -1,0 +1,149 @@
+"""Ramped against uniform pieces in the pageable streaming path, on the GPU host (wall-time medians).
+
+1. ``stream.reduce`` of 2^24 float32 from pageable memory (the seed's case) for three piece
+   schedules: uniform (``RAMP=False``, 2 pieces per thread), ramped with 2 pieces per thread
+   and ramped with 1 (``stream.ramp_pieces``); back to back, between ``np.sum`` and
+   ``cupy.asarray(h).sum()`` (as ``bench_stream.py`` interleaves them) and after an idle pause
+   as long as those peers. Two rounds, so that drift shows.
+2. 1 GiB and 4 GiB from pageable memory, uniform against ramped.
+3. The 1 GiB NumPy-chunked Dask array (16 chunks, threaded scheduler) for
+   ``SERIAL_RAMP`` 1 (uniform whole-slot pieces), 2, 3 and 4.
+4. One call's timeline per schedule: for each piece, the thread, its size, and when its copy
+   started and ended and its upload was issued; and when the call returned.
+"""
+
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import cupy as cp  # noqa: E402
+
+from multireduce import stream  # noqa: E402
+
+n = 1 << 24
+host = (np.arange(n, dtype=np.int64) % 1024).astype(np.float32)
+exact = float(np.sum(host, dtype=np.float64))
+
+
+def med(fn, k=15, between=None):
+    fn()
+    ts = []
+    for _ in range(k):
+        if between is not None:
+            between()
+        t = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t)
+    return statistics.median(ts)
+
+
+def peers():
+    np.sum(host)
+    float(cp.asarray(host).sum())
+
+
+SCHEDULES = {"uniform ppt=2": (False, 2), "ramp ppt=2": (True, 2), "ramp ppt=1": (True, 1)}
+
+
+def use(name):
+    stream.RAMP, stream.PIECES_PER_THREAD = SCHEDULES[name]
+
+
+t_peers = med(peers, 5)
+print(f"peers take {t_peers * 1e3:.1f} ms")
+for rnd in range(2):
+    for name in SCHEDULES:
+        use(name)
+        one = lambda: float(stream.reduce(host, "sum"))  # noqa: E731
+        assert one() == exact
+        t = med(one)
+        ti = med(one, between=peers)
+        ts = med(one, 11, between=lambda: time.sleep(t_peers))
+        pieces = len(stream._pieces_of(host, stream.make_plan(host.nbytes, 4).piece_bytes, 8 if stream.RAMP else 1)[1])
+        print(
+            f"round {rnd} 2^24 {name:14s} ({pieces:2d} pieces): back to back {t * 1e3:6.3f} ms, "
+            f"between peers {ti * 1e3:6.3f} ms, after a sleep {ts * 1e3:6.3f} ms"
+        )
+
+for gib in (1, 4):
+    big = (np.arange(gib << 28, dtype=np.int64) % 1024).astype(np.float32)
+    big_exact = float(np.sum(big, dtype=np.float64))
+    for name in ("uniform ppt=2", "ramp ppt=2", "uniform ppt=2", "ramp ppt=2"):
+        use(name)
+        assert float(stream.reduce(big, "sum")) == big_exact
+        t = med(lambda: float(stream.reduce(big, "sum")), 5)  # noqa: B023
+        print(f"{gib} GiB pageable {name:14s}: {t * 1e3:8.2f} ms {big.nbytes / t / 1e9:6.1f} GB/s")
+    del big
+use("ramp ppt=2")
+
+try:
+    import dask
+    import dask.array as da
+except ImportError:
+    print("no dask: section 3 skipped")
+else:
+    m = 1 << 28
+    h = (np.arange(m, dtype=np.int64) % 1024).astype(np.float32)
+    h_exact = float(np.sum(h, dtype=np.float64))
+    x = da.from_array(h, chunks=m // 16)
+    with dask.config.set(scheduler="threads"):
+        for ramp in (1, 2, 3, 4, 1, 2, 3, 4):
+            stream.SERIAL_RAMP = ramp
+            assert float(stream.reduce(x, "sum")) == h_exact
+            t = med(lambda: float(stream.reduce(x, "sum")), 7)
+            print(f"dask 1 GiB 16 chunks SERIAL_RAMP={ramp}: {t * 1e3:8.2f} ms {h.nbytes / t / 1e9:6.1f} GB/s")
+    stream.SERIAL_RAMP = 1
+    del x, h
+
+
+def timeline(name, between=None):
+    use(name)
+    events = []
+    real_fill, real_upload = stream._Pipeline.fill, stream._CupyDevice.upload
+
+    def fill(slot, piece, offset=0):
+        t0 = time.perf_counter()
+        real_fill(slot, piece, offset)
+        events.append(("copy", threading.get_ident(), piece.nbytes, t0, time.perf_counter()))
+
+    def upload(self, slot, nbytes, offset=0):
+        t0 = time.perf_counter()
+        real_upload(self, slot, nbytes, offset)
+        events.append(("upload", threading.get_ident(), nbytes, t0, time.perf_counter()))
+
+    stream._Pipeline.fill, stream._CupyDevice.upload = staticmethod(fill), upload
+    try:
+        for _ in range(3):
+            if between is not None:
+                between()
+            events.clear()
+            start = time.perf_counter()
+            float(stream.reduce(host, "sum"))
+            end = time.perf_counter()
+    finally:
+        stream._Pipeline.fill, stream._CupyDevice.upload = staticmethod(real_fill), real_upload
+    label = "between peers" if between else "back to back"
+    threads = {tid: i for i, tid in enumerate(dict.fromkeys(e[1] for e in sorted(events, key=lambda e: e[3])))}
+    copies = sorted((e for e in events if e[0] == "copy"), key=lambda e: e[3])
+    uploads = [e for e in events if e[0] == "upload"]
+    print(f"timeline {name}, {label}: total {1e3 * (end - start):.3f} ms; per piece: thread, MiB, copy ms, upload ms")
+    for _, tid, nbytes, t0, t1 in copies:
+        up = min((u for u in uploads if u[1] == tid and u[3] >= t1), key=lambda u: u[3], default=None)
+        up_s = f"{1e3 * (up[3] - start):6.3f} -> {1e3 * (up[4] - start):6.3f}" if up else "-"
+        print(
+            f"  t{threads[tid]:<2d} {nbytes / (1 << 20):5.2f}  {1e3 * (t0 - start):6.3f} -> {1e3 * (t1 - start):6.3f}"
+            f"  ({nbytes / (t1 - t0) / 1e9:5.1f} GB/s)  {up_s}"
+        )
+    last = max(e[4] for e in events)
+    print(f"  the call returned {1e3 * (end - last):.3f} ms after the last upload was issued")
+
+
+for name in ("uniform ppt=2", "ramp ppt=2", "ramp ppt=1"):
+    timeline(name)
+    timeline(name, between=peers)
+stream.free_staging()
