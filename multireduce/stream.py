@@ -248,13 +248,13 @@ def ramp_pieces(n: int, max_elements: int, ramp: int, align: int = 1) -> list[tu
     """1-d slices that cut ``n`` elements into pieces growing, level, then shrinking.
 
     With ``q = max_elements // ramp`` (rounded down to a multiple of ``align``): the first
-    ``ramp`` pieces have ``q, 2q, ..., ramp*q`` elements, the middle ones ``max_elements``,
-    and the last ``ramp - 1`` pieces ``(ramp-1)q, ..., q`` (the very last takes what is left
-    over; the middle pieces are made equal, at most ``max_elements``). Taken in order by ``ramp`` copy threads, the first piece is done after a
-    ``ramp``-th of a full piece's copy, so the link starts early, and the threads finish
-    together instead of one full piece apart. If ``n`` is smaller than ``ramp * max_elements``
-    the steps shrink to fit; if a step would be below ``align``, the uniform
-    :func:`plan_pieces` cut is returned instead.
+    ``ramp`` pieces have ``q, 2q, ..., ramp*q`` elements, the middle ones at most
+    ``max_elements`` (made equal), and the last ``ramp - 1`` pieces ``(ramp-1)q, ..., q``
+    (the very last takes what is left over). Taken in order by ``ramp`` copy threads, the
+    first piece is done after a ``ramp``-th of a full piece's copy, so the link starts early,
+    and the threads finish together instead of one full piece apart. If ``n`` is smaller
+    than ``ramp * max_elements`` the steps shrink to fit; if a step would be below ``align``,
+    the uniform :func:`plan_pieces` cut is returned instead.
 
     Every boundary but the last is a multiple of ``align``, and every piece has at most
     ``max_elements`` elements.

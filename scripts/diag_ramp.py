@@ -70,15 +70,19 @@ for rnd in range(2):
             f"between peers {ti * 1e3:6.3f} ms, after a sleep {ts * 1e3:6.3f} ms"
         )
 
-for gib in (1, 4):
+
+def large(gib):
     big = (np.arange(gib << 28, dtype=np.int64) % 1024).astype(np.float32)
     big_exact = float(np.sum(big, dtype=np.float64))
     for name in ("uniform ppt=2", "ramp ppt=2", "uniform ppt=2", "ramp ppt=2"):
         use(name)
         assert float(stream.reduce(big, "sum")) == big_exact
-        t = med(lambda: float(stream.reduce(big, "sum")), 5)  # noqa: B023
+        t = med(lambda: float(stream.reduce(big, "sum")), 5)
         print(f"{gib} GiB pageable {name:14s}: {t * 1e3:8.2f} ms {big.nbytes / t / 1e9:6.1f} GB/s")
-    del big
+
+
+large(1)
+large(4)
 use("ramp ppt=2")
 
 try:
