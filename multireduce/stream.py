@@ -95,13 +95,16 @@ BYTES_PER_THREAD = 8 << 20
 #: thread, 2.92 with 4 and 4.04 with 8 (bench/results/h200_c8a4677/diag_stream.txt): every
 #: piece costs GIL hand-offs among the copy threads.
 PIECES_PER_THREAD = 2
-#: Cut dense inputs into pieces that grow over the first ``threads`` pieces and shrink over the
-#: last ones (:func:`ramp_pieces`), so that the link starts after a small first piece and the
-#: copy threads finish together. Uniform pieces otherwise (:func:`plan_pieces`).
-RAMP = True
-#: The same for a Dask task's chunk, streamed by one thread (:func:`_dask_chunk`): its pieces
-#: ramp over this many steps up and down (1: uniform pieces of ``SERIAL_PIECE_BYTES``).
-SERIAL_RAMP = 1
+#: Which dense inputs are cut into pieces that grow over the first ``threads`` pieces and
+#: shrink over the last ones (:func:`ramp_pieces`), so that the link starts after a small first
+#: piece and the copy threads finish together: ``"large"`` (inputs larger than the slots),
+#: ``"all"`` or ``"off"`` (uniform pieces, :func:`plan_pieces`). On the H200 host, 1 GiB of
+#: pageable float32 took 32.4 and 31.6 ms ramped against 33.4 and 33.1 ms in uniform
+#: slot-sized pieces (bench/results/h200_6befd12/diag_ramp.txt). Inputs that fit the slots
+#: keep uniform pieces: there the extra pieces' GIL hand-offs cost more than the ramp saves
+#: (2^24 float32 between other work: 4.3-4.4 ms ramped, 3.7 ms uniform). Ramping a Dask
+#: task's chunk (streamed by that task's thread alone) was slower too: 47-52 ms against 46.
+RAMP = "large"
 #: Allocate the pinned staging buffers write-combined (``cudaHostAllocWriteCombined``): CPU
 #: writes skip the caches (no read for ownership), and the CPU never reads them.
 WRITE_COMBINED = False
@@ -679,7 +682,9 @@ class _Pipeline:
                 finally:
                     self.release(slot)
         else:
-            src, pieces, _ = _pieces_of(a, plan.piece_bytes, plan.threads if RAMP else 1)
+            large = a.nbytes > plan.n_slots * plan.slot_bytes
+            ramp = plan.threads if RAMP == "all" or (RAMP == "large" and large) else 1
+            src, pieces, _ = _pieces_of(a, plan.piece_bytes, ramp)
             parts = self._run_threads(src, pieces, op, acc, plan)
         return self.device.finish(parts, op, result)
 
@@ -1086,7 +1091,7 @@ def _dask_chunk(block, axis, keepdims, *, ref, op: Op, acc: np.dtype, plan: Stre
     pipeline = _resolve(ref)
     # Pieces of at most SERIAL_PIECE_BYTES (smaller ones start this task's uploads earlier,
     # several to a slot, but cost GIL hand-offs among Dask's threads).
-    src, pieces, _ = _pieces_of(block, min(plan.piece_bytes, SERIAL_PIECE_BYTES), SERIAL_RAMP)
+    src, pieces, _ = _pieces_of(block, min(plan.piece_bytes, SERIAL_PIECE_BYTES))
     if not pieces:
         return pipeline.device.empty_partial(op, acc)
     return pipeline.device.ready(pipeline.run_serial(src, pieces, op, acc, plan))

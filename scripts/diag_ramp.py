@@ -1,15 +1,20 @@
 """Ramped against uniform pieces in the pageable streaming path, on the GPU host (wall-time medians).
 
+``stream.RAMP`` picks the inputs whose pieces ramp ("off", "large": larger than the slots,
+"all").
+
 1. ``stream.reduce`` of 2^24 float32 from pageable memory (the seed's case) for three piece
-   schedules: uniform (``RAMP=False``, 2 pieces per thread), ramped with 2 pieces per thread
-   and ramped with 1 (``stream.ramp_pieces``); back to back, between ``np.sum`` and
+   schedules: uniform (``RAMP="off"``, 2 pieces per thread), ramped with 2 pieces per thread
+   and ramped with 1 (``RAMP="all"``, ``stream.ramp_pieces``); back to back, between ``np.sum`` and
    ``cupy.asarray(h).sum()`` (as ``bench_stream.py`` interleaves them) and after an idle pause
    as long as those peers. Two rounds, so that drift shows.
 2. 1 GiB and 4 GiB from pageable memory, uniform against ramped.
-3. The 1 GiB NumPy-chunked Dask array (16 chunks, threaded scheduler) for
-   ``SERIAL_RAMP`` 1 (uniform whole-slot pieces), 2, 3 and 4.
-4. One call's timeline per schedule: for each piece, the thread, its size, and when its copy
+3. One call's timeline per schedule: for each piece, the thread, its size, and when its copy
    started and ended and its upload was issued; and when the call returned.
+
+At commit 6befd12 this script also streamed the 1 GiB NumPy-chunked Dask array with each
+task's chunk ramped over 2-4 steps, through an option since removed: 47-52 ms against 46 ms
+uniform (bench/results/h200_6befd12/diag_ramp.txt).
 """
 
 import statistics
@@ -47,7 +52,7 @@ def peers():
     float(cp.asarray(host).sum())
 
 
-SCHEDULES = {"uniform ppt=2": (False, 2), "ramp ppt=2": (True, 2), "ramp ppt=1": (True, 1)}
+SCHEDULES = {"uniform ppt=2": ("off", 2), "ramp ppt=2": ("all", 2), "ramp ppt=1": ("all", 1)}
 
 
 def use(name):
@@ -64,7 +69,8 @@ for rnd in range(2):
         t = med(one)
         ti = med(one, between=peers)
         ts = med(one, 11, between=lambda: time.sleep(t_peers))
-        pieces = len(stream._pieces_of(host, stream.make_plan(host.nbytes, 4).piece_bytes, 8 if stream.RAMP else 1)[1])
+        piece_bytes = stream.make_plan(host.nbytes, 4).piece_bytes
+        pieces = len(stream._pieces_of(host, piece_bytes, 8 if stream.RAMP == "all" else 1)[1])
         print(
             f"round {rnd} 2^24 {name:14s} ({pieces:2d} pieces): back to back {t * 1e3:6.3f} ms, "
             f"between peers {ti * 1e3:6.3f} ms, after a sleep {ts * 1e3:6.3f} ms"
@@ -84,25 +90,6 @@ def large(gib):
 large(1)
 large(4)
 use("ramp ppt=2")
-
-try:
-    import dask
-    import dask.array as da
-except ImportError:
-    print("no dask: section 3 skipped")
-else:
-    m = 1 << 28
-    h = (np.arange(m, dtype=np.int64) % 1024).astype(np.float32)
-    h_exact = float(np.sum(h, dtype=np.float64))
-    x = da.from_array(h, chunks=m // 16)
-    with dask.config.set(scheduler="threads"):
-        for ramp in (1, 2, 3, 4, 1, 2, 3, 4):
-            stream.SERIAL_RAMP = ramp
-            assert float(stream.reduce(x, "sum")) == h_exact
-            t = med(lambda: float(stream.reduce(x, "sum")), 7)
-            print(f"dask 1 GiB 16 chunks SERIAL_RAMP={ramp}: {t * 1e3:8.2f} ms {h.nbytes / t / 1e9:6.1f} GB/s")
-    stream.SERIAL_RAMP = 1
-    del x, h
 
 
 def timeline(name, between=None):

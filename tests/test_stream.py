@@ -367,6 +367,26 @@ def test_several_pieces_per_slot(threads):
     assert sum(kernels) == z.size
 
 
+@pytest.mark.parametrize("ramp", ["off", "large", "all"])
+@pytest.mark.parametrize("elements", [MIB // 4, 6 * MIB + 3])  # fits the slots; does not
+def test_ramped_pieces_through_the_pipeline(monkeypatch, ramp, elements):
+    # 1 MiB fits four 4 MiB slots' worth of budget (resident); 24 MiB does not (rolling).
+    monkeypatch.setattr(stream, "RAMP", ramp)
+    x = np.random.default_rng(15).integers(-(2**31), 2**31, elements, dtype=np.int64).astype(np.int32)
+    uploads = []
+    dev = stream.SimulatedDevice()
+    real = dev.upload
+    dev.upload = lambda slot, nbytes, offset=0: (uploads.append(nbytes), real(slot, nbytes, offset))[1]
+    got, _ = sim_reduce(x, "sum", device=dev, budget=16 * MIB, slot_bytes=4 * MIB, threads=4)
+    assert int(got) == exact_int_sum(x, np.int64)
+    plan = stream.make_plan(x.nbytes, 4, budget=16 * MIB, slot_bytes=4 * MIB, threads=4)
+    ramped = ramp == "all" or (ramp == "large" and x.nbytes > plan.n_slots * plan.slot_bytes)
+    expected = stream.ramp_pieces(x.size, plan.piece_bytes // 4, 4, stream._PIECE_ALIGN // 4) if ramped else None
+    expected = expected or stream.plan_pieces(x.shape, plan.piece_bytes // 4)
+    assert sorted(uploads) == sorted(4 * (s.stop - s.start) for (s,) in expected)
+    assert (len(set(uploads)) > 2) == ramped  # ramped pieces come in several sizes
+
+
 def test_several_pieces_per_slot_wait_for_the_slots_previous_uploads(monkeypatch):
     # Two slots for six segments, and slow uploads: a slot is refilled only after its last
     # upload. The same run without the wait must come out wrong (the stand-in can fail).
