@@ -11,6 +11,8 @@
 2. 1 GiB and 4 GiB from pageable memory, uniform against ramped.
 3. One call's timeline per schedule: for each piece, the thread, its size, and when its copy
    started and ended and its upload was issued; and when the call returned.
+4. The calling thread's end of a 2^24 call: when the copies were joined, each segment's kernel
+   launched, the slots returned, the partials combined and the result reached the host.
 
 At commit 6befd12 this script also streamed the 1 GiB NumPy-chunked Dask array with each
 task's chunk ramped over 2-4 steps, through an option since removed: 47-52 ms against 46 ms
@@ -137,4 +139,54 @@ def timeline(name, between=None):
 for name in ("uniform ppt=2", "ramp ppt=2", "ramp ppt=1"):
     timeline(name)
     timeline(name, between=peers)
+stream.free_staging()
+
+
+# -- 4. where the end of a 2^24 call goes -------------------------------------------------------
+def phases(between=None, calls=5):
+    """Wall-clock marks inside the calling thread's end of the call (the resident path)."""
+    use("uniform ppt=2")
+    marks = []
+    wrapped = {
+        (stream, "_join"): "copies joined",
+        (stream._CupyDevice, "reduce"): "kernel launched",
+        (stream, "_settle_all"): "slots returned",
+        (stream._partials, "finalize"): "partials combined",
+        (stream._CupyDevice, "to_host"): "result on the host",
+    }
+    real = {key: getattr(*key) for key in wrapped}
+
+    def timed(key, label):
+        fn = real[key]
+
+        def inner(*args, **kwargs):
+            out = fn(*args, **kwargs)
+            marks.append((label, time.perf_counter()))
+            return out
+
+        return inner
+
+    for key, label in wrapped.items():
+        setattr(*key, timed(key, label))
+    rows = []
+    try:
+        for _ in range(calls):
+            if between is not None:
+                between()
+            marks.clear()
+            start = time.perf_counter()
+            float(stream.reduce(host, "sum"))
+            end = time.perf_counter()
+            rows.append([(label, 1e3 * (t - start)) for label, t in marks] + [("returned", 1e3 * (end - start))])
+    finally:
+        for key, fn in real.items():
+            setattr(*key, fn)
+    label = "between peers" if between else "back to back"
+    print(f"phases of a 2^24 call, uniform pieces, {label} (ms from the call's start; {calls} calls):")
+    for row in rows:
+        print("  " + ", ".join(f"{name} {t:.3f}" for name, t in row))
+
+
+phases()
+phases(between=peers)
 stream.free_staging()
