@@ -3,18 +3,21 @@
 ``stream.RAMP`` picks the inputs whose pieces ramp ("off", "large": larger than the slots,
 "all").
 
-1. ``stream.reduce`` of 2^24 float32 from pageable memory (the seed's case) for three piece
-   schedules: uniform (``RAMP="off"``, 2 pieces per thread), ramped with 2 pieces per thread
-   and ramped with 1 (``RAMP="all"``, ``stream.ramp_pieces``); back to back, between ``np.sum`` and
-   ``cupy.asarray(h).sum()`` (as ``bench_stream.py`` interleaves them) and after an idle pause
-   as long as those peers. Two rounds, so that drift shows.
+1. ``stream.reduce`` of 2^24 float32 from pageable memory (the seed's case) for three
+   schedules: uniform pieces (``RAMP="off"``, 2 pieces per thread), the same with the calling
+   thread launching every kernel after the copies (``stream._KERNELS_AFTER_COPIES``, the
+   pipeline up to commit d9ea6a4), and ramped pieces (``RAMP="all"``, ``stream.ramp_pieces``);
+   back to back, between ``np.sum`` and ``cupy.asarray(h).sum()`` (as ``bench_stream.py``
+   interleaves them) and after an idle pause as long as those peers. Three rounds, so that drift shows.
 2. 1 GiB and 4 GiB from pageable memory, uniform against ramped.
-3. One call's timeline per schedule: for each piece, the thread, its size, and when its copy
+3. One call's timeline for the first two schedules: for each piece, the thread, its size, and when its copy
    started and ended and its upload was issued; and when the call returned.
-4. The calling thread's end of a 2^24 call: when the copies were joined, each segment's kernel
-   launched, the slots returned, the partials combined and the result reached the host.
+4. The calling thread's end of a 2^24 call, for the first two schedules: when the copies were
+   joined, each segment's kernel launched (in the copy threads for the first), the slots
+   returned, the partials combined and the result reached the host.
 
-At commit 6befd12 this script also streamed the 1 GiB NumPy-chunked Dask array with each
+At commit 6befd12 this script also measured ramped pieces with one piece per thread (no better)
+and streamed the 1 GiB NumPy-chunked Dask array with each
 task's chunk ramped over 2-4 steps, through an option since removed: 47-52 ms against 46 ms
 uniform (bench/results/h200_6befd12/diag_ramp.txt).
 """
@@ -54,16 +57,20 @@ def peers():
     float(cp.asarray(host).sum())
 
 
-SCHEDULES = {"uniform ppt=2": ("off", 2), "ramp ppt=2": ("all", 2), "ramp ppt=1": ("all", 1)}
+SCHEDULES = {
+    "uniform ppt=2": ("off", 2, False),
+    "kernels at end": ("off", 2, True),  # uniform, the calling thread launching every kernel
+    "ramp ppt=2": ("all", 2, False),
+}
 
 
 def use(name):
-    stream.RAMP, stream.PIECES_PER_THREAD = SCHEDULES[name]
+    stream.RAMP, stream.PIECES_PER_THREAD, stream._KERNELS_AFTER_COPIES = SCHEDULES[name]
 
 
 t_peers = med(peers, 5)
 print(f"peers take {t_peers * 1e3:.1f} ms")
-for rnd in range(2):
+for rnd in range(3):
     for name in SCHEDULES:
         use(name)
         one = lambda: float(stream.reduce(host, "sum"))  # noqa: E731
@@ -136,16 +143,16 @@ def timeline(name, between=None):
     print(f"  the call returned {1e3 * (end - last):.3f} ms after the last upload was issued")
 
 
-for name in ("uniform ppt=2", "ramp ppt=2", "ramp ppt=1"):
+for name in ("uniform ppt=2", "kernels at end"):
     timeline(name)
     timeline(name, between=peers)
 stream.free_staging()
 
 
 # -- 4. where the end of a 2^24 call goes -------------------------------------------------------
-def phases(between=None, calls=5):
+def phases(name, between=None, calls=5):
     """Wall-clock marks inside the calling thread's end of the call (the resident path)."""
-    use("uniform ppt=2")
+    use(name)
     marks = []
     wrapped = {
         (stream, "_join"): "copies joined",
@@ -182,11 +189,12 @@ def phases(between=None, calls=5):
         for key, fn in real.items():
             setattr(*key, fn)
     label = "between peers" if between else "back to back"
-    print(f"phases of a 2^24 call, uniform pieces, {label} (ms from the call's start; {calls} calls):")
+    print(f"phases of a 2^24 call, {name}, {label} (ms from the call's start; {calls} calls):")
     for row in rows:
         print("  " + ", ".join(f"{name} {t:.3f}" for name, t in row))
 
 
-phases()
-phases(between=peers)
+for name in ("uniform ppt=2", "kernels at end"):
+    phases(name)
+    phases(name, between=peers)
 stream.free_staging()

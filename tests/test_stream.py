@@ -486,6 +486,36 @@ def test_a_failing_upload_on_the_resident_path(monkeypatch, when):
     assert used == {"resident": 2, "rolling": 0}
 
 
+@pytest.mark.parametrize("when", [1, 2])
+def test_a_failing_kernel_launch_on_the_resident_path(monkeypatch, when):
+    # The thread that issues a segment's last upload launches its kernel: a failure there
+    # stops the call, returns every slot (the launched segments' after their kernel), and
+    # the pipeline still works afterwards.
+    used = resident_path_used(monkeypatch)
+    dev = stream.SimulatedDevice(upload_delay=0.001)
+    monkeypatch.setattr(dev, "reduce", fail_on_call(dev.reduce, when, RuntimeError("simulated launch failure")))
+    x = np.arange(5 * KIB, dtype=np.int32)  # five 4 KiB segments: five kernels
+    with pytest.raises(RuntimeError, match="simulated launch failure"):
+        sim_reduce(x, "sum", device=dev)
+    assert dev._pipelines[4 * KIB].in_use == 0
+    got, _ = sim_reduce(x, "sum", device=dev)
+    assert int(got) == exact_int_sum(x, np.int64)
+    assert used == {"resident": 2, "rolling": 0}
+
+
+def test_each_segments_kernel_follows_its_last_upload_on_the_resident_path(monkeypatch):
+    # Every kernel is launched after all of its segment's uploads were issued (the stand-in's
+    # streams run them in issue order, so a kernel issued early would reduce missing bytes).
+    used = resident_path_used(monkeypatch)
+    dev = stream.SimulatedDevice(upload_delay=0.002)
+    # 8 MiB + 12 bytes: three segments of 4 MiB slots, cut into pieces of about 1 MiB.
+    x = np.random.default_rng(16).integers(-(2**31), 2**31, 2 * MIB + 3, dtype=np.int64).astype(np.int32)
+    for threads in (2, 4):
+        got, _ = sim_reduce(x, "sum", device=dev, threads=threads, budget=16 * MIB, slot_bytes=4 * MIB)
+        assert int(got) == exact_int_sum(x, np.int64)
+    assert used == {"resident": 2, "rolling": 0} and dev.uploads > 3 * 2
+
+
 def test_the_calling_thread_copies_on_the_resident_path(monkeypatch):
     import threading
 
