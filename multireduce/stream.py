@@ -18,17 +18,16 @@ its event (the previous copy out of the pinned buffer has finished), and then:
    number of threads);
 2. the same thread issues the piece's asynchronous copy to the same offset of the slot's
    device buffer, on the slot's stream (CuPy's ``memcpyAsync`` drops the GIL too);
-3. once every piece of the segment is issued, one thread launches
+3. once every piece of the segment is issued, the calling thread launches
    :func:`multireduce.core.partial` on the segment's device bytes, on the slot's stream (so
-   after every copy into it), and the slot's event is recorded after it; then the slot is
-   returned.
+   after every copy into it), records the slot's event and returns the slot.
 
 Inputs whose segments all fit the plan's slots take them together, up front
 (:meth:`_Pipeline.acquire_all`); the calling thread copies pieces too (idle pool threads may
-take up to a millisecond to wake), and the thread that issues a segment's last copy launches
-its kernel. Larger inputs take a slot when the copy threads reach a segment, and the thread
-that issues a segment's last copy hands it to the calling thread for its kernel. Copies into
-pinned memory, copies over the link and kernels of different pieces and segments overlap. Source arrays that are already
+take up to a millisecond to wake) and launches the kernels at the end. Larger inputs take a
+slot when the copy threads reach a segment, and the thread that issues a segment's last copy
+hands it to the calling thread for its kernel. Copies into pinned memory, copies over the
+link and kernels of different pieces and segments overlap. Source arrays that are already
 pinned skip the host copy: they go straight over the link, a slot at a time.
 
 Each segment's partial (accumulator dtype, on the device) carries an event; at the end the
@@ -114,10 +113,6 @@ WRITE_COMBINED = False
 #: slots (16 Dask threads contending for the GIL per piece).
 SERIAL_PIECE_BYTES = DEFAULT_SLOT_BYTES
 _PIECE_ALIGN = 64 << 10
-# The calling thread launches every segment's kernel after all copies (the pipeline up to
-# commit d9ea6a4), instead of the thread that issues a segment's last copy: for A/B runs
-# (scripts/diag_ramp.py).
-_KERNELS_AFTER_COPIES = False
 # cudaMemoryTypeHost in CUDA's cudaMemoryType enum: page-locked host memory.
 _CUDA_MEMORY_TYPE_HOST = 1
 
@@ -731,30 +726,27 @@ class _Pipeline:
         return self._run_rolling(*args)
 
     def _run_resident(self, views, seg_of, offset_of, seg_bytes, dtype, op, acc, plan) -> list[_partials.Partial]:
-        """Every segment in its own slot, taken up front; each segment's kernel once it is uploaded.
+        """Every segment in its own slot, taken up front; kernels once every piece is uploaded.
 
         The copy threads, the calling thread among them, take pieces in order from a shared
         counter; each copies its piece into the segment's pinned buffer and issues the piece's
-        upload (:meth:`put`: ``np.copyto`` and one ``memcpyAsync``, both without the GIL). The
-        thread that issues a segment's last upload launches the segment's kernel, on the
-        segment's stream, so after every upload into it in stream order. Nothing else passes
-        between threads per piece.
+        upload (:meth:`put`: ``np.copyto`` and one ``memcpyAsync``, both without the GIL).
+        Nothing passes between threads per piece. The calling thread then waits for the
+        others and launches one kernel per segment, on the segment's stream after its uploads.
         (With the calling thread issuing every upload, 2^24 float32 took 2.85 ms back to back
         and 4.4 ms between other work on the H200 host, bench/results/h200_c70c854; with
-        per-piece hand-offs to it, 3.9-4.3 ms. With the calling thread launching every kernel
-        after the copies, the launches took 0.2-0.3 ms after the last copy on a slow host,
-        bench/results/h200_bf210cb/diag_ramp.txt, section 4.)
+        per-piece hand-offs to it, 3.9-4.3 ms. With the copy thread that issues a segment's
+        last upload launching its kernel, 4.45-4.62 ms between other work against 4.16-4.27
+        for this order in the same run, bench/results/h200_f1b4112/diag_ramp.txt: the launch
+        holds up that thread's next copy and competes for the GIL.)
         """
         slots = self.acquire_all(len(seg_bytes), plan.n_slots)
-        parts: list[_partials.Partial | None] = [None] * len(seg_bytes)
+        parts: list[_partials.Partial] = []
         try:
             for slot in slots:
                 self.device.host_ready(slot)
             counter = itertools.count()  # next() on it is atomic under the GIL
             stop = threading.Event()
-            left = collections.Counter(seg_of)  # pieces of each segment not uploaded yet
-            lock = threading.Lock()
-            at_end = _KERNELS_AFTER_COPIES
 
             def copy() -> None:
                 with self.device.bind():
@@ -762,23 +754,17 @@ class _Pipeline:
                         i = next(counter)
                         if i >= len(views):
                             return
-                        k = seg_of[i]
-                        self.put(slots[k], views[i], offset_of[i])
-                        with lock:
-                            left[k] -= 1
-                            last = not left[k]
-                        if last and not at_end:
-                            parts[k] = self.device.reduce(slots[k], dtype, seg_bytes[k] // dtype.itemsize, op, acc)
+                        self.put(slots[seg_of[i]], views[i], offset_of[i])
 
             # The calling thread copies too: it is running already, while a pool thread that
             # has been idle can take a millisecond to wake (h200_7ad4740/diag_stream.txt: the
             # same call took 2.75 ms back to back and 3.72 ms after a 16 ms pause).
             workers = min(plan.threads, len(views))
             _join(_executor(workers), [copy] * (workers - 1), stop, inline=copy)
-            for k in range(len(slots)) if at_end else ():
-                parts[k] = self.device.reduce(slots[k], dtype, seg_bytes[k] // dtype.itemsize, op, acc)
+            for k, slot in enumerate(slots):
+                parts.append(self.device.reduce(slot, dtype, seg_bytes[k] // dtype.itemsize, op, acc))
         finally:
-            _settle_all(self, [(slot, parts[k] is not None) for k, slot in enumerate(slots)])
+            _settle_all(self, [(slot, k < len(parts)) for k, slot in enumerate(slots)])
         return parts
 
     def _run_rolling(self, views, seg_of, offset_of, seg_bytes, dtype, op, acc, plan) -> list[_partials.Partial]:

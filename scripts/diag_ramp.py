@@ -3,23 +3,22 @@
 ``stream.RAMP`` picks the inputs whose pieces ramp ("off", "large": larger than the slots,
 "all").
 
-1. ``stream.reduce`` of 2^24 float32 from pageable memory (the seed's case) for three
-   schedules: uniform pieces (``RAMP="off"``, 2 pieces per thread), the same with the calling
-   thread launching every kernel after the copies (``stream._KERNELS_AFTER_COPIES``, the
-   pipeline up to commit d9ea6a4), and ramped pieces (``RAMP="all"``, ``stream.ramp_pieces``);
-   back to back, between ``np.sum`` and ``cupy.asarray(h).sum()`` (as ``bench_stream.py``
-   interleaves them) and after an idle pause as long as those peers. Three rounds, so that drift shows.
+1. ``stream.reduce`` of 2^24 float32 from pageable memory (the seed's case) for two piece
+   schedules: uniform (``RAMP="off"``, 2 pieces per thread) and ramped (``RAMP="all"``,
+   ``stream.ramp_pieces``); back to back, between ``np.sum`` and ``cupy.asarray(h).sum()``
+   (as ``bench_stream.py`` interleaves them) and after an idle pause as long as those peers.
+   Three rounds, so that drift shows.
 2. 1 GiB and 4 GiB from pageable memory, uniform against ramped.
-3. One call's timeline for the first two schedules: for each piece, the thread, its size, and when its copy
-   started and ended and its upload was issued; and when the call returned.
-4. The calling thread's end of a 2^24 call, for the first two schedules: when the copies were
-   joined, each segment's kernel launched (in the copy threads for the first), the slots
-   returned, the partials combined and the result reached the host.
+3. One call's timeline with uniform pieces: for each piece, the thread, its size, and when
+   its copy started and ended and its upload was issued; and when the call returned.
+4. The calling thread's end of a 2^24 call: when the copies were joined, each segment's
+   kernel launched, the slots returned, the partials combined and the result reached the host.
 
-At commit 6befd12 this script also measured ramped pieces with one piece per thread (no better)
-and streamed the 1 GiB NumPy-chunked Dask array with each
-task's chunk ramped over 2-4 steps, through an option since removed: 47-52 ms against 46 ms
-uniform (bench/results/h200_6befd12/diag_ramp.txt).
+Earlier versions of this script measured options since removed (their output is committed):
+ramped pieces with one piece per thread (no better) and each Dask task's chunk ramped over
+2-4 steps (47-52 ms against 46 ms uniform) at commit 6befd12; each segment's kernel launched
+by the copy thread that issued its last upload (4.45-4.62 ms between peers against 4.16-4.27)
+at commit f1b4112.
 """
 
 import statistics
@@ -57,15 +56,11 @@ def peers():
     float(cp.asarray(host).sum())
 
 
-SCHEDULES = {
-    "uniform ppt=2": ("off", 2, False),
-    "kernels at end": ("off", 2, True),  # uniform, the calling thread launching every kernel
-    "ramp ppt=2": ("all", 2, False),
-}
+SCHEDULES = {"uniform ppt=2": ("off", 2), "ramp ppt=2": ("all", 2)}
 
 
 def use(name):
-    stream.RAMP, stream.PIECES_PER_THREAD, stream._KERNELS_AFTER_COPIES = SCHEDULES[name]
+    stream.RAMP, stream.PIECES_PER_THREAD = SCHEDULES[name]
 
 
 t_peers = med(peers, 5)
@@ -143,9 +138,8 @@ def timeline(name, between=None):
     print(f"  the call returned {1e3 * (end - last):.3f} ms after the last upload was issued")
 
 
-for name in ("uniform ppt=2", "kernels at end"):
-    timeline(name)
-    timeline(name, between=peers)
+timeline("uniform ppt=2")
+timeline("uniform ppt=2", between=peers)
 stream.free_staging()
 
 
@@ -194,7 +188,6 @@ def phases(name, between=None, calls=5):
         print("  " + ", ".join(f"{name} {t:.3f}" for name, t in row))
 
 
-for name in ("uniform ppt=2", "kernels at end"):
-    phases(name)
-    phases(name, between=peers)
+phases("uniform ppt=2")
+phases("uniform ppt=2", between=peers)
 stream.free_staging()

@@ -488,9 +488,9 @@ def test_a_failing_upload_on_the_resident_path(monkeypatch, when):
 
 @pytest.mark.parametrize("when", [1, 2])
 def test_a_failing_kernel_launch_on_the_resident_path(monkeypatch, when):
-    # The thread that issues a segment's last upload launches its kernel: a failure there
-    # stops the call, returns every slot (the launched segments' after their kernel), and
-    # the pipeline still works afterwards.
+    # The calling thread launches the segments' kernels after the copies: a failure there
+    # returns every slot (the launched segments' after their kernel), and the pipeline still
+    # works afterwards.
     used = resident_path_used(monkeypatch)
     dev = stream.SimulatedDevice(upload_delay=0.001)
     monkeypatch.setattr(dev, "reduce", fail_on_call(dev.reduce, when, RuntimeError("simulated launch failure")))
@@ -505,7 +505,8 @@ def test_a_failing_kernel_launch_on_the_resident_path(monkeypatch, when):
 
 def test_each_segments_kernel_follows_its_last_upload_on_the_resident_path(monkeypatch):
     # Every kernel is launched after all of its segment's uploads were issued (the stand-in's
-    # streams run them in issue order, so a kernel issued early would reduce missing bytes).
+    # streams run them in issue order, so a kernel issued early would reduce missing bytes;
+    # a kernel launched at a segment's first piece fails this test).
     used = resident_path_used(monkeypatch)
     dev = stream.SimulatedDevice(upload_delay=0.002)
     # 8 MiB + 12 bytes: three segments of 4 MiB slots, cut into pieces of about 1 MiB.
