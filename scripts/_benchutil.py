@@ -1,4 +1,4 @@
-"""Helpers shared by the wall-clock benchmarks (bench_dask.py, bench_stream.py)."""
+"""Helpers shared by the wall-clock benchmarks (bench_dask.py, bench_stream.py) and diagnostics."""
 
 from __future__ import annotations
 
@@ -38,3 +38,20 @@ def interleaved(cases: dict, warmup: int, repeat: int, sync) -> dict[str, list[f
             sync()
             samples[name].append(time.perf_counter() - t)
     return samples
+
+
+def median_time(fn, k: int = 15, between=None) -> float:
+    """Median wall time of ``fn()`` in seconds over ``k`` calls after one warm-up call.
+
+    ``between()``, if given, runs before each timed call, untimed (other work in between, as
+    the interleaved benchmarks have).
+    """
+    fn()
+    ts = []
+    for _ in range(k):
+        if between is not None:
+            between()
+        t = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t)
+    return statistics.median(ts)

@@ -21,7 +21,6 @@ by the copy thread that issued its last upload (4.45-4.62 ms between peers again
 at commit f1b4112.
 """
 
-import statistics
 import sys
 import threading
 import time
@@ -31,24 +30,13 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import cupy as cp  # noqa: E402
+from _benchutil import median_time as med  # noqa: E402
 
 from multireduce import stream  # noqa: E402
 
 n = 1 << 24
 host = (np.arange(n, dtype=np.int64) % 1024).astype(np.float32)
 exact = float(np.sum(host, dtype=np.float64))
-
-
-def med(fn, k=15, between=None):
-    fn()
-    ts = []
-    for _ in range(k):
-        if between is not None:
-            between()
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return statistics.median(ts)
 
 
 def peers():

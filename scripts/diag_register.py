@@ -22,6 +22,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import cupy as cp  # noqa: E402
+from _benchutil import median_time  # noqa: E402
 
 import multireduce as mr  # noqa: E402
 
@@ -39,18 +40,6 @@ try:
 except OSError:
     thp = "unknown"
 print("transparent hugepages:", thp)
-
-
-def med(fn, k=9, between=None):
-    fn()
-    ts = []
-    for _ in range(k):
-        if between is not None:
-            between()
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return statistics.median(ts)
 
 
 flag_sets = [0, READ_ONLY] if ro_ok else [0]
@@ -93,7 +82,7 @@ def h2d():
     s.synchronize()
 
 
-t = med(h2d)
+t = median_time(h2d, 9)
 print(f"H2D from registered 64 MiB: {t * 1e3:.3f} ms {host.nbytes / t / 1e9:.1f} GB/s")
 rt.hostUnregister(host.ctypes.data)
 
@@ -133,8 +122,8 @@ def peers():
 
 assert whole() == exact and chunked() == exact
 for label, fn in (("whole", whole), ("8 chunks", chunked), ("16 chunks", lambda: chunked(16))):
-    t = med(fn)
-    ti = med(fn, between=peers)
+    t = median_time(fn, 9)
+    ti = median_time(fn, 9, between=peers)
     print(f"seed case registered in place, {label:9s}: back to back {t * 1e3:.3f} ms, between peers {ti * 1e3:.3f} ms")
 
 for threads in (1, 2, 4, 8):
@@ -146,6 +135,6 @@ for threads in (1, 2, 4, 8):
         list(pool.map(lambda p: rt.hostRegister(p, step, 0), ptrs))
         list(pool.map(rt.hostUnregister, ptrs))
 
-    t = med(reg_all)
+    t = median_time(reg_all, 9)
     print(f"register + unregister 64 MiB from {threads} threads: {t * 1e3:.3f} ms")
     pool.shutdown()

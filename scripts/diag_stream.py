@@ -18,7 +18,6 @@
 
 import os
 import queue
-import statistics
 import sys
 import threading
 import time
@@ -29,6 +28,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import cupy as cp  # noqa: E402
+from _benchutil import median_time as med  # noqa: E402
 
 import multireduce as mr  # noqa: E402
 from multireduce import stream  # noqa: E402
@@ -41,18 +41,6 @@ host = (np.arange(n, dtype=np.int64) % 1024).astype(np.float32)
 exact = float(np.sum(host, dtype=np.float64))
 mem = cp.cuda.alloc_pinned_memory(host.nbytes)
 pinned = np.frombuffer(mem, dtype=np.float32, count=n)
-
-
-def med(fn, k=15, between=None):
-    fn()
-    ts = []
-    for _ in range(k):
-        if between is not None:
-            between()
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return statistics.median(ts)
 
 
 def peers():
