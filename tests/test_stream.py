@@ -472,30 +472,19 @@ def test_small_inputs_take_every_slot_up_front(monkeypatch):
     assert used["rolling"] == 1
 
 
-@pytest.mark.parametrize("when", [1, 3, 5])
-def test_a_failing_upload_on_the_resident_path(monkeypatch, when):
+@pytest.mark.parametrize(
+    ("method", "when"),
+    [("upload", 1), ("upload", 3), ("upload", 5), ("reduce", 1), ("reduce", 2)],
+)
+def test_a_failure_on_the_resident_path_returns_every_slot(monkeypatch, method, when):
+    # A failing upload (in a copy thread) or kernel launch (the calling thread launches the
+    # segments' kernels after the copies) stops the call and returns every slot, the
+    # launched segments' after their kernel; the pipeline still works afterwards.
     used = resident_path_used(monkeypatch)
     dev = stream.SimulatedDevice(upload_delay=0.001)
-    monkeypatch.setattr(dev, "upload", fail_on_call(dev.upload, when, RuntimeError("simulated copy failure")))
-    x = np.arange(5 * KIB, dtype=np.int32)
-    with pytest.raises(RuntimeError, match="simulated copy failure"):
-        sim_reduce(x, "sum", device=dev)
-    assert dev._pipelines[4 * KIB].in_use == 0
-    got, _ = sim_reduce(x, "sum", device=dev)
-    assert int(got) == exact_int_sum(x, np.int64)
-    assert used == {"resident": 2, "rolling": 0}
-
-
-@pytest.mark.parametrize("when", [1, 2])
-def test_a_failing_kernel_launch_on_the_resident_path(monkeypatch, when):
-    # The calling thread launches the segments' kernels after the copies: a failure there
-    # returns every slot (the launched segments' after their kernel), and the pipeline still
-    # works afterwards.
-    used = resident_path_used(monkeypatch)
-    dev = stream.SimulatedDevice(upload_delay=0.001)
-    monkeypatch.setattr(dev, "reduce", fail_on_call(dev.reduce, when, RuntimeError("simulated launch failure")))
-    x = np.arange(5 * KIB, dtype=np.int32)  # five 4 KiB segments: five kernels
-    with pytest.raises(RuntimeError, match="simulated launch failure"):
+    monkeypatch.setattr(dev, method, fail_on_call(getattr(dev, method), when, RuntimeError("simulated failure")))
+    x = np.arange(5 * KIB, dtype=np.int32)  # five 4 KiB segments: five uploads and kernels
+    with pytest.raises(RuntimeError, match="simulated failure"):
         sim_reduce(x, "sum", device=dev)
     assert dev._pipelines[4 * KIB].in_use == 0
     got, _ = sim_reduce(x, "sum", device=dev)
