@@ -22,6 +22,12 @@ its event (the previous copy out of the pinned buffer has finished), and then:
    :func:`multireduce.core.partial` on the segment's device bytes, on the slot's stream (so
    after every copy into it), records the slot's event and returns the slot.
 
+With the *native copy engine* (:data:`COPY_ENGINE`, :mod:`multireduce._hostcopy`), steps 1
+and 2 run in C instead: the calling thread hands every piece of a group of segments to a pool
+of C threads in one call that releases the GIL, and launches the segments' kernels when it
+returns. Python's copy threads remain for the ``"python"`` engine and for sources whose pieces
+are not contiguous.
+
 Inputs whose segments all fit the plan's slots take them together, up front
 (:meth:`_Pipeline.acquire_all`); the calling thread copies pieces too (idle pool threads may
 take up to a millisecond to wake) and launches the kernels at the end. Larger inputs take a
@@ -55,6 +61,7 @@ import os
 import queue
 import sys
 import threading
+import warnings
 from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -62,7 +69,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _partials, core
+from . import _hostcopy, _partials, core
 from .ops import Op, get_op
 
 __all__ = [
@@ -71,6 +78,7 @@ __all__ = [
     "DEFAULT_SLOT_BYTES",
     "SimulatedDevice",
     "StreamPlan",
+    "copy_engine",
     "free_staging",
     "make_plan",
     "plan_pieces",
@@ -113,6 +121,20 @@ WRITE_COMBINED = False
 #: slots (16 Dask threads contending for the GIL per piece).
 SERIAL_PIECE_BYTES = DEFAULT_SLOT_BYTES
 _PIECE_ALIGN = 64 << 10
+#: Who copies pageable memory into the pinned buffers and queues the uploads: ``"native"``
+#: (the C engine of :mod:`multireduce._hostcopy`, built with the system C compiler on first
+#: use; an error if it cannot be built), ``"python"`` (Python threads around ``np.copyto``
+#: and ``memcpyAsync``), or ``"auto"``: native if it can be built, else Python, with a
+#: :class:`RuntimeWarning` that says why (once per process). :func:`copy_engine` reports the
+#: choice. Sources whose pieces are not contiguous (strided views with no dense 1-d view)
+#: always use the Python threads.
+COPY_ENGINE = "auto"
+_COPY_ENGINES = ("auto", "native", "python")
+#: Bytes per piece for the native engine: its per-piece cost is one driver call, so pieces
+#: are small, the link starts early and the threads end together.
+NATIVE_PIECE_BYTES = 1 << 20
+#: Whether the native engine copies with non-temporal (streaming) stores.
+NATIVE_STREAMING_STORES = False
 # cudaMemoryTypeHost in CUDA's cudaMemoryType enum: page-locked host memory.
 _CUDA_MEMORY_TYPE_HOST = 1
 
@@ -324,6 +346,112 @@ def _pieces_of(a: np.ndarray, piece_bytes: int, ramp: int = 1) -> tuple[np.ndarr
 # --------------------------------------------------------------------------------------------
 
 
+_engine_warned = False
+
+
+def _native_enabled() -> bool:
+    """Whether :data:`COPY_ENGINE` selects the native engine here (building it if needed).
+
+    Raises
+    ------
+    ValueError
+        For a :data:`COPY_ENGINE` that is not one of "auto", "native", "python".
+    multireduce._hostcopy.NativeUnavailable
+        If it is "native" and the engine cannot be built or loaded.
+    """
+    global _engine_warned
+    if COPY_ENGINE not in _COPY_ENGINES:
+        accepted = ", ".join(map(repr, _COPY_ENGINES))
+        raise ValueError(f"multireduce.stream.COPY_ENGINE must be one of {accepted}, not {COPY_ENGINE!r}")
+    if COPY_ENGINE == "python":
+        return False
+    try:
+        _hostcopy.load()
+    except _hostcopy.NativeUnavailable as exc:
+        if COPY_ENGINE == "native":
+            raise
+        if not _engine_warned:
+            _engine_warned = True
+            warnings.warn(
+                f"multireduce.stream copies with Python threads (slower from pageable memory): {exc}",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+        return False
+    return True
+
+
+def copy_engine() -> dict:
+    """Which copy engine :func:`reduce` uses for pageable memory, and why.
+
+    Returns
+    -------
+    dict
+        ``setting`` (:data:`COPY_ENGINE`), ``engine`` ("native" or "python"), and ``library``
+        (the compiled engine's path) or ``reason`` (why the Python threads are used).
+    """
+    info = {"setting": COPY_ENGINE}
+    if COPY_ENGINE == "python":
+        return {**info, "engine": "python", "reason": "COPY_ENGINE is 'python'"}
+    try:
+        _hostcopy.load()
+    except _hostcopy.NativeUnavailable as exc:
+        if COPY_ENGINE == "native":
+            raise
+        return {**info, "engine": "python", "reason": str(exc)}
+    return {**info, "engine": "native", "library": str(_hostcopy.library_path())}
+
+
+class _Driver:
+    """The CUDA driver functions the native engine calls, and the primary context of each device."""
+
+    def __init__(self):
+        import ctypes
+
+        try:
+            lib = ctypes.CDLL("libcuda.so.1")
+        except OSError as exc:
+            raise RuntimeError(f"the native copy engine needs the CUDA driver library libcuda.so.1: {exc}") from exc
+        self.lib = lib
+        self.upload = _hostcopy.address(lib, "cuMemcpyHtoDAsync_v2")
+        self.setctx = _hostcopy.address(lib, "cuCtxSetCurrent")
+        self._contexts: dict[int, int] = {}
+        self._lock = threading.Lock()
+
+    def check(self, rc: int, what: str) -> None:
+        if rc != 0:
+            raise RuntimeError(f"{what} failed: {self.describe(rc)}")
+
+    def describe(self, rc: int) -> str:
+        import ctypes
+
+        name = ctypes.c_char_p()
+        if self.lib.cuGetErrorName(rc, ctypes.byref(name)) != 0 or not name.value:
+            return f"CUDA error {rc}"
+        return f"{name.value.decode()} ({rc})"
+
+    def context(self, device: int) -> int:
+        """The primary context of ``device`` (the one CuPy's runtime calls use)."""
+        import ctypes
+
+        with self._lock:
+            found = self._contexts.get(device)
+            if found is None:
+                self.check(self.lib.cuInit(0), "cuInit")
+                dev = ctypes.c_int()
+                self.check(self.lib.cuDeviceGet(ctypes.byref(dev), device), f"cuDeviceGet({device})")
+                ctx = ctypes.c_void_p()
+                # Retained for the life of the process, as CuPy's runtime keeps it too.
+                self.check(self.lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
+                found = self._contexts[device] = ctx.value
+            return found
+
+
+@functools.cache
+def _driver() -> _Driver:
+    return _Driver()
+
+
 class _Slot:
     """One staging unit. ``copied`` guards ``host``: set after the last copy out of it."""
 
@@ -386,6 +514,25 @@ class _CupyDevice:
             slot.device_ptr + offset, slot.host_ptr + offset, nbytes, runtime.memcpyHostToDevice, slot.stream_ptr
         )
 
+    @property
+    def native(self) -> bool:
+        """Whether the native copy engine stages pageable memory (:data:`COPY_ENGINE`)."""
+        return _native_enabled()
+
+    def stage_native(self, table: np.ndarray, threads: int) -> None:
+        """Copy and upload the pieces of ``table`` (``_hostcopy.PIECE_DTYPE``) with the native engine."""
+        driver = _driver()
+        flags = _hostcopy.STREAMING_STORES if NATIVE_STREAMING_STORES else 0
+        _hostcopy.stage(
+            table,
+            threads,
+            driver.upload,
+            setctx=driver.setctx,
+            ctx=driver.context(self.device),
+            flags=flags,
+            describe=driver.describe,
+        )
+
     def fence(self, slot: _Slot) -> None:
         with self.cupy.cuda.Device(self.device):
             slot.copied.record(slot.stream)
@@ -445,11 +592,20 @@ class SimulatedDevice:
     Parameters
     ----------
     upload_delay : float, optional
-        Seconds each upload sleeps before copying, to widen races.
+        Seconds each upload sleeps before copying, to widen races (Python engine).
+    engine : {"python", "native"}, optional
+        Who copies into the staging buffers and uploads: Python threads through :meth:`upload`,
+        or the native engine of :mod:`multireduce._hostcopy` with its host-to-host stand-in for
+        the upload (synchronous; the "device" buffer is host memory). Independent of
+        :data:`COPY_ENGINE`.
     """
 
-    def __init__(self, upload_delay: float = 0.0):
+    def __init__(self, upload_delay: float = 0.0, engine: str = "python"):
+        if engine not in ("python", "native"):
+            raise ValueError(f"engine must be 'python' or 'native', not {engine!r}")
         self.upload_delay = float(upload_delay)
+        self.native = engine == "native"
+        self.native_calls = 0
         self.name = "simulated"
         self._lock = threading.Lock()
         self.slots_allocated = 0
@@ -483,7 +639,18 @@ class SimulatedDevice:
             self.device_bytes += nbytes
             self.peak_device_bytes = max(self.peak_device_bytes, self.device_bytes)
         stream = ThreadPoolExecutor(max_workers=1, thread_name_prefix="simulated-stream")
-        return _Slot(np.empty(nbytes, np.uint8), np.empty(nbytes, np.uint8), stream, copied=None)
+        slot = _Slot(np.empty(nbytes, np.uint8), np.empty(nbytes, np.uint8), stream, copied=None)
+        slot.device_ptr = slot.device_buffer.ctypes.data  # the native stand-in copies to it
+        return slot
+
+    def stage_native(self, table: np.ndarray, threads: int) -> None:
+        """Copy and "upload" the pieces of ``table`` with the native engine and its stand-in."""
+        lib = _hostcopy.load()
+        with self._lock:
+            self.native_calls += 1
+            self.uploads += table.size
+            self.host_copies += table.size
+        _hostcopy.stage(table, threads, _hostcopy.address(lib, "mr_test_upload"))
 
     def free_slot(self, slot: _Slot) -> None:
         """Free a slot after its pending work."""
@@ -681,12 +848,64 @@ class _Pipeline:
                     parts.append(self.direct(slot, flat[index], op, acc))
                 finally:
                     self.release(slot)
+        elif flat is not None and self.device.native:
+            parts = self.run_native(flat, op, acc, plan, plan.threads)
         else:
             large = a.nbytes > plan.n_slots * plan.slot_bytes
             ramp = plan.threads if RAMP == "all" or (RAMP == "large" and large) else 1
             src, pieces, _ = _pieces_of(a, plan.piece_bytes, ramp)
             parts = self._run_threads(src, pieces, op, acc, plan)
         return self.device.finish(parts, op, result)
+
+    def run_native(
+        self, flat: np.ndarray, op: Op, acc: np.dtype, plan: StreamPlan, threads: int, group: int | None = None
+    ) -> list[_partials.Partial]:
+        """Stream the dense 1-d ``flat`` with the native engine; return the segments' partials.
+
+        ``flat`` is cut into pieces of :data:`NATIVE_PIECE_BYTES` (at most a slot), and the
+        pieces into slot-sized segments. Segments go in groups of ``group`` (default: all of
+        them if the plan's slots hold them, else half the slots, so that the next group finds
+        free slots while this one's uploads and kernels finish): the group's slots are taken
+        together, the engine copies and uploads every piece of the group on ``threads``
+        threads (the calling thread among them) without the GIL, and the calling thread then
+        launches one kernel per segment, on the segment's stream after its uploads.
+        """
+        itemsize = flat.itemsize
+        per_piece = max(1, min(NATIVE_PIECE_BYTES, plan.slot_bytes) // itemsize)
+        per_slot = max(1, plan.slot_bytes // (per_piece * itemsize))  # pieces per segment
+        starts = np.arange(0, flat.size, per_piece, dtype=np.uint64)
+        sizes = np.minimum(starts + per_piece, flat.size) - starts
+        nseg = -(-starts.size // per_slot)
+        if group is None:
+            group = nseg if nseg <= plan.n_slots else max(1, plan.n_slots // 2)
+        base = flat.ctypes.data
+        parts: list[_partials.Partial] = []
+        with self.device.bind():
+            for first in range(0, nseg, group):
+                segs = range(first, min(nseg, first + group))
+                slots = self.acquire_all(len(segs), plan.n_slots)
+                launched = 0
+                try:
+                    for slot in slots:
+                        self.device.host_ready(slot)
+                    lo, hi = segs[0] * per_slot, min(starts.size, segs[-1] * per_slot + per_slot)
+                    index = np.arange(lo, hi)
+                    which = index // per_slot - segs[0]  # the group's slot of each piece
+                    offset = (index % per_slot).astype(np.uint64) * np.uint64(per_piece * itemsize)
+                    table = np.empty(hi - lo, _hostcopy.PIECE_DTYPE)
+                    table["src"] = base + starts[lo:hi] * np.uint64(itemsize)
+                    table["staged"] = np.array([s.host_ptr for s in slots], np.uint64)[which] + offset
+                    table["device"] = np.array([s.device_ptr for s in slots], np.uint64)[which] + offset
+                    table["nbytes"] = sizes[lo:hi] * np.uint64(itemsize)
+                    table["stream"] = np.array([s.stream_ptr for s in slots], np.uint64)[which]
+                    self.device.stage_native(table, threads)
+                    for k, slot in zip(segs, slots, strict=True):
+                        count = int(sizes[k * per_slot : (k + 1) * per_slot].sum())
+                        parts.append(self.device.reduce(slot, flat.dtype, count, op, acc))
+                        launched += 1
+                finally:
+                    _settle_all(self, [(slot, i < launched) for i, slot in enumerate(slots)])
+        return parts
 
     def run_serial(self, src: np.ndarray, pieces: list[tuple], op: Op, acc: np.dtype, plan: StreamPlan) -> list:
         """Stream ``src``'s pieces from the calling thread alone (a Dask task's chunk).
@@ -1092,6 +1311,10 @@ def _dask_chunk(block, axis, keepdims, *, ref, op: Op, acc: np.dtype, plan: Stre
     if not isinstance(block, np.ndarray):
         raise TypeError(f"cannot stream a chunk of type {type(block).__module__}.{type(block).__qualname__}")
     pipeline = _resolve(ref)
+    flat = _dense_1d(block)
+    if flat is not None and flat.size and pipeline.device.native:
+        # This task's thread alone, without the GIL: one segment (slot) at a time, as below.
+        return pipeline.device.ready(pipeline.run_native(flat, op, acc, plan, threads=1, group=1))
     # Pieces of at most SERIAL_PIECE_BYTES (smaller ones start this task's uploads earlier,
     # several to a slot, but cost GIL hand-offs among Dask's threads).
     src, pieces, _ = _pieces_of(block, min(plan.piece_bytes, SERIAL_PIECE_BYTES))

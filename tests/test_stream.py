@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import itertools
 import math
+import re
 import zlib
 
 import numpy as np
@@ -22,13 +23,16 @@ from multireduce import core, stream
 
 OPS = ["sum", "max", "min"]
 KIB = 1024
+#: The stand-in's copy engines: Python threads, or the native engine (multireduce._hostcopy)
+#: with its host-to-host upload.
+ENGINES = ["python", "native"]
 
 
-def sim_reduce(x, op="sum", *, device=None, **kw):
+def sim_reduce(x, op="sum", *, device=None, engine="python", **kw):
     kw.setdefault("budget", 64 * KIB)
     kw.setdefault("slot_bytes", 4 * KIB)
     kw.setdefault("threads", 4)
-    device = device or stream.SimulatedDevice()
+    device = device or stream.SimulatedDevice(engine=engine)
     return stream.reduce(x, op, _device=device, **kw), device
 
 
@@ -172,13 +176,14 @@ LAYOUTS = {
 }
 
 
+@pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 @pytest.mark.parametrize("dtype", ["float32", "float16", "float64", "int8", "uint32", "bool"])
 @pytest.mark.parametrize("op", OPS)
-def test_values_all_layouts(op, dtype, layout):
+def test_values_all_layouts(op, dtype, layout, engine):
     base = make_data(dtype, 30 * 1000, np.random.default_rng(zlib.crc32(repr((op, dtype)).encode())))
     x = LAYOUTS[layout](base)
-    got, dev = sim_reduce(x, op)
+    got, dev = sim_reduce(x, op, engine=engine)
     check(np.ascontiguousarray(x), op, got)
     assert dev.peak_device_bytes <= 64 * KIB
 
@@ -216,10 +221,58 @@ def test_integer_sum_is_exact_over_many_pieces():
     assert dev.uploads == x.nbytes // (4 * KIB) + (x.nbytes % (4 * KIB) > 0)
 
 
-def test_pieces_are_combined_in_a_fixed_order():
+@pytest.mark.parametrize("engine", ENGINES)
+def test_pieces_are_combined_in_a_fixed_order(engine):
     x = make_data("float32", 200_003, np.random.default_rng(4))
-    runs = {sim_reduce(x, "sum", threads=t)[0].tobytes() for t in (1, 2, 4, 4, 8)}
+    runs = {sim_reduce(x, "sum", threads=t, engine=engine)[0].tobytes() for t in (1, 2, 4, 4, 8)}
     assert len(runs) == 1
+
+
+@pytest.mark.parametrize(
+    ("elements", "calls"),
+    [
+        (1, 1),  # one piece
+        (3 * KIB, 1),  # three 4 KiB segments: every one fits the 7 slots, one engine call
+        (7 * KIB, 1),  # exactly the slots
+        (8 * KIB, 3),  # more segments than slots: groups of 3 (half the slots)
+        (30 * KIB + 5, 11),  # 31 segments (the last of 5 elements)
+    ],
+)
+def test_the_native_engine_copies_dense_inputs_in_groups_of_segments(elements, calls):
+    x = np.arange(elements, dtype=np.int32)
+    got, dev = sim_reduce(x, "sum", engine="native")  # 4 threads: 7 slots of 4 KiB
+    assert int(got) == exact_int_sum(x, np.int64)
+    assert dev.native_calls == calls and dev.uploads == -(-elements // KIB)
+    assert dev._pipelines[4 * KIB].in_use == 0 and dev.slots_allocated <= 7
+
+
+def test_the_native_engine_leaves_strided_inputs_to_the_python_threads():
+    x = np.arange(40_000, dtype=np.int64).reshape(200, 200)[:, ::3]
+    got, dev = sim_reduce(x, "sum", engine="native")
+    assert int(got) == exact_int_sum(x, np.int64)
+    assert dev.native_calls == 0 and dev.uploads > 0
+
+
+@pytest.fixture
+def native_stand_in():
+    from multireduce import _hostcopy
+
+    lib = _hostcopy.load()
+    lib.mr_test_configure(0, 0)
+    yield lib
+    lib.mr_test_configure(0, 0)
+
+
+@pytest.mark.parametrize("elements", [3 * KIB, 30 * KIB])  # all slots at once, and in groups
+def test_a_failing_native_upload_raises_and_releases_every_slot(native_stand_in, elements):
+    x = np.arange(elements, dtype=np.int32)
+    dev = stream.SimulatedDevice(engine="native")
+    native_stand_in.mr_test_configure(2, 1)  # the second upload fails with CUDA_ERROR_INVALID_VALUE's code
+    with pytest.raises(RuntimeError, match=r"upload of piece \d+ \(4096 bytes\) failed: error 1"):
+        sim_reduce(x, "sum", device=dev)
+    assert dev._pipelines[4 * KIB].in_use == 0
+    native_stand_in.mr_test_configure(0, 0)
+    assert int(sim_reduce(x, "sum", device=dev)[0]) == exact_int_sum(x, np.int64)
 
 
 def test_staging_waits_for_the_previous_upload():
@@ -582,12 +635,13 @@ def test_an_interrupt_on_the_resident_path_waits_for_the_copy_threads(monkeypatc
     assert int(got) == exact_int_sum(x, np.int64)
 
 
-def test_concurrent_calls_needing_every_slot_do_not_deadlock():
+@pytest.mark.parametrize("engine", ENGINES)
+def test_concurrent_calls_needing_every_slot_do_not_deadlock(engine):
     # Each call needs both slots of the cache at once; taken one by one, two calls could each
     # hold one and wait forever for the other.
     import threading
 
-    dev = stream.SimulatedDevice(upload_delay=0.0005)
+    dev = stream.SimulatedDevice(upload_delay=0.0005, engine=engine)
     x = np.arange(2 * KIB, dtype=np.int32)  # two 4 KiB segments
     results, errors = [], []
 
@@ -696,16 +750,21 @@ def test_without_cupy_nothing_falls_back():
     assert stream.free_staging() == 0 and stream.staging_info() == []
 
 
+@pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("split_every", [None, 2, 50])
 @pytest.mark.parametrize("op", OPS)
-def test_dask_numpy_chunks(op, split_every):
+def test_dask_numpy_chunks(op, split_every, engine):
     da = pytest.importorskip("dask.array")
     x = make_data("float32", 60_000, np.random.default_rng(8)).reshape(200, 300)
-    d = da.from_array(x, chunks=(33, 70))  # blocks larger than a slot: several pieces each
-    dev = stream.SimulatedDevice()
-    got = stream.reduce(d, op, budget=64 * KIB, slot_bytes=4 * KIB, split_every=split_every, _device=dev)
-    check(x, op, got)
-    assert dev.peak_device_bytes <= 64 * KIB
+    # Blocks larger than a slot (several pieces each): strided (from_array's views of x), and
+    # dense (row blocks), which the native engine takes.
+    for d in (da.from_array(x, chunks=(33, 70)), da.from_array(x, chunks=(33, 300))):
+        dev = stream.SimulatedDevice(engine=engine)
+        got = stream.reduce(d, op, budget=64 * KIB, slot_bytes=4 * KIB, split_every=split_every, _device=dev)
+        check(x, op, got)
+        assert dev.peak_device_bytes <= 64 * KIB
+    # Six blocks of 33 x 300 float32 (10 segments each) and one of 2 x 300 (1), one segment a call.
+    assert dev.native_calls == (0 if engine == "python" else 6 * 10 + 1)
 
 
 def test_dask_empty_blocks_and_errors():
@@ -739,10 +798,51 @@ def _pinned(cupy, n, dtype):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["float32", "float16", "float64", "int8", "uint64", "bool"])
 @pytest.mark.parametrize("op", OPS)
-def test_gpu_values(op, dtype):
+@pytest.mark.parametrize("engine", ["python", "native"])
+def test_gpu_values(op, dtype, engine, monkeypatch):
+    monkeypatch.setattr(stream, "COPY_ENGINE", engine)
+    assert stream.copy_engine()["engine"] == engine
     x = make_data(dtype, 17 * 176_471, np.random.default_rng(10))
     check(x, op, stream.reduce(x, op))
+    check(x, op, stream.reduce(x, op, budget=8 << 20, slot_bytes=2 << 20))  # more segments than slots
     check(x.reshape(-1, 17)[:, ::2], op, stream.reduce(x.reshape(-1, 17)[:, ::2], op))  # strided
+
+
+_NATIVE_FAILURE = """
+import numpy as np, cupy
+from multireduce import stream
+device = stream._CupyDevice(cupy.cuda.Device().id)
+src = np.arange(1 << 16, dtype=np.uint8)
+staged = np.frombuffer(cupy.cuda.alloc_pinned_memory(src.size), np.uint8, src.size)
+buf = cupy.zeros(src.size, dtype=cupy.uint8)
+table = np.zeros(2, stream._hostcopy.PIECE_DTYPE)
+table["src"] = src.ctypes.data + np.array([0, 1 << 15], np.uint64)
+table["staged"] = staged.ctypes.data + np.array([0, 1 << 15], np.uint64)
+table["nbytes"] = 1 << 15
+table["device"] = 8  # no device memory there
+try:
+    device.stage_native(table, 2)
+except RuntimeError as exc:
+    print("raised:", exc)
+table["device"] = buf.data.ptr + np.array([0, 1 << 15], np.uint64)
+device.stage_native(table, 2)  # the same threads, a good table
+cupy.cuda.Device().synchronize()
+print("good table:", bool((buf.get() == src).all()))
+"""
+
+
+@pytest.mark.gpu
+def test_gpu_native_upload_failure_names_the_cuda_error():
+    # In a child process: should the driver take the bad address as a fault instead, the
+    # sticky error stays out of this process's context.
+    import subprocess
+    import sys
+
+    _cupy()
+    done = subprocess.run([sys.executable, "-c", _NATIVE_FAILURE], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert re.search(r"raised: .*upload of piece [01] \(32768 bytes\) failed: CUDA_ERROR_\w+ \(\d+\)", done.stdout)
+    assert "good table: True" in done.stdout
 
 
 @pytest.mark.gpu
@@ -801,7 +901,9 @@ def test_gpu_write_combined_staging(monkeypatch):
 
 
 @pytest.mark.gpu
-def test_gpu_dask_numpy_chunks():
+@pytest.mark.parametrize("engine", ["python", "native"])
+def test_gpu_dask_numpy_chunks(engine, monkeypatch):
+    monkeypatch.setattr(stream, "COPY_ENGINE", engine)
     da = pytest.importorskip("dask.array")
     x = make_data("float32", 2**24, np.random.default_rng(12))
     d = da.from_array(x, chunks=2**20)

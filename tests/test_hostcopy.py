@@ -1,0 +1,213 @@
+"""The native copy engine (multireduce._hostcopy): built with the system C compiler and run on
+the CPU with its host-to-host stand-in for the upload (``mr_test_upload``), so that the copy,
+the piece table, the threads, errors and the build itself are tested where there is no GPU.
+The engine inside the pipeline is tested in test_stream.py; with the real driver, on the GPU.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+import warnings
+
+import numpy as np
+import pytest
+
+from multireduce import _hostcopy, stream
+
+
+@pytest.fixture
+def lib():
+    lib = _hostcopy.load()
+    lib.mr_test_configure(0, 0)
+    yield lib
+    lib.mr_test_configure(0, 0)
+
+
+def table_for(src: np.ndarray, staged: np.ndarray, dev: np.ndarray, bounds) -> np.ndarray:
+    """Pieces [bounds[i], bounds[i+1]) of the byte arrays, each to the same offsets."""
+    b = np.asarray(bounds, dtype=np.uint64)
+    t = np.zeros(b.size - 1, _hostcopy.PIECE_DTYPE)
+    t["src"] = src.ctypes.data + b[:-1]
+    t["staged"] = staged.ctypes.data + b[:-1]
+    t["device"] = dev.ctypes.data + b[:-1]
+    t["nbytes"] = np.diff(b)
+    return t
+
+
+def upload(lib) -> int:
+    return _hostcopy.address(lib, "mr_test_upload")
+
+
+@pytest.mark.parametrize("flags", [0, _hostcopy.STREAMING_STORES])
+@pytest.mark.parametrize("threads", [1, 2, 5, 16])
+@pytest.mark.parametrize("npieces", [0, 1, 3, 37])
+def test_every_piece_is_copied_and_uploaded_once(lib, npieces, threads, flags):
+    rng = np.random.default_rng(npieces * 100 + threads)
+    src = rng.integers(0, 256, 300_001, dtype=np.uint8)
+    staged, dev = np.zeros_like(src), np.zeros_like(src)
+    # Uneven pieces, empty ones among them, at odd offsets.
+    cuts = np.sort(rng.integers(0, src.size, max(npieces - 1, 0)))
+    bounds = [0, *cuts, src.size] if npieces else [0]
+    _hostcopy.stage(table_for(src, staged, dev, bounds), threads, upload(lib), flags=flags)
+    assert lib.mr_test_calls() == npieces
+    end = src.size if npieces else 0
+    assert np.array_equal(dev[:end], src[:end]) and np.array_equal(staged[:end], src[:end])
+    assert not dev[end:].any()
+
+
+@pytest.mark.parametrize("head", [0, 1, 7, 15, 16, 33])
+@pytest.mark.parametrize("size", [0, 1, 63, 64, 4095, 4096, 4097, 70_001])
+def test_streaming_stores_at_every_alignment(lib, head, size):
+    src = np.arange(80_000, dtype=np.uint32).view(np.uint8)
+    staged, dev = np.zeros_like(src), np.zeros_like(src)
+    start = 3 + head  # source and destination misaligned differently
+    t = table_for(src[start:], staged[head:], dev[head:], [0, size])
+    _hostcopy.stage(t, 1, upload(lib), flags=_hostcopy.STREAMING_STORES)
+    assert np.array_equal(staged[head : head + size], src[start : start + size])
+    assert not staged[:head].any() and not staged[head + size :].any()
+
+
+@pytest.mark.parametrize("threads", [1, 4])
+def test_a_failing_upload_stops_the_job_and_names_the_piece(lib, threads):
+    src = np.arange(64 * 1000, dtype=np.uint8)
+    staged, dev = np.zeros_like(src), np.zeros_like(src)
+    lib.mr_test_configure(5, 700)  # the fifth upload fails with code 700
+    with pytest.raises(RuntimeError, match=r"upload of piece \d+ \(1000 bytes\) failed: code 700 here"):
+        _hostcopy.stage(
+            table_for(src, staged, dev, range(0, src.size + 1, 1000)),
+            threads,
+            upload(lib),
+            describe=lambda rc: f"code {rc} here",
+        )
+    # No piece is started after the failure: at most one per thread was under way.
+    assert 5 <= lib.mr_test_calls() <= 5 + threads - 1
+    if threads == 1:
+        assert np.array_equal(dev[:4000], src[:4000]) and not dev[4000:].any()
+
+
+def test_concurrent_callers_each_get_their_own_pieces(lib):
+    errors = []
+
+    def call(seed):
+        rng = np.random.default_rng(seed)
+        try:
+            for _ in range(30):
+                src = rng.integers(0, 256, 100_000, dtype=np.uint8)
+                staged, dev = np.zeros_like(src), np.zeros_like(src)
+                threads = int(rng.integers(1, 9))
+                _hostcopy.stage(table_for(src, staged, dev, range(0, 100_001, 10_000)), threads, upload(lib))
+                assert np.array_equal(dev, src)
+        except BaseException as exc:
+            errors.append(exc)
+
+    workers = [threading.Thread(target=call, args=(s,)) for s in range(4)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(timeout=60)
+    assert not any(w.is_alive() for w in workers), "hang"
+    assert not errors
+    assert lib.mr_test_calls() == 4 * 30 * 10
+
+
+def _stage_in_child(queue):
+    lib = _hostcopy.load()
+    src = np.arange(100_000, dtype=np.uint8)
+    staged, dev = np.zeros_like(src), np.zeros_like(src)
+    _hostcopy.stage(table_for(src, staged, dev, range(0, 100_001, 5000)), 6, upload(lib))
+    queue.put(bool(np.array_equal(dev, src)))
+
+
+def test_a_forked_child_starts_its_own_threads(lib):
+    # The parent's pool threads do not exist in a forked child: it must not wait for them.
+    src = np.arange(10_000, dtype=np.uint8)
+    staged, dev = np.zeros_like(src), np.zeros_like(src)  # alive while the engine writes them
+    _hostcopy.stage(table_for(src, staged, dev, range(0, 10_001, 1000)), 6, upload(lib))
+    assert lib.mr_pool_workers() >= 5
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads (Python 3.12+)
+        child = ctx.Process(target=_stage_in_child, args=(queue,))
+        child.start()
+    child.join(timeout=60)
+    assert child.exitcode == 0
+    assert queue.get(timeout=5) is True
+
+
+def test_bad_tables_are_refused(lib):
+    with pytest.raises(TypeError, match="PIECE_DTYPE"):
+        _hostcopy.stage(np.zeros(3, np.uint64), 1, upload(lib))
+    with pytest.raises(TypeError, match="PIECE_DTYPE"):
+        _hostcopy.stage(np.zeros(6, _hostcopy.PIECE_DTYPE)[::2], 1, upload(lib))
+    with pytest.raises(RuntimeError, match="bad arguments"):
+        _hostcopy.stage(np.zeros(1, _hostcopy.PIECE_DTYPE), 0, upload(lib))
+
+
+def test_the_library_is_cached_by_source_and_compiler(monkeypatch, tmp_path):
+    monkeypatch.setenv("MULTIREDUCE_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("CC", raising=False)
+    plain = _hostcopy.library_path()
+    assert plain.parent == tmp_path and plain.name.startswith("hostcopy-")
+    monkeypatch.setenv("CC", "cc -g")
+    assert _hostcopy.library_path() != plain
+
+
+@pytest.mark.parametrize(
+    ("cc", "match"),
+    [("/nonexistent/bin/cc", "cannot build the native copy engine: running"), ("false", "exited with 1")],
+)
+def test_a_build_failure_says_why(monkeypatch, tmp_path, cc, match):
+    monkeypatch.setenv("MULTIREDUCE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CC", cc)
+    monkeypatch.setattr(_hostcopy, "_lib", None)
+    with pytest.raises(_hostcopy.NativeUnavailable, match=match):
+        _hostcopy.load()
+    assert list(tmp_path.iterdir()) == []  # no half-written library left behind
+
+
+def test_a_fresh_build_loads_and_runs(monkeypatch, tmp_path):
+    monkeypatch.setenv("MULTIREDUCE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(_hostcopy, "_lib", None)
+    lib = _hostcopy.load()
+    assert _hostcopy.library_path().exists() and _hostcopy.library_path().parent == tmp_path
+    src = np.arange(5000, dtype=np.uint8)
+    staged, dev = np.zeros_like(src), np.zeros_like(src)
+    _hostcopy.stage(table_for(src, staged, dev, [0, 2500, 5000]), 2, upload(lib))
+    assert np.array_equal(dev, src)
+
+
+# -- the choice of engine (stream.COPY_ENGINE) ---------------------------------------------------
+
+
+def _unavailable():
+    raise _hostcopy.NativeUnavailable("no compiler here")
+
+
+def test_copy_engine_settings(monkeypatch):
+    monkeypatch.setattr(stream, "COPY_ENGINE", "python")
+    assert stream.copy_engine()["engine"] == "python" and not stream._native_enabled()
+    monkeypatch.setattr(stream, "COPY_ENGINE", "native")
+    info = stream.copy_engine()
+    assert info["engine"] == "native" and info["library"] == str(_hostcopy.library_path())
+    monkeypatch.setattr(stream, "COPY_ENGINE", "fast")
+    with pytest.raises(ValueError, match="'auto', 'native', 'python', not 'fast'"):
+        stream._native_enabled()
+
+
+def test_auto_warns_once_when_the_engine_cannot_be_built(monkeypatch):
+    monkeypatch.setattr(_hostcopy, "load", _unavailable)
+    monkeypatch.setattr(stream, "_engine_warned", False)
+    monkeypatch.setattr(stream, "COPY_ENGINE", "auto")
+    with pytest.warns(RuntimeWarning, match="copies with Python threads.*no compiler here"):
+        assert stream._native_enabled() is False
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert stream._native_enabled() is False  # once per process
+    assert stream.copy_engine() == {"setting": "auto", "engine": "python", "reason": "no compiler here"}
+    monkeypatch.setattr(stream, "COPY_ENGINE", "native")
+    with pytest.raises(_hostcopy.NativeUnavailable, match="no compiler here"):
+        stream._native_enabled()
+    with pytest.raises(_hostcopy.NativeUnavailable, match="no compiler here"):
+        stream.copy_engine()
