@@ -3,12 +3,15 @@
 1. ``stream.reduce`` of 2^24 float32 from pageable memory (the seed's case), every variant
    interleaved with the others and with ``np.sum(h)`` and ``cupy.asarray(h).sum()`` in each
    round (as ``bench_stream.py`` interleaves its peers): the Python copy threads
-   (``COPY_ENGINE="python"``), and the native engine with pieces of 256 KiB to 4 MiB, with 4
-   to 16 threads, and with non-temporal stores.
-2. Where one native 2^24 call's time goes: entering the engine, the engine's call (copies and
-   upload calls), the kernel launches, and the finish (final combine, wait, copy to host).
-3. 1 GiB and 4 GiB from pageable memory: Python threads against the native engine with 1 and
-   4 MiB pieces.
+   (``COPY_ENGINE="python"``), and the native engine with pieces of 1 to 4 MiB, 8 or the
+   default threads, and non-temporal stores. The array is made as ``bench_stream.py`` makes
+   it (``cupy.ndarray.get()``); 1b repeats a few variants on an array written by the CPU
+   (NumPy's ``astype``), which NumPy itself reads faster on this host.
+2. Where one native 2^24 call's time goes (marks at the pipeline's steps).
+3. A 1 GiB NumPy-chunked Dask array (16 chunks): ``stream.reduce`` under Dask, with and
+   without non-temporal stores; the same chunks streamed by 16 plain threads without Dask
+   (the pipeline's own rate); Dask's CPU ``x.sum()``.
+4. 1 GiB and 4 GiB from pageable memory: Python threads against the native engine.
 
 Usage: ``python scripts/diag_native.py [--rounds 40]``.
 """
@@ -50,6 +53,109 @@ def table(samples: dict, nbytes: int) -> None:
         print(f"  {name:<26} {med * 1e3:8.3f} {q[0] * 1e3:8.3f} {q[-1] * 1e3:8.3f} {nbytes / med / 1e9:7.1f}")
 
 
+def phases(h, rounds=31) -> None:
+    """Median time from the call's start to each step of one native call, between np.sum calls."""
+    n = h.size
+    pipeline = stream._cupy_pipeline(cp.cuda.Device().id, stream.make_plan(n * 4, 4).slot_bytes)
+    device = pipeline.device
+    marks: list[tuple[str, float]] = []
+    wrapped = [
+        (pipeline, "acquire_all"),
+        (device, "host_ready"),
+        (device, "cells"),
+        (device, "stage_native"),
+        (device, "reduce_to_cell"),
+        (device, "wait_cell"),
+    ]
+    saved = []
+    for obj, name in wrapped:
+        real = getattr(obj, name)
+        saved.append((obj, name, real))
+
+        def wrapper(*a, _real=real, _name=name, **k):
+            marks.append((f"{_name} in", time.perf_counter()))
+            out = _real(*a, **k)
+            marks.append((f"{_name} out", time.perf_counter()))
+            return out
+
+        setattr(obj, name, wrapper)
+    rows: dict[str, list[float]] = {}
+    try:
+        for _ in range(rounds):
+            np.sum(h)
+            marks.clear()
+            t0 = time.perf_counter()
+            stream.reduce(h, "sum")
+            t1 = time.perf_counter()
+            for i, (name, t) in enumerate(marks):
+                rows.setdefault(f"{i:2d}: {name}", []).append((t - t0) * 1e3)
+            rows.setdefault("returned", []).append((t1 - t0) * 1e3)
+    finally:
+        for obj, name, _ in saved:
+            delattr(obj, name)  # back to the class's method
+    for name, values in rows.items():
+        print(f"  {name:<26} {statistics.median(values[1:]):8.3f}")
+
+
+def dask_case(sync, rounds=5) -> None:
+    import threading
+
+    import dask
+    import dask.array as da
+
+    from multireduce.ops import get_op
+
+    n = (1 << 30) // 4
+    y = cp.arange(n, dtype=cp.int64) % 1024
+    h = y.astype(cp.float32).get()  # as bench_stream.py makes it
+    del y
+    want = float(np.sum(h, dtype=np.float64))
+    x = da.from_array(h, chunks=n // 16)
+    chunks = [h[i : i + n // 16] for i in range(0, n, n // 16)]
+    op = get_op("sum")
+    acc = np.dtype(np.float64)
+    plan = stream.make_plan(h.nbytes, 4)
+    pipeline = stream._cupy_pipeline(cp.cuda.Device().id, plan.slot_bytes)
+
+    def plain_threads():
+        parts = [None] * len(chunks)
+
+        def run(i):
+            parts[i] = pipeline.run_native(chunks[i], op, acc, plan, threads=1, group=1)
+
+        ts = [threading.Thread(target=run, args=(i,)) for i in range(len(chunks))]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        return pipeline.device.finish([p for ps in parts for p in ps], op, np.dtype(np.float32))
+
+    def nt(fn):
+        def call():
+            stream.NATIVE_STREAMING_STORES = True
+            try:
+                return fn()
+            finally:
+                stream.NATIVE_STREAMING_STORES = False
+
+        return call
+
+    with dask.config.set(scheduler="threads"):
+        cases = {
+            "stream.reduce(dask)": lambda: stream.reduce(x, "sum"),
+            "stream.reduce(dask), NT": nt(lambda: stream.reduce(x, "sum")),
+            "16 plain threads": plain_threads,
+            "16 plain threads, NT": nt(plain_threads),
+            "python engine (dask)": variant(x, engine="python"),
+            "dask-cpu x.sum()": lambda: x.sum().compute(),
+        }
+        for name, fn in cases.items():
+            got = float(fn())
+            assert got == want, (name, got, want)
+        print(f"\n3. 1 GiB NumPy-chunked Dask array (16 chunks), {rounds} interleaved rounds")
+        table(interleaved(cases, 1, rounds, sync), n * 4)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--rounds", type=int, default=40)
@@ -59,58 +165,38 @@ def main() -> None:
     print("default plan for 2^24 float32:", stream.make_plan(1 << 26, 4))
 
     n = 1 << 24
-    h = (np.arange(n, dtype=np.int64) % 1024).astype(np.float32)
+    y = cp.arange(n, dtype=cp.int64) % 1024
+    h = y.astype(cp.float32).get()  # as bench_stream.py makes its arrays
+    del y
     exact = float(np.sum(h, dtype=np.float64))
     cases = {"numpy": lambda: np.sum(h), "cupy.asarray+sum": lambda: cp.asarray(h).sum()}
     cases["python threads"] = variant(h, engine="python")
-    for piece in (256 << 10, 512 << 10, MIB, 2 * MIB, 4 * MIB):
-        cases[f"native {piece >> 10} KiB"] = variant(h, piece=piece)
-    for threads in (4, 12, 16):
-        cases[f"native 1 MiB, {threads} threads"] = variant(h, threads=threads)
-    cases["native 1 MiB, NT stores"] = variant(h, nt=True)
-    cases["native 4 MiB, NT stores"] = variant(h, piece=4 * MIB, nt=True)
+    for piece in (MIB, 2 * MIB, 4 * MIB):
+        cases[f"native {piece >> 20} MiB"] = variant(h, piece=piece)
+        cases[f"native {piece >> 20} MiB, NT"] = variant(h, piece=piece, nt=True)
+    cases["native 1 MiB, 8 threads"] = variant(h, threads=8)
+    cases["native 1 MiB, 16 threads"] = variant(h, threads=16)
     for name, fn in cases.items():
         if name not in ("numpy", "cupy.asarray+sum"):
             got = float(fn())
             assert got == exact, (name, got, exact)
-    print(f"\n1. 2^24 float32 from pageable memory, {args.rounds} interleaved rounds")
+    print(f"\n1. 2^24 float32 from pageable memory (made by cupy .get()), {args.rounds} interleaved rounds")
     table(interleaved(cases, 3, args.rounds, sync), n * 4)
 
-    print("\n2. One native 2^24 call, phases (median of 30 calls between np.sum calls; ms from the call)")
-    marks: list[tuple[str, float]] = []
-    device = stream._cupy_pipeline(cp.cuda.Device().id, stream.make_plan(n * 4, 4).slot_bytes).device
-    real_stage, real_reduce, real_finish = device.stage_native, device.reduce, device.finish
+    c = (np.arange(n, dtype=np.int64) % 1024).astype(np.float32)  # written by the CPU
+    cpu_cases = {
+        "numpy": lambda: np.sum(c),
+        "python threads": variant(c, engine="python"),
+        "native 1 MiB": variant(c),
+        "native 4 MiB, NT": variant(c, piece=4 * MIB, nt=True),
+    }
+    print(f"\n1b. 2^24 float32 written by the CPU, {args.rounds} interleaved rounds")
+    table(interleaved(cpu_cases, 3, args.rounds, sync), n * 4)
 
-    def stage(*a, **k):
-        marks.append(("engine in", time.perf_counter()))
-        real_stage(*a, **k)
-        marks.append(("engine out", time.perf_counter()))
+    print("\n2. One native 2^24 call (the cupy-made array), ms from the call's start (median of 30 calls)")
+    phases(h)
 
-    def reduce(*a, **k):
-        part = real_reduce(*a, **k)
-        marks.append(("kernel launched", time.perf_counter()))
-        return part
-
-    def finish(*a, **k):
-        marks.append(("finish in", time.perf_counter()))
-        return real_finish(*a, **k)
-
-    device.stage_native, device.reduce, device.finish = stage, reduce, finish
-    rows: dict[str, list[float]] = {}
-    try:
-        for _ in range(31):
-            np.sum(h)
-            marks.clear()
-            t0 = time.perf_counter()
-            stream.reduce(h, "sum")
-            t1 = time.perf_counter()
-            for i, (name, t) in enumerate(marks):
-                rows.setdefault(f"{i}: {name}", []).append((t - t0) * 1e3)
-            rows.setdefault("returned", []).append((t1 - t0) * 1e3)
-    finally:
-        device.stage_native, device.reduce, device.finish = real_stage, real_reduce, real_finish
-    for name, values in rows.items():
-        print(f"  {name:<22} {statistics.median(values[1:]):8.3f}")
+    dask_case(sync)
 
     for gib in (1, 4):
         m = (gib << 30) // 4
@@ -118,12 +204,13 @@ def main() -> None:
         big_cases = {
             "python threads": variant(big, engine="python"),
             "native 1 MiB": variant(big),
-            "native 4 MiB": variant(big, piece=4 * MIB),
+            "native 1 MiB, NT": variant(big, nt=True),
+            "native 4 MiB, NT": variant(big, piece=4 * MIB, nt=True),
         }
         want = float(np.sum(big, dtype=np.float64))
         for name, fn in big_cases.items():
             assert float(fn()) == want, name
-        print(f"\n3. {gib} GiB float32 from pageable memory, 5 interleaved rounds")
+        print(f"\n4. {gib} GiB float32 from pageable memory, 5 interleaved rounds")
         table(interleaved(big_cases, 1, 5, sync), m * 4)
         del big
     stream.free_staging()

@@ -204,11 +204,12 @@ def test_empty_inputs():
             sim_reduce(np.zeros(0, dtype=np.float32), op)
 
 
-def test_sum_dtype_argument():
+@pytest.mark.parametrize("engine", ENGINES)
+def test_sum_dtype_argument(engine):
     x = make_data("int8", 20_000, np.random.default_rng(2))
-    got, _ = sim_reduce(x, "sum", dtype=np.int8)
+    got, _ = sim_reduce(x, "sum", dtype=np.int8, engine=engine)
     assert got.dtype == np.int8 and int(got) == exact_int_sum(x, np.int8)
-    got, _ = sim_reduce(x, "sum", dtype=np.float32)
+    got, _ = sim_reduce(x, "sum", dtype=np.float32, engine=engine)
     assert got.dtype == np.float32 and float(got) == float(np.float32(int(x.astype(np.int64).sum())))
     with pytest.raises(TypeError, match="does not take dtype"):
         sim_reduce(x, "max", dtype=np.int64)
