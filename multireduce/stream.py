@@ -137,8 +137,13 @@ NATIVE_PIECE_BYTES = 1 << 20
 #: hand-offs, so more threads pay off earlier). On the H200 host, 2^24 float32 took 2.02 ms
 #: with 12 threads against 2.26 with 8 (bench/results/h200_1c4f77a/diag_native.txt).
 NATIVE_BYTES_PER_THREAD = 4 << 20
-#: Whether the native engine copies with non-temporal (streaming) stores.
-NATIVE_STREAMING_STORES = False
+#: The smallest of the pieces that shrink toward the end of a native copy (:func:`_native_pieces`).
+NATIVE_MIN_TAIL_BYTES = 256 << 10
+#: Whether the native engine copies with non-temporal (streaming) stores: the pinned buffers
+#: are only read by the GPU, so the CPU's caches keep the source instead. On the H200 host,
+#: 2^24 float32 took 2.07 ms with them against 2.36 (1 MiB pieces), 1 GiB 27.5 ms against
+#: 29.5, 4 GiB 110.8 against 116.3 (bench/results/h200_1580de2/diag_native.txt).
+NATIVE_STREAMING_STORES = True
 # cudaMemoryTypeHost in CUDA's cudaMemoryType enum: page-locked host memory.
 _CUDA_MEMORY_TYPE_HOST = 1
 
@@ -933,7 +938,7 @@ class _Pipeline:
                 finally:
                     self.release(slot)
         elif flat is not None and self.device.native:
-            cells, counts = self.device.cells(_native_segments(flat, plan)[2]), []
+            cells, counts = self.device.cells(_native_segments(flat, plan)), []
             try:
                 self.run_native(flat, op, acc, plan, plan.threads, cells=(cells, counts))
             finally:
@@ -974,9 +979,10 @@ class _Pipeline:
         launches one kernel per segment, on the segment's stream after its uploads.
         """
         itemsize = flat.itemsize
-        per_piece, per_slot, nseg = _native_segments(flat, plan)
-        starts = np.arange(0, flat.size, per_piece, dtype=np.uint64)
-        sizes = np.minimum(starts + per_piece, flat.size) - starts
+        slot_elems = max(1, plan.slot_bytes // itemsize)
+        starts, sizes = _native_pieces(flat.size, itemsize, plan.slot_bytes, threads)
+        seg_of = starts // slot_elems
+        nseg = _native_segments(flat, plan)
         if group is None:
             group = nseg if nseg <= plan.n_slots else max(1, plan.n_slots // 2)
         base = flat.ctypes.data
@@ -989,19 +995,18 @@ class _Pipeline:
                 try:
                     for slot in slots:
                         self.device.host_ready(slot)
-                    lo, hi = segs[0] * per_slot, min(starts.size, segs[-1] * per_slot + per_slot)
-                    index = np.arange(lo, hi)
-                    which = index // per_slot - segs[0]  # the group's slot of each piece
-                    offset = (index % per_slot).astype(np.uint64) * np.uint64(per_piece * itemsize)
+                    lo, hi = np.searchsorted(seg_of, [segs[0], segs[-1] + 1])
+                    which = seg_of[lo:hi] - segs[0]  # the group's slot of each piece
+                    offset = (starts[lo:hi] - seg_of[lo:hi] * slot_elems) * itemsize
                     table = np.empty(hi - lo, _hostcopy.PIECE_DTYPE)
-                    table["src"] = base + starts[lo:hi] * np.uint64(itemsize)
-                    table["staged"] = np.array([s.host_ptr for s in slots], np.uint64)[which] + offset
-                    table["device"] = np.array([s.device_ptr for s in slots], np.uint64)[which] + offset
-                    table["nbytes"] = sizes[lo:hi] * np.uint64(itemsize)
-                    table["stream"] = np.array([s.stream_ptr for s in slots], np.uint64)[which]
+                    table["src"] = base + starts[lo:hi] * itemsize
+                    table["staged"] = np.array([s.host_ptr for s in slots], np.int64)[which] + offset
+                    table["device"] = np.array([s.device_ptr for s in slots], np.int64)[which] + offset
+                    table["nbytes"] = sizes[lo:hi] * itemsize
+                    table["stream"] = np.array([s.stream_ptr for s in slots], np.int64)[which]
                     self.device.stage_native(table, threads)
                     for k, slot in zip(segs, slots, strict=True):
-                        count = int(sizes[k * per_slot : (k + 1) * per_slot].sum())
+                        count = min(slot_elems, flat.size - k * slot_elems)
                         if cells is None:
                             parts.append(self.device.reduce(slot, flat.dtype, count, op, acc))
                         else:
@@ -1197,12 +1202,36 @@ class _Pipeline:
         return parts
 
 
-def _native_segments(flat: np.ndarray, plan: StreamPlan) -> tuple[int, int, int]:
-    """(elements per piece, pieces per segment, segments) of ``flat`` for the native engine."""
-    per_piece = max(1, min(NATIVE_PIECE_BYTES, plan.slot_bytes) // flat.itemsize)
-    per_slot = max(1, plan.slot_bytes // (per_piece * flat.itemsize))
-    pieces = -(-flat.size // per_piece)
-    return per_piece, per_slot, -(-pieces // per_slot)
+def _native_segments(flat: np.ndarray, plan: StreamPlan) -> int:
+    """The number of slot-sized segments of ``flat`` (the native engine's)."""
+    return -(-flat.size // max(1, plan.slot_bytes // flat.itemsize))
+
+
+def _native_pieces(n: int, itemsize: int, slot_bytes: int, threads: int) -> tuple[np.ndarray, np.ndarray]:
+    """(first element, element count) of each native piece of ``n`` elements, in order.
+
+    Pieces have :data:`NATIVE_PIECE_BYTES` (at most a slot) and never cross a slot-sized
+    segment's boundary. With several threads, the last ``threads`` pieces' worth is cut again
+    into pieces that shrink toward the end, to :data:`NATIVE_MIN_TAIL_BYTES`: the threads all
+    end their last copies at about the same time, and what is still to cross the link after
+    the last copy is a few small pieces instead of one full piece per thread.
+    """
+    slot = max(1, slot_bytes // itemsize)
+    per = max(1, min(NATIVE_PIECE_BYTES, slot_bytes) // itemsize)
+    align = max(1, _PIECE_ALIGN // itemsize)
+    tail: list[int] = []
+    end = n  # where the whole pieces end
+    if threads > 1:
+        low = max(align, NATIVE_MIN_TAIL_BYTES // itemsize)
+        pos = max(0, n - threads * per)
+        end = pos = pos - pos % per
+        while pos < n:
+            tail.append(pos)
+            step = max(low, (n - pos) // (2 * threads))
+            pos += step - step % align
+    cuts = [np.arange(0, end, per, dtype=np.int64), np.arange(0, n, slot, dtype=np.int64), np.array(tail, np.int64)]
+    starts = np.unique(np.concatenate(cuts))
+    return starts, np.diff(starts, append=n)
 
 
 def _settle(pipeline: _Pipeline, slot: _Slot, kernel: bool) -> None:

@@ -3,14 +3,14 @@
 1. ``stream.reduce`` of 2^24 float32 from pageable memory (the seed's case), every variant
    interleaved with the others and with ``np.sum(h)`` and ``cupy.asarray(h).sum()`` in each
    round (as ``bench_stream.py`` interleaves its peers): the Python copy threads
-   (``COPY_ENGINE="python"``), and the native engine with pieces of 1 to 4 MiB, 8 or the
-   default threads, and non-temporal stores. The array is made as ``bench_stream.py`` makes
-   it (``cupy.ndarray.get()``); 1b repeats a few variants on an array written by the CPU
-   (NumPy's ``astype``), which NumPy itself reads faster on this host.
+   (``COPY_ENGINE="python"``), and the native engine with pieces of 1 or 2 MiB, with and
+   without the shrinking pieces at the end and non-temporal stores, and 8 to 16 threads.
+   The array is made as ``bench_stream.py`` makes it (``cupy.ndarray.get()``); 1b repeats a
+   few variants on an array written by the CPU (NumPy's ``astype``).
 2. Where one native 2^24 call's time goes (marks at the pipeline's steps).
 3. A 1 GiB NumPy-chunked Dask array (16 chunks): ``stream.reduce`` under Dask, with and
    without non-temporal stores; the same chunks streamed by 16 plain threads without Dask
-   (the pipeline's own rate); Dask's CPU ``x.sum()``.
+   (the pipeline's own rate); the Python engine; Dask's CPU ``x.sum()``.
 4. 1 GiB and 4 GiB from pageable memory: Python threads against the native engine.
 
 Usage: ``python scripts/diag_native.py [--rounds 40]``.
@@ -33,14 +33,19 @@ from multireduce import stream  # noqa: E402
 MIB = 1 << 20
 
 
-def variant(h, engine="native", piece=MIB, threads=None, nt=False):
+def variant(h, engine="native", piece=MIB, threads=None, nt=True, tail=256 << 10):
+    """``stream.reduce(h)`` with these settings (``tail=piece``: no shrinking pieces at the end)."""
+    names = ("COPY_ENGINE", "NATIVE_PIECE_BYTES", "NATIVE_STREAMING_STORES", "NATIVE_MIN_TAIL_BYTES")
+
     def call():
-        saved = stream.COPY_ENGINE, stream.NATIVE_PIECE_BYTES, stream.NATIVE_STREAMING_STORES
-        stream.COPY_ENGINE, stream.NATIVE_PIECE_BYTES, stream.NATIVE_STREAMING_STORES = engine, piece, nt
+        saved = [getattr(stream, name) for name in names]
+        for name, value in zip(names, (engine, piece, nt, tail), strict=True):
+            setattr(stream, name, value)
         try:
             return stream.reduce(h, "sum", threads=threads)
         finally:
-            stream.COPY_ENGINE, stream.NATIVE_PIECE_BYTES, stream.NATIVE_STREAMING_STORES = saved
+            for name, value in zip(names, saved, strict=True):
+                setattr(stream, name, value)
 
     return call
 
@@ -130,22 +135,21 @@ def dask_case(sync, rounds=5) -> None:
             t.join()
         return pipeline.device.finish([p for ps in parts for p in ps], op, np.dtype(np.float32))
 
-    def nt(fn):
+    def no_nt(fn):
         def call():
-            stream.NATIVE_STREAMING_STORES = True
+            stream.NATIVE_STREAMING_STORES = False
             try:
                 return fn()
             finally:
-                stream.NATIVE_STREAMING_STORES = False
+                stream.NATIVE_STREAMING_STORES = True
 
         return call
 
     with dask.config.set(scheduler="threads"):
         cases = {
             "stream.reduce(dask)": lambda: stream.reduce(x, "sum"),
-            "stream.reduce(dask), NT": nt(lambda: stream.reduce(x, "sum")),
+            "stream.reduce(dask), no NT": no_nt(lambda: stream.reduce(x, "sum")),
             "16 plain threads": plain_threads,
-            "16 plain threads, NT": nt(plain_threads),
             "python engine (dask)": variant(x, engine="python"),
             "dask-cpu x.sum()": lambda: x.sum().compute(),
         }
@@ -171,9 +175,11 @@ def main() -> None:
     exact = float(np.sum(h, dtype=np.float64))
     cases = {"numpy": lambda: np.sum(h), "cupy.asarray+sum": lambda: cp.asarray(h).sum()}
     cases["python threads"] = variant(h, engine="python")
-    for piece in (MIB, 2 * MIB, 4 * MIB):
+    for piece in (MIB, 2 * MIB):
         cases[f"native {piece >> 20} MiB"] = variant(h, piece=piece)
-        cases[f"native {piece >> 20} MiB, NT"] = variant(h, piece=piece, nt=True)
+        cases[f"native {piece >> 20} MiB, no tail"] = variant(h, piece=piece, tail=piece)
+        cases[f"native {piece >> 20} MiB, no NT"] = variant(h, piece=piece, nt=False)
+    cases["native 1 MiB, tail 128 KiB"] = variant(h, tail=128 << 10)
     cases["native 1 MiB, 8 threads"] = variant(h, threads=8)
     cases["native 1 MiB, 16 threads"] = variant(h, threads=16)
     for name, fn in cases.items():
@@ -188,7 +194,7 @@ def main() -> None:
         "numpy": lambda: np.sum(c),
         "python threads": variant(c, engine="python"),
         "native 1 MiB": variant(c),
-        "native 4 MiB, NT": variant(c, piece=4 * MIB, nt=True),
+        "native 1 MiB, no NT": variant(c, nt=False),
     }
     print(f"\n1b. 2^24 float32 written by the CPU, {args.rounds} interleaved rounds")
     table(interleaved(cpu_cases, 3, args.rounds, sync), n * 4)
@@ -204,8 +210,8 @@ def main() -> None:
         big_cases = {
             "python threads": variant(big, engine="python"),
             "native 1 MiB": variant(big),
-            "native 1 MiB, NT": variant(big, nt=True),
-            "native 4 MiB, NT": variant(big, piece=4 * MIB, nt=True),
+            "native 1 MiB, no NT": variant(big, nt=False),
+            "native 4 MiB": variant(big, piece=4 * MIB),
         }
         want = float(np.sum(big, dtype=np.float64))
         for name, fn in big_cases.items():

@@ -116,6 +116,33 @@ def test_ramp_pieces_examples():
         stream.ramp_pieces(10, 4, 0)
 
 
+@settings(max_examples=80, deadline=None)
+@given(
+    n=st.integers(1, 3 << 20),
+    itemsize=st.sampled_from([1, 2, 4, 8]),
+    slot_kib=st.sampled_from([4, 64, 1024, 32 * 1024]),
+    threads=st.integers(1, 16),
+)
+def test_native_pieces_cover_every_element_once_within_segments(n, itemsize, slot_kib, threads):
+    slot_bytes = slot_kib * KIB
+    starts, sizes = stream._native_pieces(n, itemsize, slot_bytes, threads)
+    assert starts[0] == 0 and (sizes > 0).all()
+    assert np.array_equal(starts[1:], starts[:-1] + sizes[:-1]) and starts[-1] + sizes[-1] == n
+    slot = slot_bytes // itemsize
+    assert (starts // slot == (starts + sizes - 1) // slot).all()  # never across a segment
+    assert (sizes * itemsize <= min(stream.NATIVE_PIECE_BYTES, slot_bytes)).all()
+
+
+def test_native_pieces_shrink_toward_the_end():
+    mib = 1 << 20
+    starts, sizes = stream._native_pieces(64 * mib // 4, 4, 32 * mib, 12)
+    nbytes = sizes * 4
+    assert (nbytes[: 64 - 12] == mib).all()  # whole pieces until the last 12 MiB
+    tail = nbytes[64 - 12 :]
+    assert tail.sum() == 12 * mib and len(tail) < 64
+    assert (np.diff(tail[:-1]) <= 0).all() and tail[-2] == stream.NATIVE_MIN_TAIL_BYTES  # the last: what is left
+
+
 @pytest.mark.parametrize("nbytes", [1, 4 * KIB, 64 << 20, 8 << 30])
 @pytest.mark.parametrize("budget", [1 << 30, 256 << 20, 1 << 26])
 @pytest.mark.parametrize("threads", [1, 4, 12, 64])
@@ -943,7 +970,9 @@ def test_gpu_10000_calls_do_not_grow_memory():
     h = _pinned(cupy, 2**18, np.float32)
     h[:] = x
     want = stream.reduce(x, "sum")
-    stream.reduce(h, "sum")
+    for _ in range(10):  # CuPy's pool holds blocks per stream: let every stream in use get its own
+        stream.reduce(h, "sum")
+        stream.reduce(x, "sum")
     pool, pinned_pool = cupy.get_default_memory_pool(), cupy.get_default_pinned_memory_pool()
     start = (pool.used_bytes(), pool.total_bytes(), pinned_pool.n_free_blocks(), stream.staging_info())
     for i in range(10_000):
