@@ -131,14 +131,12 @@ _PIECE_ALIGN = 64 << 10
 COPY_ENGINE = "auto"
 _COPY_ENGINES = ("auto", "native", "python")
 #: Bytes per piece for the native engine: its per-piece cost is one driver call, so pieces
-#: are small, the link starts early and the threads end together.
-NATIVE_PIECE_BYTES = 1 << 20
-#: Input bytes per default copy thread with the native engine (a piece costs it no GIL
-#: hand-offs, so more threads pay off earlier). On the H200 host, 2^24 float32 took 2.02 ms
-#: with 12 threads against 2.26 with 8 (bench/results/h200_1c4f77a/diag_native.txt).
-NATIVE_BYTES_PER_THREAD = 4 << 20
-#: The smallest of the pieces that shrink toward the end of a native copy (:func:`_native_pieces`).
-NATIVE_MIN_TAIL_BYTES = 256 << 10
+#: are small, the link starts early and the threads end together. On the H200 host, 2^24
+#: float32 took 1.90 ms with 2 MiB pieces and 1.96 with 1 MiB (non-temporal stores; 2.03 and
+#: 2.07 in another run), and 1 GiB the same with 1 and 4 MiB (bench/results/h200_73e49ad and
+#: h200_1580de2, diag_native.txt). Pieces that shrink toward the end of the input measured
+#: slower (2.08-2.14 ms), as did 12 threads instead of 8 (2.14 against 1.94 ms).
+NATIVE_PIECE_BYTES = 2 << 20
 #: Whether the native engine copies with non-temporal (streaming) stores: the pinned buffers
 #: are only read by the GPU, so the CPU's caches keep the source instead. On the H200 host,
 #: 2^24 float32 took 2.07 ms with them against 2.36 (1 MiB pieces), 1 GiB 27.5 ms against
@@ -824,6 +822,8 @@ class _Pipeline:
         self._cond = threading.Condition()
         self.allocated = 0
         self.in_use = 0
+        self._tables: collections.OrderedDict[tuple, np.ndarray] = collections.OrderedDict()
+        self._tables_lock = threading.Lock()
 
     def acquire(self, limit: int, cancel: threading.Event | None = None) -> _Slot | None:
         """Take a slot: a free one, oldest first (most likely idle), else a new one.
@@ -980,8 +980,6 @@ class _Pipeline:
         """
         itemsize = flat.itemsize
         slot_elems = max(1, plan.slot_bytes // itemsize)
-        starts, sizes = _native_pieces(flat.size, itemsize, plan.slot_bytes, threads)
-        seg_of = starts // slot_elems
         nseg = _native_segments(flat, plan)
         if group is None:
             group = nseg if nseg <= plan.n_slots else max(1, plan.n_slots // 2)
@@ -995,15 +993,7 @@ class _Pipeline:
                 try:
                     for slot in slots:
                         self.device.host_ready(slot)
-                    lo, hi = np.searchsorted(seg_of, [segs[0], segs[-1] + 1])
-                    which = seg_of[lo:hi] - segs[0]  # the group's slot of each piece
-                    offset = (starts[lo:hi] - seg_of[lo:hi] * slot_elems) * itemsize
-                    table = np.empty(hi - lo, _hostcopy.PIECE_DTYPE)
-                    table["src"] = base + starts[lo:hi] * itemsize
-                    table["staged"] = np.array([s.host_ptr for s in slots], np.int64)[which] + offset
-                    table["device"] = np.array([s.device_ptr for s in slots], np.int64)[which] + offset
-                    table["nbytes"] = sizes[lo:hi] * itemsize
-                    table["stream"] = np.array([s.stream_ptr for s in slots], np.int64)[which]
+                    table = self._native_table(base, flat.size, itemsize, plan.slot_bytes, segs, slots)
                     self.device.stage_native(table, threads)
                     for k, slot in zip(segs, slots, strict=True):
                         count = min(slot_elems, flat.size - k * slot_elems)
@@ -1016,6 +1006,36 @@ class _Pipeline:
                 finally:
                     _settle_all(self, [(slot, i < launched) for i, slot in enumerate(slots)])
         return parts
+
+    def _native_table(self, base: int, n: int, itemsize: int, slot_bytes: int, segs: range, slots: list) -> np.ndarray:
+        """The engine's piece table for segments ``segs`` of ``n`` elements at ``base`` into ``slots``.
+
+        Everything in it follows from the arguments, so tables are cached (a few, most recent
+        first): repeated calls on one array, which take the same slots, skip building it.
+        """
+        piece_bytes = NATIVE_PIECE_BYTES
+        key = (base, n, itemsize, slot_bytes, piece_bytes, segs.start, segs.stop, tuple(s.host_ptr for s in slots))
+        with self._tables_lock:
+            table = self._tables.get(key)
+            if table is not None:
+                self._tables.move_to_end(key)
+                return table
+        starts, sizes, seg_of = _native_pieces(n, itemsize, slot_bytes, piece_bytes)
+        lo, hi = np.searchsorted(seg_of, [segs.start, segs.stop])
+        which = seg_of[lo:hi] - segs.start  # the group's slot of each piece
+        offset = (starts[lo:hi] - seg_of[lo:hi] * (slot_bytes // itemsize)) * itemsize
+        table = np.empty(hi - lo, _hostcopy.PIECE_DTYPE)
+        table["src"] = base + starts[lo:hi] * itemsize
+        table["staged"] = np.array([s.host_ptr for s in slots], np.int64)[which] + offset
+        table["device"] = np.array([s.device_ptr for s in slots], np.int64)[which] + offset
+        table["nbytes"] = sizes[lo:hi] * itemsize
+        table["stream"] = np.array([s.stream_ptr for s in slots], np.int64)[which]
+        table.flags.writeable = False
+        with self._tables_lock:
+            self._tables[key] = table
+            while len(self._tables) > 64:
+                self._tables.popitem(last=False)
+        return table
 
     def run_serial(self, src: np.ndarray, pieces: list[tuple], op: Op, acc: np.dtype, plan: StreamPlan) -> list:
         """Stream ``src``'s pieces from the calling thread alone (a Dask task's chunk).
@@ -1207,31 +1227,24 @@ def _native_segments(flat: np.ndarray, plan: StreamPlan) -> int:
     return -(-flat.size // max(1, plan.slot_bytes // flat.itemsize))
 
 
-def _native_pieces(n: int, itemsize: int, slot_bytes: int, threads: int) -> tuple[np.ndarray, np.ndarray]:
-    """(first element, element count) of each native piece of ``n`` elements, in order.
+@functools.lru_cache(maxsize=64)
+def _native_pieces(
+    n: int, itemsize: int, slot_bytes: int, piece_bytes: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(first element, element count, segment) of each native piece of ``n`` elements, in order.
 
-    Pieces have :data:`NATIVE_PIECE_BYTES` (at most a slot) and never cross a slot-sized
-    segment's boundary. With several threads, the last ``threads`` pieces' worth is cut again
-    into pieces that shrink toward the end, to :data:`NATIVE_MIN_TAIL_BYTES`: the threads all
-    end their last copies at about the same time, and what is still to cross the link after
-    the last copy is a few small pieces instead of one full piece per thread.
+    Pieces have ``piece_bytes`` (:data:`NATIVE_PIECE_BYTES`; at most a slot), and segments are the slot-sized
+    ranges of elements; a piece never crosses a segment's boundary. Cached (read-only arrays):
+    repeated calls on inputs of one size skip the planning.
     """
     slot = max(1, slot_bytes // itemsize)
-    per = max(1, min(NATIVE_PIECE_BYTES, slot_bytes) // itemsize)
-    align = max(1, _PIECE_ALIGN // itemsize)
-    tail: list[int] = []
-    end = n  # where the whole pieces end
-    if threads > 1:
-        low = max(align, NATIVE_MIN_TAIL_BYTES // itemsize)
-        pos = max(0, n - threads * per)
-        end = pos = pos - pos % per
-        while pos < n:
-            tail.append(pos)
-            step = max(low, (n - pos) // (2 * threads))
-            pos += step - step % align
-    cuts = [np.arange(0, end, per, dtype=np.int64), np.arange(0, n, slot, dtype=np.int64), np.array(tail, np.int64)]
-    starts = np.unique(np.concatenate(cuts))
-    return starts, np.diff(starts, append=n)
+    per = max(1, min(piece_bytes, slot_bytes) // itemsize)
+    starts = np.unique(np.concatenate([np.arange(0, n, per, dtype=np.int64), np.arange(0, n, slot, dtype=np.int64)]))
+    sizes = np.diff(starts, append=n)
+    segments = starts // slot
+    for a in (starts, sizes, segments):
+        a.flags.writeable = False
+    return starts, sizes, segments
 
 
 def _settle(pipeline: _Pipeline, slot: _Slot, kernel: bool) -> None:
@@ -1551,8 +1564,6 @@ def reduce(
     if a.size == 0:
         # Nothing to move: the identity (sum) or NumPy's error (max/min), from the core.
         return core.reduce(a, op, dtype=dtype)
-    if threads is None and (_device.native if _device is not None else _native_enabled()) and _dense_1d(a) is not None:
-        threads = max(1, min(_default_threads(), a.nbytes // NATIVE_BYTES_PER_THREAD))
     plan = make_plan(a.nbytes, a.itemsize, budget=budget, slot_bytes=slot_bytes, threads=threads)
     pipeline = _pipeline(plan, device, _device)
     return pipeline.run(a, op, acc, result, plan)

@@ -120,27 +120,18 @@ def test_ramp_pieces_examples():
 @given(
     n=st.integers(1, 3 << 20),
     itemsize=st.sampled_from([1, 2, 4, 8]),
-    slot_kib=st.sampled_from([4, 64, 1024, 32 * 1024]),
-    threads=st.integers(1, 16),
+    slot_kib=st.sampled_from([4, 64, 1000, 32 * 1024]),
+    piece_kib=st.sampled_from([4, 512, 2048]),
 )
-def test_native_pieces_cover_every_element_once_within_segments(n, itemsize, slot_kib, threads):
-    slot_bytes = slot_kib * KIB
-    starts, sizes = stream._native_pieces(n, itemsize, slot_bytes, threads)
+def test_native_pieces_cover_every_element_once_within_segments(n, itemsize, slot_kib, piece_kib):
+    slot_bytes, piece_bytes = slot_kib * KIB, piece_kib * KIB
+    starts, sizes, segments = stream._native_pieces(n, itemsize, slot_bytes, piece_bytes)
     assert starts[0] == 0 and (sizes > 0).all()
     assert np.array_equal(starts[1:], starts[:-1] + sizes[:-1]) and starts[-1] + sizes[-1] == n
     slot = slot_bytes // itemsize
-    assert (starts // slot == (starts + sizes - 1) // slot).all()  # never across a segment
-    assert (sizes * itemsize <= min(stream.NATIVE_PIECE_BYTES, slot_bytes)).all()
-
-
-def test_native_pieces_shrink_toward_the_end():
-    mib = 1 << 20
-    starts, sizes = stream._native_pieces(64 * mib // 4, 4, 32 * mib, 12)
-    nbytes = sizes * 4
-    assert (nbytes[: 64 - 12] == mib).all()  # whole pieces until the last 12 MiB
-    tail = nbytes[64 - 12 :]
-    assert tail.sum() == 12 * mib and len(tail) < 64
-    assert (np.diff(tail[:-1]) <= 0).all() and tail[-2] == stream.NATIVE_MIN_TAIL_BYTES  # the last: what is left
+    assert np.array_equal(segments, starts // slot) and (segments == (starts + sizes - 1) // slot).all()
+    assert (sizes <= min(piece_bytes, slot_bytes) // itemsize).all()
+    assert len(starts) <= -(-n // (min(piece_bytes, slot_bytes) // itemsize)) + -(-n // slot)
 
 
 @pytest.mark.parametrize("nbytes", [1, 4 * KIB, 64 << 20, 8 << 30])
