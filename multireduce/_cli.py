@@ -617,6 +617,8 @@ def _cmd_info(args, comm, mpi) -> int:
     ctx = _setup(args, comm, mpi)
     import mpi4py
 
+    from . import stream
+
     local, local_size = mpi.local_rank(comm)
     per_rank = comm.gather(
         {
@@ -665,6 +667,7 @@ def _cmd_info(args, comm, mpi) -> int:
         "cuda_aware_decided_by": aware.method,
         "cuda_aware_detail": aware.detail,
         "per_rank": per_rank,
+        "stream_copy_engine": stream.copy_engine(),
     }
     if ctx.rank == 0:
         if args.json:
@@ -688,6 +691,8 @@ def _cmd_info(args, comm, mpi) -> int:
                 where = f"GPU {row['device']} ({row['device_name']})" if row["backend"] == "gpu" else "CPU"
                 lines.append(f"  rank {row['rank']}: {row['host']}, node-local rank {row['local_rank']}, {where}")
             lines.append("CUDA-aware MPI: " + _transport_line(mpi))
+            engine = report["stream_copy_engine"]
+            lines.append(f"stream copy engine: {engine['engine']} ({engine.get('library') or engine.get('reason')})")
             _emit(ctx, "\n".join(lines))
     return 0
 

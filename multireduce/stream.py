@@ -22,11 +22,14 @@ its event (the previous copy out of the pinned buffer has finished), and then:
    :func:`multireduce.core.partial` on the segment's device bytes, on the slot's stream (so
    after every copy into it), records the slot's event and returns the slot.
 
-With the *native copy engine* (:data:`COPY_ENGINE`, :mod:`multireduce._hostcopy`), steps 1
-and 2 run in C instead: the calling thread hands every piece of a group of segments to a pool
-of C threads in one call that releases the GIL, and launches the segments' kernels when it
-returns. Python's copy threads remain for the ``"python"`` engine and for sources whose pieces
-are not contiguous.
+With the *native copy engine* (:data:`COPY_ENGINE`, :mod:`multireduce._hostcopy`; the
+default where a C compiler builds it), steps 1 and 2 run in C instead: the calling thread
+hands every piece of a group of segments (:func:`_native_pieces`) to a pool of C threads in
+one call that releases the GIL, and launches the segments' kernels when it returns. For an
+input whose segments all fit the slots, each kernel writes its partial into pinned,
+device-mapped host memory (:class:`_Cells`), and the partials are combined on the host once
+their events have completed: no combine kernel and no copy back. Python's copy threads remain
+for the ``"python"`` engine and for sources with no dense 1-d view.
 
 Inputs whose segments all fit the plan's slots take them together, up front
 (:meth:`_Pipeline.acquire_all`); the calling thread copies pieces too (idle pool threads may

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -204,6 +205,8 @@ def test_info(mpiexec):
     out = done.stdout
     for text in ("backend: cpu (forced by --cpu)", "MPI: ", "ranks: 2", "rank 1:", "node-local rank 1"):
         assert text in out, out
+    # The test machines have a C compiler: the streaming layer's native copy engine builds.
+    assert re.search(r"stream copy engine: native \(.*hostcopy-\w+-.*\.so\)", out), out
     if "MPICH" in out:  # the PyPI wheel of CI; Open MPI elsewhere answers through either source
         assert (
             "CUDA-aware MPI: no (staged through host memory), decided by MPIX_Query_cuda_support "
@@ -214,6 +217,7 @@ def test_info(mpiexec):
     done = run(mpiexec, 2, [*CLI, "info", "--json"], extra_env={"MULTIREDUCE_CUDA_AWARE": "1"})
     report = json.loads(done.stdout)
     assert report["ranks"] == 2 and report["cuda_aware"] is True and report["cuda_aware_decided_by"] == "env"
+    assert report["stream_copy_engine"]["setting"] == "auto" and report["stream_copy_engine"]["engine"] == "native"
     assert "MULTIREDUCE_CUDA_AWARE=1" in report["cuda_aware_detail"]
     done = run(mpiexec, 2, [*CLI, "info"], extra_env={"MULTIREDUCE_CUDA_AWARE": "maybe"})
     assert done.returncode == 1 and done.stderr.count("MULTIREDUCE_CUDA_AWARE must be 0 or 1") == 1, done.output
