@@ -47,3 +47,17 @@ def mpiexec() -> str:
     if found is None:
         pytest.skip("mpiexec not found next to the interpreter or on PATH")
     return found
+
+
+@pytest.fixture
+def native_stand_in():
+    """The native copy engine's library, its host-to-host upload stand-in reset (no failure).
+
+    Tests make the stand-in fail with ``native_stand_in.mr_test_configure(k, code)``.
+    """
+    from multireduce import _hostcopy
+
+    lib = _hostcopy.load()
+    lib.mr_test_configure(0, 0)
+    yield lib
+    lib.mr_test_configure(0, 0)

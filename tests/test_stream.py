@@ -272,16 +272,6 @@ def test_the_native_engine_leaves_strided_inputs_to_the_python_threads():
     assert dev.native_calls == 0 and dev.uploads > 0
 
 
-@pytest.fixture
-def native_stand_in():
-    from multireduce import _hostcopy
-
-    lib = _hostcopy.load()
-    lib.mr_test_configure(0, 0)
-    yield lib
-    lib.mr_test_configure(0, 0)
-
-
 @pytest.mark.parametrize("elements", [3 * KIB, 30 * KIB])  # all slots at once, and in groups
 def test_a_failing_native_upload_raises_and_releases_every_slot(native_stand_in, elements):
     x = np.arange(elements, dtype=np.int32)
