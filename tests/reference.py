@@ -109,3 +109,29 @@ def check(x: np.ndarray, op: str, got) -> None:
         assert int(got) == (max(values) if op == "max" else min(values))
         return
     assert same_float(got, ieee_extreme(x, largest=(op == "max"))), (got, x)
+
+
+def run_in_threads(calls, timeout: float = 60.0) -> None:
+    """Run each of ``calls`` (no-argument callables) on its own thread; wait for all.
+
+    Fails if a thread is still running after ``timeout`` seconds (a hang or deadlock), and
+    raises the first exception a call raised.
+    """
+    import threading
+
+    errors: list[BaseException] = []
+
+    def guarded(call):
+        try:
+            call()
+        except BaseException as exc:
+            errors.append(exc)
+
+    workers = [threading.Thread(target=guarded, args=(c,)) for c in calls]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(timeout=timeout)
+    assert not any(w.is_alive() for w in workers), "a thread did not finish: hang or deadlock"
+    if errors:
+        raise errors[0]

@@ -6,12 +6,13 @@ The engine inside the pipeline is tested in test_stream.py; with the real driver
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
-import threading
 import warnings
 
 import numpy as np
 import pytest
+from reference import run_in_threads
 
 from multireduce import _hostcopy, stream
 
@@ -84,27 +85,16 @@ def test_a_failing_upload_stops_the_job_and_names_the_piece(lib, threads):
 
 
 def test_concurrent_callers_each_get_their_own_pieces(lib):
-    errors = []
-
     def call(seed):
         rng = np.random.default_rng(seed)
-        try:
-            for _ in range(30):
-                src = rng.integers(0, 256, 100_000, dtype=np.uint8)
-                staged, dev = np.zeros_like(src), np.zeros_like(src)
-                threads = int(rng.integers(1, 9))
-                _hostcopy.stage(table_for(src, staged, dev, range(0, 100_001, 10_000)), threads, upload(lib))
-                assert np.array_equal(dev, src)
-        except BaseException as exc:
-            errors.append(exc)
+        for _ in range(30):
+            src = rng.integers(0, 256, 100_000, dtype=np.uint8)
+            staged, dev = np.zeros_like(src), np.zeros_like(src)
+            threads = int(rng.integers(1, 9))
+            _hostcopy.stage(table_for(src, staged, dev, range(0, 100_001, 10_000)), threads, upload(lib))
+            assert np.array_equal(dev, src)
 
-    workers = [threading.Thread(target=call, args=(s,)) for s in range(4)]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join(timeout=60)
-    assert not any(w.is_alive() for w in workers), "hang"
-    assert not errors
+    run_in_threads([functools.partial(call, s) for s in range(4)])
     assert lib.mr_test_calls() == 4 * 30 * 10
 
 

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from reference import check, exact_int_sum, make_data
+from reference import check, exact_int_sum, make_data, run_in_threads
 
 from multireduce import core, stream
 
@@ -648,26 +648,15 @@ def test_an_interrupt_on_the_resident_path_waits_for_the_copy_threads(monkeypatc
 def test_concurrent_calls_needing_every_slot_do_not_deadlock(engine):
     # Each call needs both slots of the cache at once; taken one by one, two calls could each
     # hold one and wait forever for the other.
-    import threading
-
     dev = stream.SimulatedDevice(upload_delay=0.0005, engine=engine)
     x = np.arange(2 * KIB, dtype=np.int32)  # two 4 KiB segments
-    results, errors = [], []
+    results = []
 
     def call():
-        try:
-            for _ in range(20):
-                results.append(int(sim_reduce(x, "sum", device=dev, budget=8 * KIB, threads=2)[0]))
-        except BaseException as exc:
-            errors.append(exc)
+        for _ in range(20):
+            results.append(int(sim_reduce(x, "sum", device=dev, budget=8 * KIB, threads=2)[0]))
 
-    workers = [threading.Thread(target=call) for _ in range(4)]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join(timeout=60)
-    assert not any(w.is_alive() for w in workers), "deadlock"
-    assert not errors
+    run_in_threads([call] * 4)
     assert results == [exact_int_sum(x, np.int64)] * 80
     assert dev.slots_allocated == 2
 
