@@ -1522,9 +1522,7 @@ def reduce(
     threads : int, optional
         Host threads that copy into pinned buffers (the calling thread among them for inputs
         that fit the slots); default the usable CPUs, at most 12 and at most one per 8 MiB of
-        input. For a Dask array, Dask's own threads copy and this only sizes the slots
-        (``threads + 3`` of them, within ``budget``); default Dask's thread count
-        (``num_workers``, else the CPU count), so that every task finds a free slot.
+        input. For a Dask array, Dask's own threads copy and this only sizes the slots.
     split_every : int or dict, optional
         For a Dask array, as in :func:`multireduce.dask.treereduce`.
 
@@ -1590,24 +1588,11 @@ def _pipeline(plan: StreamPlan, device: int | None, simulated: SimulatedDevice |
     return _cupy_pipeline(_current_device() if device is None else device, plan.slot_bytes)
 
 
-def _dask_threads() -> int:
-    """The threads Dask's local schedulers run tasks on (``num_workers``, else the CPU count)."""
-    import dask
-    import dask.system
-
-    configured = dask.config.get("num_workers", None)
-    return max(1, int(configured) if configured else dask.system.CPU_COUNT)
-
-
 def _reduce_dask(x, op: Op, dtype, device, budget, slot_bytes, threads, split_every, simulated) -> np.generic:
     from . import dask as mdask
 
     op, result, acc = mdask._plan(x, op, dtype)
     nbytes = 0 if math.isnan(x.nbytes) else int(x.nbytes)
-    if threads is None:
-        # Each of Dask's threads streams one chunk's segment at a time through one slot: with
-        # fewer slots than threads, some tasks wait for another's slot to come back.
-        threads = _dask_threads()
     plan = make_plan(nbytes, x.dtype.itemsize, budget=budget, slot_bytes=slot_bytes, threads=threads)
     pipeline = _pipeline(plan, device, simulated)
     ref = pipeline if simulated is not None else ("cuda", pipeline.device.device, plan.slot_bytes)

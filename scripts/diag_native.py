@@ -9,9 +9,8 @@
    few variants on an array written by the CPU (NumPy's ``astype``).
 2. Where one native 2^24 call's time goes (marks at the pipeline's steps).
 3. A 1 GiB NumPy-chunked Dask array (16 chunks): ``stream.reduce`` under Dask, with and
-   without non-temporal stores, and with the plan of 12 threads (15 slots for Dask's 16);
-   the same chunks streamed by 16 plain threads without Dask (the pipeline's own rate); the
-   Python engine; Dask's CPU ``x.sum()``.
+   without non-temporal stores; the same chunks streamed by 16 plain threads without Dask
+   (the pipeline's own rate); the Python engine; Dask's CPU ``x.sum()``.
 4. 1 GiB and 4 GiB from pageable memory: Python threads against the native engine.
 
 Usage: ``python scripts/diag_native.py [--rounds 40]``.
@@ -120,7 +119,7 @@ def dask_case(sync, rounds=5) -> None:
     chunks = [h[i : i + n // 16] for i in range(0, n, n // 16)]
     op = get_op("sum")
     acc = np.dtype(np.float64)
-    plan = stream.make_plan(h.nbytes, 4, threads=16)  # a slot for each of the 16 threads
+    plan = stream.make_plan(h.nbytes, 4)
     pipeline = stream._cupy_pipeline(cp.cuda.Device().id, plan.slot_bytes)
 
     def plain_threads():
@@ -149,7 +148,6 @@ def dask_case(sync, rounds=5) -> None:
     with dask.config.set(scheduler="threads"):
         cases = {
             "stream.reduce(dask)": lambda: stream.reduce(x, "sum"),
-            "stream.reduce(dask), 15 slots": lambda: stream.reduce(x, "sum", threads=12),
             "stream.reduce(dask), no NT": no_nt(lambda: stream.reduce(x, "sum")),
             "16 plain threads": plain_threads,
             "python engine (dask)": variant(x, engine="python"),

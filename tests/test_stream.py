@@ -765,25 +765,6 @@ def test_dask_numpy_chunks(op, split_every, engine):
     assert dev.native_calls == (0 if engine == "python" else 6 * 10 + 1)
 
 
-def test_dask_slots_follow_dasks_thread_count(monkeypatch):
-    # Every Dask thread streams a chunk through one slot at a time: the plan has a slot for each
-    # (threads + 3), within the budget, unless threads= says otherwise.
-    dask = pytest.importorskip("dask")
-    da = pytest.importorskip("dask.array")
-    plans = []
-    real = stream.make_plan
-    monkeypatch.setattr(stream, "make_plan", lambda *a, **k: plans.append(real(*a, **k)) or plans[-1])
-    x = np.arange(40_000, dtype=np.int64)
-    d = da.from_array(x, chunks=2_000)
-    for workers, threads, slots in [(6, None, 9), (16, None, 16), (6, 2, 5)]:
-        with dask.config.set(scheduler="threads", num_workers=workers):
-            got = stream.reduce(
-                d, "sum", budget=64 * KIB, slot_bytes=4 * KIB, threads=threads, _device=stream.SimulatedDevice()
-            )
-        assert int(got) == exact_int_sum(x, np.int64)
-        assert plans[-1].n_slots == slots, (workers, threads, plans[-1])  # 16 slots of 4 KiB: the budget
-
-
 def test_dask_empty_blocks_and_errors():
     da = pytest.importorskip("dask.array")
     x = -np.arange(1, 11, dtype=np.float64)
