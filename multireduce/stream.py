@@ -138,8 +138,13 @@ _COPY_ENGINES = ("auto", "native", "python")
 #: float32 took 1.90 ms with 2 MiB pieces and 1.96 with 1 MiB (non-temporal stores; 2.03 and
 #: 2.07 in another run), and 1 GiB the same with 1 and 4 MiB (bench/results/h200_73e49ad and
 #: h200_1580de2, diag_native.txt). Pieces that shrink toward the end of the input measured
-#: slower (2.08-2.14 ms), as did 12 threads instead of 8 (2.14 against 1.94 ms).
+#: slower (2.08-2.14 ms against 1.90-1.96 without them).
 NATIVE_PIECE_BYTES = 2 << 20
+#: Input bytes per default copy thread with the native engine (the Python threads:
+#: :data:`BYTES_PER_THREAD`): a piece costs it no GIL hand-offs. On the H200 hosts, 2^24
+#: float32 took 1.84 and 1.95 ms with 12 threads against 1.89 and 2.28 ms with 8, in two runs
+#: (bench/results/h200_bf79116 and h200_1961900, diag_native.txt).
+NATIVE_BYTES_PER_THREAD = 4 << 20
 #: Whether the native engine copies with non-temporal (streaming) stores: the pinned buffers
 #: are only read by the GPU, so the CPU's caches keep the source instead. On the H200 host,
 #: 2^24 float32 took 2.07 ms with them against 2.36 (1 MiB pieces), 1 GiB 27.5 ms against
@@ -1522,7 +1527,8 @@ def reduce(
     threads : int, optional
         Host threads that copy into pinned buffers (the calling thread among them for inputs
         that fit the slots); default the usable CPUs, at most 12 and at most one per 8 MiB of
-        input. For a Dask array, Dask's own threads copy and this only sizes the slots.
+        input (4 MiB with the native copy engine). For a Dask array, Dask's own threads copy
+        and this only sizes the slots.
     split_every : int or dict, optional
         For a Dask array, as in :func:`multireduce.dask.treereduce`.
 
@@ -1567,6 +1573,8 @@ def reduce(
     if a.size == 0:
         # Nothing to move: the identity (sum) or NumPy's error (max/min), from the core.
         return core.reduce(a, op, dtype=dtype)
+    if threads is None and _dense_1d(a) is not None and (_device.native if _device is not None else _native_enabled()):
+        threads = max(1, min(_default_threads(), a.nbytes // NATIVE_BYTES_PER_THREAD))
     plan = make_plan(a.nbytes, a.itemsize, budget=budget, slot_bytes=slot_bytes, threads=threads)
     pipeline = _pipeline(plan, device, _device)
     return pipeline.run(a, op, acc, result, plan)

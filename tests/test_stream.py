@@ -265,6 +265,18 @@ def test_the_native_engine_copies_dense_inputs_in_groups_of_segments(elements, c
     assert dev._pipelines[4 * KIB].in_use == 0 and dev.slots_allocated <= 7
 
 
+@pytest.mark.parametrize(("engine", "threads"), [("python", 2), ("native", 4)])
+def test_default_threads_per_engine(monkeypatch, engine, threads):
+    # One copy thread per 8 MiB of a dense input with Python threads, per 4 MiB natively.
+    monkeypatch.setattr(stream, "_default_threads", lambda: 12)
+    plans = []
+    real = stream.make_plan
+    monkeypatch.setattr(stream, "make_plan", lambda *a, **k: plans.append(real(*a, **k)) or plans[-1])
+    x = np.ones(4 << 20, dtype=np.float32)  # 16 MiB
+    got, _ = sim_reduce(x, "sum", engine=engine, threads=None, budget=8 << 20, slot_bytes=1 << 20)
+    assert int(got) == x.size and plans[-1].threads == threads
+
+
 def test_the_native_engine_leaves_strided_inputs_to_the_python_threads():
     x = np.arange(40_000, dtype=np.int64).reshape(200, 200)[:, ::3]
     got, dev = sim_reduce(x, "sum", engine="native")
