@@ -36,6 +36,7 @@ __all__ = [
     "address",
     "cache_dir",
     "library_path",
+    "loaded_path",
     "load",
     "stage",
 ]
@@ -104,6 +105,7 @@ def _build(target: Path) -> None:
 
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
+_lib_path: Path | None = None  # where _lib was loaded from
 
 
 def load() -> ctypes.CDLL:
@@ -114,7 +116,7 @@ def load() -> ctypes.CDLL:
     NativeUnavailable
         If the library cannot be built or loaded.
     """
-    global _lib
+    global _lib, _lib_path
     with _lock:
         if _lib is not None:
             return _lib
@@ -134,8 +136,14 @@ def load() -> ctypes.CDLL:
         lib.mr_test_configure.argtypes = [ctypes.c_long, ctypes.c_int]
         lib.mr_test_calls.restype = ctypes.c_long
         lib.mr_test_calls.argtypes = []
-        _lib = lib
+        _lib, _lib_path = lib, path
         return lib
+
+
+def loaded_path() -> Path:
+    """The file :func:`load` loaded the engine from (loading it first if needed)."""
+    load()
+    return _lib_path
 
 
 def address(lib: ctypes.CDLL, name: str) -> int:

@@ -365,38 +365,6 @@ def _pieces_of(a: np.ndarray, piece_bytes: int, ramp: int = 1) -> tuple[np.ndarr
 _engine_warned = False
 
 
-def _native_enabled() -> bool:
-    """Whether :data:`COPY_ENGINE` selects the native engine here (building it if needed).
-
-    Raises
-    ------
-    ValueError
-        For a :data:`COPY_ENGINE` that is not one of "auto", "native", "python".
-    multireduce._hostcopy.NativeUnavailable
-        If it is "native" and the engine cannot be built or loaded.
-    """
-    global _engine_warned
-    if COPY_ENGINE not in _COPY_ENGINES:
-        accepted = ", ".join(map(repr, _COPY_ENGINES))
-        raise ValueError(f"multireduce.stream.COPY_ENGINE must be one of {accepted}, not {COPY_ENGINE!r}")
-    if COPY_ENGINE == "python":
-        return False
-    try:
-        _hostcopy.load()
-    except _hostcopy.NativeUnavailable as exc:
-        if COPY_ENGINE == "native":
-            raise
-        if not _engine_warned:
-            _engine_warned = True
-            warnings.warn(
-                f"multireduce.stream copies with Python threads (slower from pageable memory): {exc}",
-                RuntimeWarning,
-                stacklevel=4,
-            )
-        return False
-    return True
-
-
 def copy_engine() -> dict:
     """Which copy engine :func:`reduce` uses for pageable memory, and why.
 
@@ -405,17 +373,43 @@ def copy_engine() -> dict:
     dict
         ``setting`` (:data:`COPY_ENGINE`), ``engine`` ("native" or "python"), and ``library``
         (the compiled engine's path) or ``reason`` (why the Python threads are used).
+
+    Raises
+    ------
+    ValueError
+        For a :data:`COPY_ENGINE` that is not one of "auto", "native", "python".
+    multireduce._hostcopy.NativeUnavailable
+        If it is "native" and the engine cannot be built or loaded.
     """
+    if COPY_ENGINE not in _COPY_ENGINES:
+        accepted = ", ".join(map(repr, _COPY_ENGINES))
+        raise ValueError(f"multireduce.stream.COPY_ENGINE must be one of {accepted}, not {COPY_ENGINE!r}")
     info = {"setting": COPY_ENGINE}
     if COPY_ENGINE == "python":
         return {**info, "engine": "python", "reason": "COPY_ENGINE is 'python'"}
     try:
-        _hostcopy.load()
+        path = _hostcopy.loaded_path()
     except _hostcopy.NativeUnavailable as exc:
         if COPY_ENGINE == "native":
             raise
         return {**info, "engine": "python", "reason": str(exc)}
-    return {**info, "engine": "native", "library": str(_hostcopy.library_path())}
+    return {**info, "engine": "native", "library": str(path)}
+
+
+def _native_enabled() -> bool:
+    """Whether :func:`copy_engine` chooses the native engine; under "auto", warn once if not."""
+    global _engine_warned
+    engine = copy_engine()
+    if engine["engine"] == "native":
+        return True
+    if COPY_ENGINE == "auto" and not _engine_warned:
+        _engine_warned = True
+        warnings.warn(
+            f"multireduce.stream copies with Python threads (slower from pageable memory): {engine['reason']}",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+    return False
 
 
 class _Driver:

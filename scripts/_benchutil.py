@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 
@@ -55,3 +56,36 @@ def median_time(fn, k: int = 15, between=None) -> float:
         fn()
         ts.append(time.perf_counter() - t)
     return statistics.median(ts)
+
+
+@contextlib.contextmanager
+def patched(target, **values):
+    """Set attributes of ``target`` (a module's settings, say) for the ``with`` block only."""
+    saved = {name: getattr(target, name) for name in values}
+    for name, value in values.items():
+        setattr(target, name, value)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(target, name, value)
+
+
+def timed_calls(fn, calls: int, *, between=None, before=None, after=None) -> tuple[float, float]:
+    """Call ``fn()`` ``calls`` times and return the last call's (start, end) ``perf_counter`` times.
+
+    Before each call ``between()`` runs (other work, untimed), then ``before()`` (reset the
+    caller's records); after it, ``after(start, end)`` (read them).
+    """
+    start = end = 0.0
+    for _ in range(calls):
+        if between is not None:
+            between()
+        if before is not None:
+            before()
+        start = time.perf_counter()
+        fn()
+        end = time.perf_counter()
+        if after is not None:
+            after(start, end)
+    return start, end

@@ -46,7 +46,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from _benchutil import exact_pattern_sum, interleaved, stats  # noqa: E402
+from _benchutil import exact_pattern_sum, interleaved, patched, stats  # noqa: E402
 
 from multireduce._provenance import git_state  # noqa: E402
 
@@ -132,12 +132,8 @@ def python_engine(stream, fn):
     """``fn`` run with the Python copy threads (``stream.COPY_ENGINE = "python"``)."""
 
     def call():
-        saved = stream.COPY_ENGINE
-        stream.COPY_ENGINE = "python"
-        try:
+        with patched(stream, COPY_ENGINE="python"):
             return fn()
-        finally:
-            stream.COPY_ENGINE = saved
 
     return call
 

@@ -26,7 +26,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import cupy as cp  # noqa: E402
-from _benchutil import interleaved  # noqa: E402
+from _benchutil import interleaved, patched, timed_calls  # noqa: E402
 
 from multireduce import stream  # noqa: E402
 
@@ -35,17 +35,10 @@ MIB = 1 << 20
 
 def variant(h, engine="native", piece=2 * MIB, threads=None, nt=True):
     """``stream.reduce(h)`` with these settings."""
-    names = ("COPY_ENGINE", "NATIVE_PIECE_BYTES", "NATIVE_STREAMING_STORES")
 
     def call():
-        saved = [getattr(stream, name) for name in names]
-        for name, value in zip(names, (engine, piece, nt), strict=True):
-            setattr(stream, name, value)
-        try:
+        with patched(stream, COPY_ENGINE=engine, NATIVE_PIECE_BYTES=piece, NATIVE_STREAMING_STORES=nt):
             return stream.reduce(h, "sum", threads=threads)
-        finally:
-            for name, value in zip(names, saved, strict=True):
-                setattr(stream, name, value)
 
     return call
 
@@ -85,16 +78,16 @@ def phases(h, rounds=31) -> None:
 
         setattr(obj, name, wrapper)
     rows: dict[str, list[float]] = {}
+
+    def record(t0, t1):
+        for i, (name, t) in enumerate(marks):
+            rows.setdefault(f"{i:2d}: {name}", []).append((t - t0) * 1e3)
+        rows.setdefault("returned", []).append((t1 - t0) * 1e3)
+
     try:
-        for _ in range(rounds):
-            np.sum(h)
-            marks.clear()
-            t0 = time.perf_counter()
-            stream.reduce(h, "sum")
-            t1 = time.perf_counter()
-            for i, (name, t) in enumerate(marks):
-                rows.setdefault(f"{i:2d}: {name}", []).append((t - t0) * 1e3)
-            rows.setdefault("returned", []).append((t1 - t0) * 1e3)
+        timed_calls(
+            lambda: stream.reduce(h, "sum"), rounds, between=lambda: np.sum(h), before=marks.clear, after=record
+        )
     finally:
         for obj, name, _ in saved:
             delattr(obj, name)  # back to the class's method
@@ -137,11 +130,8 @@ def dask_case(sync, rounds=5) -> None:
 
     def no_nt(fn):
         def call():
-            stream.NATIVE_STREAMING_STORES = False
-            try:
+            with patched(stream, NATIVE_STREAMING_STORES=False):
                 return fn()
-            finally:
-                stream.NATIVE_STREAMING_STORES = True
 
         return call
 

@@ -31,8 +31,13 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import cupy as cp  # noqa: E402
 from _benchutil import median_time as med  # noqa: E402
+from _benchutil import timed_calls  # noqa: E402
 
 from multireduce import stream  # noqa: E402
+
+# These diagnostics study the Python copy threads (the pieces they cut); scripts/diag_native.py
+# studies the native engine, which cuts its own pieces.
+stream.COPY_ENGINE = "python"
 
 n = 1 << 24
 host = (np.arange(n, dtype=np.int64) % 1024).astype(np.float32)
@@ -101,13 +106,7 @@ def timeline(name, between=None):
 
     stream._Pipeline.fill, stream._CupyDevice.upload = staticmethod(fill), upload
     try:
-        for _ in range(3):
-            if between is not None:
-                between()
-            events.clear()
-            start = time.perf_counter()
-            float(stream.reduce(host, "sum"))
-            end = time.perf_counter()
+        start, end = timed_calls(lambda: float(stream.reduce(host, "sum")), 3, between=between, before=events.clear)
     finally:
         stream._Pipeline.fill, stream._CupyDevice.upload = staticmethod(real_fill), real_upload
     label = "between peers" if between else "back to back"
@@ -158,15 +157,12 @@ def phases(name, between=None, calls=5):
     for key, label in wrapped.items():
         setattr(*key, timed(key, label))
     rows = []
+
+    def record(start, end):
+        rows.append([(label, 1e3 * (t - start)) for label, t in marks] + [("returned", 1e3 * (end - start))])
+
     try:
-        for _ in range(calls):
-            if between is not None:
-                between()
-            marks.clear()
-            start = time.perf_counter()
-            float(stream.reduce(host, "sum"))
-            end = time.perf_counter()
-            rows.append([(label, 1e3 * (t - start)) for label, t in marks] + [("returned", 1e3 * (end - start))])
+        timed_calls(lambda: float(stream.reduce(host, "sum")), calls, between=between, before=marks.clear, after=record)
     finally:
         for key, fn in real.items():
             setattr(*key, fn)

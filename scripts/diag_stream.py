@@ -29,9 +29,13 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import cupy as cp  # noqa: E402
 from _benchutil import median_time as med  # noqa: E402
+from _benchutil import timed_calls  # noqa: E402
 
 import multireduce as mr  # noqa: E402
 from multireduce import stream  # noqa: E402
+
+# These diagnostics study the Python copy threads; scripts/diag_native.py the native engine.
+stream.COPY_ENGINE = "python"
 
 print("affinity", len(os.sched_getaffinity(0)), "cpu_count", os.cpu_count())
 print("default plan 64 MiB", stream.make_plan(1 << 26, 4))
@@ -116,13 +120,7 @@ def timeline(between=None) -> None:
 
     stream._CupyDevice.upload, stream._CupyDevice.reduce = upload, reduce
     try:
-        for _ in range(3):
-            if between is not None:
-                between()
-            events.clear()
-            start = time.perf_counter()
-            float(stream.reduce(host, "sum"))
-            end = time.perf_counter()
+        start, end = timed_calls(lambda: float(stream.reduce(host, "sum")), 3, between=between, before=events.clear)
     finally:
         stream._CupyDevice.upload, stream._CupyDevice.reduce = real_upload, real_reduce
     label = "between peers" if between else "back to back"

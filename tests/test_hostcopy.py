@@ -149,6 +149,7 @@ def test_a_build_failure_says_why(monkeypatch, tmp_path, cc, match):
     monkeypatch.setenv("MULTIREDUCE_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("CC", cc)
     monkeypatch.setattr(_hostcopy, "_lib", None)
+    monkeypatch.setattr(_hostcopy, "_lib_path", None)
     with pytest.raises(_hostcopy.NativeUnavailable, match=match):
         _hostcopy.load()
     assert list(tmp_path.iterdir()) == []  # no half-written library left behind
@@ -157,6 +158,7 @@ def test_a_build_failure_says_why(monkeypatch, tmp_path, cc, match):
 def test_a_fresh_build_loads_and_runs(monkeypatch, tmp_path):
     monkeypatch.setenv("MULTIREDUCE_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(_hostcopy, "_lib", None)
+    monkeypatch.setattr(_hostcopy, "_lib_path", None)
     lib = _hostcopy.load()
     assert _hostcopy.library_path().exists() and _hostcopy.library_path().parent == tmp_path
     src = np.arange(5000, dtype=np.uint8)
