@@ -141,10 +141,11 @@ _COPY_ENGINES = ("auto", "native", "python")
 #: slower (2.08-2.14 ms against 1.90-1.96 without them).
 NATIVE_PIECE_BYTES = 2 << 20
 #: Input bytes per default copy thread with the native engine (the Python threads:
-#: :data:`BYTES_PER_THREAD`): a piece costs it no GIL hand-offs. On three H200 hosts, 2^24
-#: float32 took 1.84, 1.95 and 1.83 ms with 12 threads against 1.89, 2.28 and 1.70 ms with 8
-#: (bench/results/h200_bf79116, h200_1961900 and h200_de7728f, diag_native.txt): 8 is better
-#: on fast hosts by up to 0.13 ms, 12 on the slow one by 0.33 ms, where 2.3 ms is at stake.
+#: :data:`BYTES_PER_THREAD`): a piece costs it no GIL hand-offs. On four H200 hosts, 2^24
+#: float32 took 1.84, 1.95, 1.83 and 2.07 ms with 12 threads against 1.89, 2.28, 1.70 and
+#: 1.80 ms with 8 (bench/results/h200_bf79116, h200_1961900, h200_de7728f, h200_947b549,
+#: diag_native.txt): even in total; 12 is kept for the slowest host (0.33 ms better there),
+#: where 2.3 ms is at stake.
 NATIVE_BYTES_PER_THREAD = 4 << 20
 #: Whether the native engine copies with non-temporal (streaming) stores: the pinned buffers
 #: are only read by the GPU, so the CPU's caches keep the source instead. On the H200 host,
