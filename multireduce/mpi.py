@@ -15,6 +15,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -340,7 +341,13 @@ def allreduce(
     stream synchronization) if :func:`cuda_aware` says so, and staged through host memory
     otherwise (the reduction kernel writes the partial straight into pinned, device-mapped
     host memory; only ``dtype=`` partials and empty shards are copied there);
-    :func:`transport_counts` records which.
+    :func:`transport_counts` records which. A staged combine ends on the host, and its GPU
+    result is then a 0-d CuPy array over a cell of pinned host memory mapped into the device's
+    address space (the CPU stores the value; no copy is queued on the stream, and kernels read
+    the cell over the host link). Such a cell is reused only once nothing references the
+    result, and only after the stream's work queued before then has finished; work on another
+    stream that reads a result must be finished before the result is dropped, as for CuPy's
+    pool memory.
 
     Examples
     --------
@@ -541,12 +548,12 @@ def _timed_allreduce(x_local: Any, op: str | Op, comm=None) -> tuple[Any, float,
 
 
 class _Slots:
-    """Two 8-byte slots of pinned, device-mapped host memory for one (device, stream).
+    """Pinned, device-mapped host memory for one (device, stream): the partial's slot and the results' cells.
 
-    Slot 0 takes the partial going to MPI: the reduction kernel writes it there directly
-    (:meth:`device_partial`), or, for a partial made elsewhere, an asynchronous copy does.
-    Slot 8 holds the result on its way back to the device. Nothing is allocated per call;
-    the views per dtype are made once.
+    The slot (8 bytes) takes the partial going to MPI: the reduction kernel writes it there
+    directly (:meth:`device_partial`), or, for a partial made elsewhere, an asynchronous copy
+    does. Results come back in :attr:`results`. Nothing is allocated per call; the views per
+    dtype are made once.
     """
 
     def __init__(self, device: int):
@@ -554,17 +561,18 @@ class _Slots:
 
         runtime = cupy.cuda.runtime
         flags = runtime.hostAllocPortable | runtime.hostAllocMapped
-        memory = cupy.cuda.PinnedMemoryPointer(cupy.cuda.PinnedMemory(16, flags), 0)
+        memory = cupy.cuda.PinnedMemoryPointer(cupy.cuda.PinnedMemory(8, flags), 0)
         self.device = device
-        self.host = np.frombuffer(memory, dtype=np.uint8, count=16)  # holds a reference to memory
+        self.host = np.frombuffer(memory, dtype=np.uint8, count=8)  # holds a reference to memory
         self.ptr = self.host.ctypes.data
         # Under unified addressing this is the host address itself; asked, not assumed.
         self.mapped = runtime.pointerGetAttributes(self.ptr).devicePointer
+        self.results = _ResultCells(device, cupy)
         self._device_views: dict[np.dtype, Any] = {}
-        self._host_views: dict[np.dtype, tuple[np.ndarray, np.ndarray]] = {}
+        self._host_views: dict[np.dtype, np.ndarray] = {}
 
     def device_partial(self, dtype: np.dtype):
-        """Slot 0 as a 0-d CuPy array of ``dtype``: a kernel that writes it stores into host memory."""
+        """The slot as a 0-d CuPy array of ``dtype``: a kernel that writes it stores into host memory."""
         view = self._device_views.get(dtype)
         if view is None:
             import cupy
@@ -573,13 +581,95 @@ class _Slots:
             view = self._device_views[dtype] = cupy.ndarray((), dtype, memptr=cupy.cuda.MemoryPointer(memory, 0))
         return view
 
-    def host_views(self, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
-        """(slot 0, slot 8) as one-element NumPy arrays of ``dtype``."""
-        views = self._host_views.get(dtype)
-        if views is None:
-            size = np.dtype(dtype).itemsize
-            views = self._host_views[dtype] = (self.host[:size].view(dtype), self.host[8 : 8 + size].view(dtype))
-        return views
+    def host_view(self, dtype: np.dtype) -> np.ndarray:
+        """The slot as a one-element NumPy array of ``dtype``."""
+        view = self._host_views.get(dtype)
+        if view is None:
+            view = self._host_views[dtype] = self.host[: np.dtype(dtype).itemsize].view(dtype)
+        return view
+
+
+class _ResultCells:
+    """The results of one (device, stream) as 0-d CuPy arrays over pinned, device-mapped host cells.
+
+    A combine that ends on the host (every staged one) hands its GPU caller a 0-d CuPy array
+    whose memory is one 8-byte cell of pinned host memory mapped into the device's address
+    space. The CPU stores the value, and the array is usable by kernels at once: nothing is
+    allocated on the device, no copy is queued on the stream, and a later synchronization has
+    nothing of it to wait for. (A kernel that reads the result reads it over the host link.)
+
+    A cell goes out again only once nothing references the array handed out over it, a view of
+    that array, or its memory: the reference counts of the cell's ``MemoryPointer`` and
+    ``UnownedMemory`` are back at what this class alone holds. Its new value is stored only
+    after the caller has synchronized the stream, so kernels queued on this stream before the
+    old result was dropped have read it; this is CuPy's memory-pool rule (a freed block is
+    reused in stream order), and as there, work on another stream that reads a result must be
+    finished before the result is dropped. A call takes the first free cell after the last one
+    handed out; a new block, as large as all before it, is added only when every cell is held,
+    so there are at most twice as many cells as results ever held at once (or BLOCK), and a
+    call that finds a run of held cells walks past them once.
+
+    ``take`` is not thread-safe by itself: a (device, stream) pair is used by one call at a time
+    (the partial's slot is shared the same way).
+    """
+
+    BLOCK = 32  # cells in the first block
+
+    def __init__(self, device: int, cupy: Any):
+        self.device = device
+        self._cupy = cupy
+        self._cells: list[tuple[Any, Any]] = []  # (UnownedMemory, MemoryPointer) per cell
+        self._blocks: list[np.ndarray] = []  # the host bytes of each block
+        self._where: list[tuple[int, int]] = []  # (block, cell within it) per cell
+        self._views: dict[tuple[int, np.dtype], np.ndarray] = {}
+        self._next = 0
+        self._free_refs: tuple[int, int] | None = None
+        self._grow()
+
+    @staticmethod
+    def _refs(cell: tuple[Any, Any]) -> tuple[int, int]:
+        return sys.getrefcount(cell[0]), sys.getrefcount(cell[1])
+
+    def _grow(self) -> int:
+        """Add a block (as many cells as there are, at least BLOCK); return its first cell."""
+        cuda = self._cupy.cuda
+        runtime = cuda.runtime
+        count = max(self.BLOCK, len(self._cells))
+        flags = runtime.hostAllocPortable | runtime.hostAllocMapped
+        pinned = cuda.PinnedMemoryPointer(cuda.PinnedMemory(8 * count, flags), 0)
+        host = np.frombuffer(pinned, dtype=np.uint8, count=8 * count)  # holds a reference to pinned
+        mapped = runtime.pointerGetAttributes(host.ctypes.data).devicePointer
+        first = len(self._cells)
+        for k in range(count):
+            memory = cuda.UnownedMemory(mapped + 8 * k, 8, host, self.device)
+            self._cells.append((memory, cuda.MemoryPointer(memory, 0)))
+            self._where.append((len(self._blocks), k))
+        self._blocks.append(host)
+        if self._free_refs is None:
+            self._free_refs = self._refs(self._cells[0])
+        return first
+
+    def take(self, dtype: np.dtype) -> tuple[Any, np.ndarray]:
+        """A free cell as ``(0-d CuPy array of dtype, one-element NumPy view of its host bytes)``.
+
+        Store the value through the view once the stream is synchronized (see the class notes).
+        """
+        cells, n = self._cells, len(self._cells)
+        k = self._next
+        for _ in range(n):
+            if k >= n:
+                k = 0
+            if self._refs(cells[k]) == self._free_refs:
+                break
+            k += 1
+        else:
+            k = self._grow()
+        self._next = k + 1
+        box = self._views.get((k, dtype))
+        if box is None:
+            block, index = self._where[k]
+            box = self._views[k, dtype] = self._blocks[block][8 * index : 8 * index + dtype.itemsize].view(dtype)
+        return self._cupy.ndarray((), dtype, memptr=cells[k][1]), box
 
 
 class _Staging:
@@ -596,7 +686,7 @@ class _Staging:
 
     @classmethod
     def slot(cls, plan: _Plan):
-        """Slot 0 of the current stream of ``plan.device`` as the partial's 0-d CuPy array."""
+        """The partial's slot of the current stream of ``plan.device`` as a 0-d CuPy array."""
         import cupy
 
         if cupy.cuda.runtime.getDevice() != plan.device:
@@ -627,29 +717,26 @@ def _to_host(partial, plan: _Plan) -> np.generic:
             size = partial.dtype.itemsize
             runtime.memcpyAsync(slots.ptr, partial.data.ptr, size, runtime.memcpyDeviceToHost, stream.ptr)
         stream.synchronize()
-        return slots.host_views(partial.dtype)[0][0]
+        return slots.host_view(partial.dtype)[0]
     _transport_counts["host"] += 1
     return partial
 
 
 def _from_host(value: np.generic, plan: _Plan):
-    """A 0-d CuPy array on the partial's device holding ``value`` bit for bit (a -0.0 stays).
+    """``value`` as a 0-d CuPy array for the partial's device, bit for bit (a -0.0 stays).
 
-    Copied from slot 8 on the current stream, asynchronously: the slot is written again only
-    after the next :func:`_to_host` on this stream has waited for it.
+    The array is a result cell (:class:`_ResultCells`) of the current stream, which the caller
+    has synchronized since its last kernel (every caller has, in :func:`_to_host` or before).
     """
     import cupy
 
-    runtime = cupy.cuda.runtime
     dtype = value.dtype
-    if runtime.getDevice() != plan.device:
+    if cupy.cuda.runtime.getDevice() != plan.device:
         with cupy.cuda.Device(plan.device):
             return _from_host(value, plan)
-    stream = cupy.cuda.get_current_stream()
-    slots = _Staging.get(plan.device, stream.ptr)
-    out = cupy.empty((), dtype=dtype)
-    slots.host_views(dtype)[1][0] = value
-    runtime.memcpyAsync(out.data.ptr, slots.ptr + 8, dtype.itemsize, runtime.memcpyHostToDevice, stream.ptr)
+    slots = _Staging.get(plan.device, cupy.cuda.get_current_stream().ptr)
+    out, box = slots.results.take(dtype)
+    box[0] = value
     return out
 
 
@@ -761,15 +848,16 @@ class _Fast:
     """What :func:`_fast_allreduce` needs, made once.
 
     Per (op, dtype) for NumPy shards, per (op, dtype, device, stream) for CuPy shards. Only a
-    GPU entry has the fields past ``stream``: the stream's pinned slots, their views, and the
-    sum's wire buffer, all used by one call at a time as the stream's slots always were. A
+    GPU entry has the fields past ``stream``: the sum's wire buffer, the stream's partial slot
+    (as a CuPy and a NumPy array) and its result cells, all used by one call at a time as the
+    stream's slots always were. A
     NumPy entry holds nothing that a call writes, so that host callers in several threads
     (each with its own communicator) do not share a buffer.
     """
 
     __slots__ = (
         "static", "op", "acc", "meta", "arith", "device", "stream",
-        "wire", "slots", "partial", "host_in", "host_out", "memcpy_async", "host_to_device",
+        "wire", "partial", "host_in", "results",
     )  # fmt: skip
 
     def __init__(self, static: _Static, device: int | None = None, stream: Any = None) -> None:
@@ -784,12 +872,10 @@ class _Fast:
         if stream is not None:
             if self.arith:  # reused as the stream's slots are
                 self.wire = np.zeros(1, dtype=static.wire)
-            self.slots = _Staging.get(device, stream.ptr)
-            self.partial = self.slots.device_partial(static.acc)  # slot 0, which the kernel writes
-            self.host_in = self.slots.host_views(static.acc)[0]
-            self.host_out = self.slots.host_views(static.result)[1]  # slot 8, the result's way back
-            runtime = core._cupy_backend.cupy.cuda.runtime
-            self.memcpy_async, self.host_to_device = runtime.memcpyAsync, runtime.memcpyHostToDevice
+            slots = _Staging.get(device, stream.ptr)
+            self.partial = slots.device_partial(static.acc)  # the slot, which the kernel writes
+            self.host_in = slots.host_view(static.acc)
+            self.results = slots.results
 
 
 #: (op name, dtype) for NumPy shards, (op name, dtype, device, stream) for CuPy shards ->
@@ -836,9 +922,9 @@ def _fast_allreduce(comm, x: Any, f: _Fast):
 
     The same steps and collective calls as the general path (:func:`_combine`), with
     everything looked up once: the local partial (on a GPU, the kernel writes it into the
-    stream's pinned slot, and the result's array is allocated while it runs, then one wait),
-    the agreement Allreduce (which carries the max/min key), the value Allreduce for sums and
-    products, and on a GPU the result's upload from slot 8 on the stream.
+    stream's pinned slot, and the result's cell is taken while it runs, then one wait), the
+    agreement Allreduce (which carries the max/min key), the value Allreduce for sums and
+    products, and on a GPU the result stored into its cell (:class:`_ResultCells`).
     """
     st = f.static
     try:
@@ -847,8 +933,9 @@ def _fast_allreduce(comm, x: Any, f: _Fast):
             meta = f.meta.copy()
         else:
             core._cupy_backend.reduce_full(x, f.op, f.acc, f.acc, out=f.partial)
-            # While the kernel runs: the result's array and the agreement's buffer.
-            out = core._cupy_backend.cupy.ndarray((), dtype=st.result)
+            # While the kernel runs: the result's cell (written after the wait) and the
+            # agreement's buffer.
+            out, box = f.results.take(st.result)
             meta = f.meta.copy()
             f.stream.synchronize()
             host = f.host_in[0]
@@ -861,8 +948,7 @@ def _fast_allreduce(comm, x: Any, f: _Fast):
     value = _global_value(comm, st, host, meta, f.wire)
     if f.stream is None:
         return value.astype(st.result)
-    f.host_out[0] = value  # cast to the result dtype as value.astype would
-    f.memcpy_async(out.data.ptr, f.slots.ptr + 8, out.itemsize, f.host_to_device, f.stream.ptr)
+    box[0] = value  # cast to the result dtype as value.astype would
     return out
 
 

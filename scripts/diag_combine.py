@@ -61,7 +61,7 @@ def main() -> int:
         t.append(time.perf_counter())
         comm.Allreduce(MPI.IN_PLACE, meta, op=MPI.MAX)
         t.append(time.perf_counter())
-        value[0] = mpi._Staging.get(plan.device, stream.ptr).host_views(np.dtype(np.float64))[0][0]
+        value[0] = mpi._Staging.get(plan.device, stream.ptr).host_view(np.dtype(np.float64))[0]
         comm.Allreduce(MPI.IN_PLACE, value, op=MPI.SUM)
         t.append(time.perf_counter())
         mpi._from_host(np.float32(value[0]), plan)

@@ -12,7 +12,10 @@ GPU followed by a stream synchronization:
 ``local->mapped spin`` the same, then ``cuStreamWriteValue32`` of a sequence number into mapped
                        pinned memory behind the kernel, waiting by reading it in a loop
 ``empty``              ``cupy.empty(())`` alone (no synchronization)
-``upload memcpy``      a new 0-d array filled from pinned memory with ``memcpyAsync``
+``upload memcpy``      a new 0-d array filled from pinned memory with ``memcpyAsync`` (how
+                       results came back before the result cells)
+``result cell``        ``mpi._from_host``: the value stored into a result cell (pinned,
+                       device-mapped host memory; no copy on the stream)
 ``upload pageable``    the same from ordinary memory with a synchronous ``memcpy``
 ``upload writevalue``  the same with the driver's ``cuStreamWriteValue64`` (where it runs)
 ``mapped+upload now``  the GPU part of a combine: local->mapped, wait, then the upload
@@ -60,7 +63,13 @@ def main() -> int:
     x = cupy.arange(1, dtype=np.float32) + 1
     plan, _ = mpi._plan(x, "sum", None)
     slot = mpi._Staging.slot(plan)
-    hptr = mpi._Staging.get(device, stream.ptr).ptr
+    # 16 bytes of pinned, device-mapped host memory for the upload experiments (slot 8 of
+    # the layer's staging slots before the result cells).
+    legacy_mem = cupy.cuda.PinnedMemoryPointer(
+        cupy.cuda.PinnedMemory(16, runtime.hostAllocPortable | runtime.hostAllocMapped), 0
+    )
+    legacy = np.frombuffer(legacy_mem, dtype=np.uint8, count=16)
+    hptr = legacy.ctypes.data
     value = np.float32(1.0)
     page = np.zeros(1, dtype=np.float64)
 
@@ -94,6 +103,11 @@ def main() -> int:
             pass
 
     def upload_memcpy():
+        out = cupy.empty((), dtype=np.float64)
+        runtime.memcpyAsync(out.data.ptr, hptr + 8, 8, runtime.memcpyHostToDevice, stream.ptr)
+        stream.synchronize()
+
+    def result_cell():
         mpi._from_host(value, plan)
         stream.synchronize()
 
@@ -110,6 +124,7 @@ def main() -> int:
         "local->mapped query": local_mapped_query,
         "empty": lambda: cupy.empty((), dtype=np.float64),
         "upload memcpy": upload_memcpy,
+        "result cell": result_cell,
         "upload pageable": upload_pageable,
     }
     try:
@@ -139,7 +154,7 @@ def main() -> int:
     # the wait, behind cuStreamWaitValue32 on a flag in mapped pinned memory that the host
     # sets once the value is there.
     slots = mpi._Staging.get(device, stream.ptr)
-    slot8 = slots.host_views(np.dtype(np.float64))[1]
+    slot8 = legacy[8:].view(np.float64)
 
     def mapped_upload_now():
         core.partial(x, "sum", out=slot)
@@ -184,7 +199,7 @@ def main() -> int:
             print("cuStreamWaitValue32_v2: wrong value uploaded")
         write32 = ctypes.CDLL("libcuda.so.1").cuStreamWriteValue32_v2
         write32.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint]
-        host_slot = slots.host_views(np.dtype(np.float64))[0]
+        host_slot = slots.host_view(np.dtype(np.float64))
 
         def local_mapped_spin():
             core.partial(x, "sum", out=slot)

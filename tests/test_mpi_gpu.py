@@ -14,6 +14,7 @@ import pytest
 from mpi_scripts.launch import SCRIPTS, run
 from test_mpi_local import key_test_values
 
+from multireduce import get_op
 from multireduce._transport import decode_extreme, encode_extreme
 
 pytestmark = pytest.mark.gpu
@@ -64,3 +65,50 @@ def test_gpu_cli_default(mpiexec):
     assert report["bytes"] >= 2 * 200 * 2**20  # a few hundred MB per rank
     assert report["transport"]["staged"] + report["transport"]["device"] > 0
     assert report["h2d_s"] is None  # generated on the device
+
+
+def test_gpu_results_are_cells_reused_only_when_free_and_after_the_stream():
+    # Staged results come back as 0-d CuPy arrays over pinned, device-mapped host cells
+    # (mpi._ResultCells), at one rank in this process: values bit for bit, usable by kernels,
+    # never rewritten while referenced, and rewritten only after the stream's earlier work.
+    cupy = pytest.importorskip("cupy")
+    mpi = pytest.importorskip("multireduce.mpi")
+    if mpi.cuda_aware().enabled:
+        pytest.skip("MPI is CUDA-aware here: results stay in device buffers")
+    x = cupy.arange(1000, dtype=cupy.float32)
+    a = mpi.allreduce(x, "sum")
+    b = mpi.allreduce(x * 2, "sum")
+    assert isinstance(a, cupy.ndarray) and a.shape == () and a.dtype == np.float32
+    assert a.device.id == x.device.id and a.data.ptr != b.data.ptr
+    assert float(a) == 499500.0 and float(b) == 999000.0
+    assert float((a + b) * 2) == 2997000.0  # read by kernels
+    z = mpi.allreduce(cupy.array([-0.0, -0.0], cupy.float32), "max")  # a -0.0 stays, bit for bit
+    assert z.get().tobytes() == np.float32(-0.0).tobytes()
+    m = mpi.allreduce(cupy.array([1.0, np.nan], cupy.float64), "min")
+    assert np.isnan(m.get()) and m.dtype == np.float64
+    # The general path (an Op object, dtype=) ends in cells too.
+    g = mpi.allreduce(x, get_op("sum"), dtype=np.float64)
+    assert g.dtype == np.float64 and float(g) == 499500.0
+
+    # Held results, and views of them, keep their cells; many held results all keep values.
+    view = a[...]
+    ptr = a.data.ptr
+    del a
+    held = [mpi.allreduce(x + i, "sum") for i in range(100)]
+    assert ptr not in {r.data.ptr for r in held} and float(view) == 499500.0
+    assert [float(r) for r in held] == [499500.0 + 1000.0 * i for i in range(100)]
+
+    # A dropped result's cell is rewritten only after the kernels queued before the drop:
+    # point the next take at this cell, queue a long kernel that reads it, drop it, reduce.
+    stream = cupy.cuda.get_current_stream()
+    cells = mpi._Staging.get(x.device.id, stream.ptr).results
+    r = mpi.allreduce(x, "sum")
+    index = [c[1].ptr for c in cells._cells].index(r.data.ptr)
+    big = cupy.zeros(1 << 27, dtype=cupy.float32)
+    out = big + r  # reads the cell in every thread, for a while
+    del r
+    cells._next = index
+    again = mpi.allreduce(x * 3, "sum")
+    assert [c[1].ptr for c in cells._cells].index(again.data.ptr) == index  # the same cell
+    assert float(again) == 1498500.0
+    assert bool((out == 499500.0).all())

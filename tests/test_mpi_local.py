@@ -324,16 +324,69 @@ def test_openmpi_probe_only_asks_open_mpi():
     assert answer is None and "MPI_T functions not exported" in detail
 
 
+class _FakeUnownedMemory:
+    """cupy.cuda.UnownedMemory's shape: a pointer, a size, an owner kept alive, a device."""
+
+    def __init__(self, ptr, size, owner, device_id):
+        self.ptr, self.size, self.owner, self.device_id = ptr, size, owner, device_id
+
+
+class _FakeMemoryPointer:
+    def __init__(self, mem, offset):
+        self.mem, self.ptr = mem, mem.ptr + offset
+
+    def __add__(self, offset):  # as CuPy's: a new pointer holding the memory
+        return _FakeMemoryPointer(self.mem, self.ptr - self.mem.ptr + offset)
+
+
+class _FakeArray:
+    """cupy.ndarray's references: ``data`` (its MemoryPointer) and, for views, ``base``."""
+
+    def __init__(self, shape, dtype, memptr):
+        self.shape, self.dtype, self.data, self.base = shape, np.dtype(dtype), memptr, None
+
+    def view(self):
+        out = _FakeArray(self.shape, self.dtype, self.data)
+        out.base = self
+        return out
+
+    def get(self):  # reads through the "device" pointer (the host address, as under UVA)
+        import ctypes
+
+        return np.frombuffer(ctypes.string_at(self.data.ptr, self.dtype.itemsize), dtype=self.dtype)[0]
+
+
+def _fake_cupy():
+    """A CPU stand-in for the parts of CuPy that mpi._ResultCells uses (pinned memory is a bytearray)."""
+    runtime = SimpleNamespace(
+        hostAllocPortable=1,
+        hostAllocMapped=2,
+        pointerGetAttributes=lambda ptr: SimpleNamespace(devicePointer=ptr),
+    )
+    cuda = SimpleNamespace(
+        runtime=runtime,
+        PinnedMemory=lambda size, flags: bytearray(size),
+        PinnedMemoryPointer=lambda memory, offset: memory,
+        UnownedMemory=_FakeUnownedMemory,
+        MemoryPointer=_FakeMemoryPointer,
+    )
+    return SimpleNamespace(cuda=cuda, ndarray=_FakeArray)
+
+
 class _HostSlots:
     """A CPU stand-in for mpi._Slots: NumPy arrays where the GPU path has pinned memory."""
 
     ptr = 0
 
+    def __init__(self):
+        mpi = pytest.importorskip("multireduce.mpi")
+        self.results = mpi._ResultCells(0, _fake_cupy())
+
     def device_partial(self, dtype):
         return np.zeros((), dtype)
 
-    def host_views(self, dtype):
-        return np.zeros(1, dtype), np.zeros(1, dtype)
+    def host_view(self, dtype):
+        return np.zeros(1, dtype)
 
 
 _FAST_CASES = [(name, False) for name, op in OPS.items() if op.kind == "fold"] + [(name, True) for name in KERNEL_OPS]
@@ -349,10 +402,8 @@ def test_per_call_path_entry_for_every_fold_op_and_dtype(monkeypatch, op, dt, gp
     mpi = pytest.importorskip("multireduce.mpi")
     stream = None
     if gpu:
-        monkeypatch.setattr(mpi._Staging, "get", classmethod(lambda cls, device, stream: _HostSlots()))
-        runtime = SimpleNamespace(memcpyAsync=None, memcpyHostToDevice=1)
-        cupy = SimpleNamespace(cuda=SimpleNamespace(runtime=runtime))
-        monkeypatch.setattr(mpi.core, "_cupy_backend", SimpleNamespace(cupy=cupy))
+        slots = _HostSlots()
+        monkeypatch.setattr(mpi._Staging, "get", classmethod(lambda cls, device, stream: slots))
         stream = SimpleNamespace(ptr=0)
     static = mpi._static(get_op(op), np.dtype(dt), None)
     entry = mpi._Fast(static, 0 if gpu else None, stream)
@@ -360,11 +411,99 @@ def test_per_call_path_entry_for_every_fold_op_and_dtype(monkeypatch, op, dt, gp
     assert entry.meta[7] == 1 and entry.meta[0] == 0
     assert entry.meta[1:7].tolist() == mpi._meta_template(static.codes)[1:7].tolist()
     if gpu:
-        assert entry.partial.dtype == static.acc and entry.host_out.dtype == static.result
+        assert entry.partial.dtype == static.acc and entry.host_in.dtype == static.acc
+        out, box = entry.results.take(static.result)
+        box[0] = 1
+        assert out.dtype == static.result and out.get() == 1
     if entry.arith and gpu:
         value = np.array(-3 if static.acc.kind == "i" else 3, dtype=static.acc)[()]
         entry.wire.view(static.acc)[0] = value
         assert entry.wire.dtype == static.wire and entry.wire.view(static.acc)[0] == value
+
+
+def _cells():
+    mpi = pytest.importorskip("multireduce.mpi")
+    return mpi._ResultCells(3, _fake_cupy())
+
+
+@pytest.mark.parametrize("dt", [np.dtype(d).name for d in SUPPORTED_DTYPES])
+def test_result_cells_hold_each_value_bit_for_bit(dt):
+    # The array handed out reads back (through its pointer) exactly the bits stored in its box,
+    # for every result dtype, and each held result keeps its own value.
+    cells = _cells()
+    dt = np.dtype(dt)
+    values = np.array([0, 1, -1, 7], dtype=np.int64).astype(dt)
+    if dt.kind == "f":
+        values = np.array([-0.0, np.nan, -np.inf, np.finfo(dt).tiny], dtype=dt)
+    held = []
+    for v in values:
+        out, box = cells.take(dt)
+        box[0] = v
+        held.append(out)
+        assert out.dtype == dt and out.shape == () and out.data.mem.device_id == 3
+    assert len({a.data.ptr for a in held}) == len(held)
+    for a, v in zip(held, values, strict=True):
+        assert a.get().tobytes() == v.tobytes()
+
+
+def test_result_cells_reuse_only_cells_nothing_references():
+    cells = _cells()
+    block = cells.BLOCK
+    # Results dropped at once: the cells go round and no block is added.
+    for i in range(10 * block):
+        out, box = cells.take(np.dtype(np.float64))
+        box[0] = i
+        assert out.get() == i
+        del out
+    assert len(cells._cells) == block
+    # A held result, a view of one, its MemoryPointer or its memory keeps the cell out.
+    keep = []
+    for hold in (lambda a: a, lambda a: a.view(), lambda a: a.data, lambda a: a.data.mem, lambda a: a.data + 0):
+        out, box = cells.take(np.dtype(np.float64))
+        box[0] = 42.0
+        keep.append((out.data.ptr, hold(out)))
+        del out
+    for _ in range(4 * block):
+        out, box = cells.take(np.dtype(np.float64))
+        box[0] = -1.0
+        assert out.data.ptr not in {ptr for ptr, _ in keep}
+        del out
+    for ptr, _ in keep:
+        assert np.frombuffer(__import__("ctypes").string_at(ptr, 8), np.float64)[0] == 42.0
+    # Once let go, those cells come back.
+    seen = {ptr for ptr, _ in keep}
+    keep.clear()
+    ptrs = set()
+    for _ in range(2 * block):
+        out, _ = cells.take(np.dtype(np.float64))
+        ptrs.add(out.data.ptr)
+        del out
+    assert seen <= ptrs
+
+
+def test_result_cells_grow_to_at_most_twice_the_results_held():
+    cells = _cells()
+    held = []
+    for i in range(1000):
+        out, box = cells.take(np.dtype(np.int64))
+        box[0] = i
+        held.append(out)
+    assert 1000 <= len(cells._cells) <= 2 * 1000
+    assert [a.get() for a in held] == list(range(1000))
+    assert len({a.data.ptr for a in held}) == 1000
+    # Dropping every other result frees those cells for the next takes; no new block.
+    size = len(cells._cells)
+    del held[::2]
+    free = {cell[1].ptr for cell in cells._cells} - {a.data.ptr for a in held}
+    assert len(free) == size - 500
+    for _ in range(300):
+        out, box = cells.take(np.dtype(np.int64))
+        box[0] = -1
+        assert out.data.ptr not in {a.data.ptr for a in held[-3:]}
+        held.append(out)
+    assert len(cells._cells) == size
+    assert {a.data.ptr for a in held[-300:]} <= free
+    assert [a.get() for a in held[:500]] == list(range(1, 1000, 2))
 
 
 def test_per_call_path_taken_for_numpy_shards_and_not_for_others():
