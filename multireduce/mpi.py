@@ -850,9 +850,8 @@ class _Fast:
     Per (op, dtype) for NumPy shards, per (op, dtype, device, stream) for CuPy shards. Only a
     GPU entry has the fields past ``stream``: the sum's wire buffer, the stream's partial slot
     (as a CuPy and a NumPy array) and its result cells, all used by one call at a time as the
-    stream's slots always were. A
-    NumPy entry holds nothing that a call writes, so that host callers in several threads
-    (each with its own communicator) do not share a buffer.
+    stream's slots always were. A NumPy entry holds nothing that a call writes, so that host
+    callers in several threads (each with its own communicator) do not share a buffer.
     """
 
     __slots__ = (
