@@ -29,6 +29,7 @@ import math
 import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -51,6 +52,7 @@ __all__ = [
     "finalize_stats",
     "merge",
     "merge_all",
+    "merge_stacked",
     "moments",
 ]
 
@@ -173,16 +175,38 @@ def merge(a: Moments, b: Moments) -> Moments:
 
 
 def merge_all(states: Sequence[Moments]) -> Moments:
-    """Merge states pairwise in a balanced tree, in the given order (deterministic bits)."""
+    """Merge states of one shape pairwise in a balanced tree, in the given order (deterministic bits).
+
+    Level by level: states 0 and 1, 2 and 3, ... are merged, and an odd last state moves up
+    as it is. The states are stacked first (:func:`merge_stacked`), so that each level is
+    one vectorized :func:`merge` of all its pairs; ``merge`` is elementwise, so the bits are
+    those of merging pair by pair.
+    """
     states = list(states)
     if not states:
         raise ValueError("no moments states to merge")
-    while len(states) > 1:
-        paired = [merge(states[i], states[i + 1]) for i in range(0, len(states) - 1, 2)]
-        if len(states) % 2:
-            paired.append(states[-1])
-        states = paired
-    return states[0]
+    if len(states) == 1:
+        return states[0]
+    names = [f.name for f in fields(Moments)]
+    return merge_stacked(Moments(*(np.stack([np.asarray(getattr(s, name)) for s in states]) for name in names)))
+
+
+def merge_stacked(stacked: Moments) -> Moments:
+    """Merge the states stacked along the first axis of every field, as :func:`merge_all` does.
+
+    (MPI gathers every rank's state into one such stack.)
+    """
+    names = [f.name for f in fields(Moments)]
+    while stacked.n.shape[0] > 1:
+        count = stacked.n.shape[0]
+        even = count - count % 2
+        merged = merge(stacked.map(itemgetter(slice(0, even, 2))), stacked.map(itemgetter(slice(1, even, 2))))
+        if count % 2:
+            merged = Moments(
+                *(np.concatenate([np.asarray(getattr(merged, n)), getattr(stacked, n)[even:]]) for n in names)
+            )
+        stacked = merged
+    return stacked.map(lambda a: np.asarray(a)[0, ...])
 
 
 def _split_axes(x: np.ndarray, axes: tuple[int, ...]) -> tuple[np.ndarray, tuple[int, ...]]:

@@ -471,25 +471,25 @@ def _combine_states(comm, plan: _Plan, state, correction: float, *, finalize: bo
     _transport_counts["host"] += 1
     # One layout on every rank (an empty shard's arg state holds an int64 placeholder value).
     layout = (_stats.moments_dtype if st.op.kind == "moments" else _stats.arg_dtype)(st.in_dtype)
-    gathered = _allgather_state(comm, _stats.to_structured(state).astype(layout), plan.count)
+    states, counts = _allgather_state(comm, _stats.to_structured(state).astype(layout), plan.count)
     if st.op.kind == "moments":
-        merged = _stats.merge_all([_stats.moments_from_structured(s) for s, _ in gathered])
+        merged = _stats.merge_stacked(_stats.moments_from_structured(states))
         if not finalize:
             return merged
         return _on_device(_stats.finalize_moments(merged, st.op, st.result, correction), plan)
     # argmin/argmax: a rank's indices are into its own shard; the global index adds the
     # number of elements on the ranks before it (shards concatenate in rank order).
-    states = []
+    args = []
     offset = 0
-    for structured, count in gathered:
+    for structured, count in zip(states, counts.tolist(), strict=True):
         s = _stats.arg_from_structured(structured)
-        states.append(_stats.ArgState(s.value, np.where(s.index >= 0, s.index + np.int64(offset), s.index)))
+        args.append(_stats.ArgState(s.value, np.where(s.index >= 0, s.index + np.int64(offset), s.index)))
         offset += count
-    return _on_device(_stats.arg_finalize(_stats.arg_merge_all(states, largest=st.op.name == "argmax"), st.op), plan)
+    return _on_device(_stats.arg_finalize(_stats.arg_merge_all(args, largest=st.op.name == "argmax"), st.op), plan)
 
 
-def _allgather_state(comm, structured: np.ndarray, count: int) -> list[tuple[np.ndarray, int]]:
-    """Every rank's (0-d structured state, element count), in rank order.
+def _allgather_state(comm, structured: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every rank's 0-d structured state and element count, in rank order, as arrays of ``size``.
 
     The states travel as raw bytes in one ``Allgather`` (the dtype agreement before it makes
     every rank's layout the same), never pickled.
@@ -500,7 +500,9 @@ def _allgather_state(comm, structured: np.ndarray, count: int) -> list[tuple[np.
     mine[size:] = np.array([count], dtype=np.int64).view(np.uint8)
     every = np.empty((comm.Get_size(), size + 8), dtype=np.uint8)
     comm.Allgather(mine, every)
-    return [(row[:size].view(structured.dtype).reshape(()).copy(), int(row[size:].view(np.int64)[0])) for row in every]
+    states = np.ascontiguousarray(every[:, :size]).view(structured.dtype).reshape(-1)
+    counts = np.ascontiguousarray(every[:, size:]).view(np.int64).reshape(-1)
+    return states, counts
 
 
 def _on_device(value: np.generic, plan: _Plan):

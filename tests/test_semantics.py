@@ -543,6 +543,53 @@ def test_moments_merge_is_chan_and_empty_is_neutral():
     assert float(_stats.merge(inf_state, empty).mean) == np.inf  # not inf - 0 * ... = NaN
 
 
+def _pairwise_tree(states):
+    # merge_all's tree, one pair at a time: the reference for its vectorized levels.
+    states = list(states)
+    while len(states) > 1:
+        paired = [_stats.merge(states[i], states[i + 1]) for i in range(0, len(states) - 1, 2)]
+        states = paired + states[len(paired) * 2 :]
+    return states[0]
+
+
+@pytest.mark.parametrize("count", [1, 2, 3, 4, 5, 7, 8, 16, 33, 64])
+@pytest.mark.parametrize("shape", [(), (3,)])
+def test_merge_all_equals_pair_by_pair_merges_bit_for_bit(count, shape):
+    # merge_all merges each level of its tree in one vectorized merge; the bits must be those
+    # of merging the same pairs one by one, with empty states, NaN, infinities, -0.0 and
+    # integer inputs among them.
+    rng = np.random.default_rng(count)
+    pieces = [
+        np.array([1.5, -2.0, 3.25]),
+        np.array([np.inf, 1.0, 2.0]),
+        np.array([-np.inf, 0.0, np.nan]),
+        np.array([-0.0, -0.0, -0.0]),
+        np.array([np.nan, np.nan, np.nan]),
+        np.array([0.0, 1e150, -1e150]),
+    ]
+    states = []
+    for _ in range(count):
+        kind = rng.integers(0, len(pieces) + 2)
+        if kind == len(pieces):
+            states.append(_stats.empty_moments(np.float64, shape))
+            continue
+        block = pieces[kind] if kind < len(pieces) else rng.standard_normal(3) * 10.0 ** rng.integers(-3, 4)
+        x = np.stack([np.roll(block, j) for j in range(shape[0])]) if shape else block
+        states.append(_stats.moments(x, (x.ndim - 1,)))
+    got = _stats.merge_all(states)
+    want = _pairwise_tree(states)
+    for f in got.__dataclass_fields__:
+        g, w = np.asarray(getattr(got, f)), np.asarray(getattr(want, f))
+        assert g.shape == w.shape == shape and g.dtype == w.dtype, f
+        assert g.tobytes() == w.tobytes(), f
+    ints = [_stats.moments(np.arange(i, i + 5, dtype=np.int32), (0,)) for i in range(count)]
+    got, want = _stats.merge_all(ints), _pairwise_tree(ints)
+    for f in got.__dataclass_fields__:
+        assert np.asarray(getattr(got, f)).tobytes() == np.asarray(getattr(want, f)).tobytes(), f
+    assert int(got.total) == 5 * count * (count - 1) // 2 + 10 * count  # sum over i of i + (i+1) + ... + (i+4)
+    assert int(got.n) == 5 * count
+
+
 def test_arg_merge_is_order_independent():
     x = np.array([3.0, -0.0, 7.0, 0.0, 7.0, np.nan, 1.0, np.nan])
     for largest in (True, False):
