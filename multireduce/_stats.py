@@ -25,6 +25,7 @@ reduced axes are read once into cache, reduced there, and merged into the runnin
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from collections.abc import Iterable, Sequence
@@ -61,11 +62,13 @@ BLOCK_BYTES = 1 << 20
 _BLOCK_ELEMENTS = BLOCK_BYTES // 8
 
 
+@functools.cache
 def _sum_acc(dtype: np.dtype) -> np.dtype:
     op = OPS["sum"]
     return op.accumulator_dtype(op.result_dtype(dtype))
 
 
+@functools.cache
 def _extreme_acc(dtype: np.dtype) -> np.dtype:
     op = OPS["max"]
     return op.accumulator_dtype(op.result_dtype(dtype))
@@ -105,7 +108,15 @@ class Moments:
 
     def map(self, func) -> Moments:
         """Apply ``func`` to every field (reshaping, indexing)."""
-        return Moments(*(func(getattr(self, f.name)) for f in fields(self)))
+        return Moments(*(func(getattr(self, name)) for name in _MOMENTS_FIELDS))
+
+
+@functools.cache
+def _field_names(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in fields(cls))
+
+
+_MOMENTS_FIELDS = _field_names(Moments)
 
 
 def empty_moments(dtype: np.dtype, shape: tuple[int, ...] = ()) -> Moments:
@@ -187,8 +198,9 @@ def merge_all(states: Sequence[Moments]) -> Moments:
         raise ValueError("no moments states to merge")
     if len(states) == 1:
         return states[0]
-    names = [f.name for f in fields(Moments)]
-    return merge_stacked(Moments(*(np.stack([np.asarray(getattr(s, name)) for s in states]) for name in names)))
+    return merge_stacked(
+        Moments(*(np.stack([np.asarray(getattr(s, name)) for s in states]) for name in _MOMENTS_FIELDS))
+    )
 
 
 def merge_stacked(stacked: Moments) -> Moments:
@@ -196,14 +208,13 @@ def merge_stacked(stacked: Moments) -> Moments:
 
     (MPI gathers every rank's state into one such stack.)
     """
-    names = [f.name for f in fields(Moments)]
     while stacked.n.shape[0] > 1:
         count = stacked.n.shape[0]
         even = count - count % 2
         merged = merge(stacked.map(itemgetter(slice(0, even, 2))), stacked.map(itemgetter(slice(1, even, 2))))
         if count % 2:
             merged = Moments(
-                *(np.concatenate([np.asarray(getattr(merged, n)), getattr(stacked, n)[even:]]) for n in names)
+                *(np.concatenate([np.asarray(getattr(merged, n)), getattr(stacked, n)[even:]]) for n in _MOMENTS_FIELDS)
             )
         stacked = merged
     return stacked.map(lambda a: np.asarray(a)[0, ...])
@@ -256,18 +267,23 @@ def moments(x: np.ndarray, axes: tuple[int, ...]) -> Moments:
     kept = math.prod(kshape)
     reduced = y.shape[-1]
     y = y.reshape(kept, reduced)
-    out = empty_moments(x.dtype, (kept,))
     # Tiles of at most about _BLOCK_ELEMENTS: whole rows when they are short, else one row
     # in pieces, so that the float64 temporaries stay in cache whatever the shape.
     rows = max(1, _BLOCK_ELEMENTS // max(reduced, 1))
     cols = max(1, _BLOCK_ELEMENTS // rows)
+    if reduced == 0 or kept == 0:
+        return empty_moments(x.dtype, kshape)
+    out = None if kept <= rows else empty_moments(x.dtype, (kept,))
     for r0 in range(0, kept, rows):
         r1 = min(kept, r0 + rows)
-        state = empty_moments(x.dtype, (r1 - r0,))
+        state = None  # the tile's first block needs no merge (merging with the empty state is neutral)
         for c0 in range(0, reduced, cols):
-            state = merge(state, _block_moments(y[r0:r1, c0 : c0 + cols]))
-        for f in fields(Moments):
-            getattr(out, f.name)[r0:r1] = getattr(state, f.name)
+            block = _block_moments(y[r0:r1, c0 : c0 + cols])
+            state = block if state is None else merge(state, block)
+        if out is None:  # one tile holds every row
+            return state.map(lambda a: np.asarray(a).reshape(kshape))
+        for name in _MOMENTS_FIELDS:
+            getattr(out, name)[r0:r1] = getattr(state, name)
     return out.map(lambda a: a.reshape(kshape))
 
 
@@ -519,6 +535,7 @@ def arg_finalize(state: ArgState, op: Op) -> Any:
 # States as NumPy structured arrays: how they travel through MPI and Dask.
 
 
+@functools.cache
 def moments_dtype(dtype: np.dtype) -> np.dtype:
     """The structured dtype of a :class:`Moments` state for input dtype ``dtype``."""
     dtype = np.dtype(dtype)
@@ -536,6 +553,7 @@ def moments_dtype(dtype: np.dtype) -> np.dtype:
     )
 
 
+@functools.cache
 def arg_dtype(dtype: np.dtype) -> np.dtype:
     """The structured dtype of an :class:`ArgState` for input dtype ``dtype``."""
     return np.dtype([("value", _extreme_acc(np.dtype(dtype))), ("index", np.int64)])
@@ -543,7 +561,7 @@ def arg_dtype(dtype: np.dtype) -> np.dtype:
 
 def to_structured(state: Moments | ArgState) -> np.ndarray:
     """A state as one structured array (fields named as the dataclass's)."""
-    names = [f.name for f in fields(state)]
+    names = _field_names(type(state))
     parts = [np.asarray(getattr(state, name)) for name in names]
     out = np.empty(parts[0].shape, dtype=[(name, p.dtype) for name, p in zip(names, parts, strict=True)])
     for name, p in zip(names, parts, strict=True):
@@ -553,7 +571,7 @@ def to_structured(state: Moments | ArgState) -> np.ndarray:
 
 def moments_from_structured(a: np.ndarray) -> Moments:
     """Invert :func:`to_structured` for a moments state."""
-    return Moments(*(np.array(a[f.name]) for f in fields(Moments)))
+    return Moments(*(np.array(a[name]) for name in _MOMENTS_FIELDS))
 
 
 def arg_from_structured(a: np.ndarray) -> ArgState:
