@@ -44,6 +44,31 @@ def _is_cupy(value: Any) -> bool:
     return type(value).__module__.startswith("cupy")
 
 
+def mapped_host_memory(cupy: Any, nbytes: int) -> tuple[np.ndarray, int]:
+    """``nbytes`` of pinned host memory mapped into every device's address space.
+
+    Returns its bytes as a NumPy uint8 array (which keeps the allocation alive) and its
+    device address. Kernels store partials there that the host then reads without a copy
+    back (the streaming pipeline's cells, the MPI layer's slots), and the MPI layer's GPU
+    results live there.
+    """
+    runtime = cupy.cuda.runtime
+    flags = runtime.hostAllocPortable | runtime.hostAllocMapped
+    pinned = cupy.cuda.PinnedMemoryPointer(cupy.cuda.PinnedMemory(nbytes, flags), 0)
+    host = np.frombuffer(pinned, dtype=np.uint8, count=nbytes)
+    # Under unified addressing this is the host address itself; asked, not assumed.
+    return host, runtime.pointerGetAttributes(host.ctypes.data).devicePointer
+
+
+def mapped_scalar(cupy: Any, address: int, owner: Any, device: int, dtype: np.dtype):
+    """A 0-d CuPy array of ``dtype`` on ``device`` over the mapped host memory at ``address``.
+
+    ``owner`` (the bytes of :func:`mapped_host_memory`) is kept alive by the array.
+    """
+    memory = cupy.cuda.UnownedMemory(address, 8, owner, device)
+    return cupy.ndarray((), dtype, memptr=cupy.cuda.MemoryPointer(memory, 0))
+
+
 def _stream_key(cupy, device: int, stream) -> tuple:
     """A key equal for two (device, stream, thread) triples exactly when they name one stream."""
     ptr = stream.ptr

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from . import _exact, _stats, core
+from . import _exact, _partials, _stats, core
 from ._shards import FileLayout, inspect_file, shard_counts, shard_range
 from ._shards import read_shard as _read_layout_shard
 from ._transport import (
@@ -489,7 +489,7 @@ def _combine_states(comm, plan: _Plan, state, correction: float, *, finalize: bo
 
 
 def _allgather_state(comm, structured: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:
-    """Every rank's 0-d structured state and element count, in rank order, as arrays of ``size``.
+    """Every rank's 0-d structured state and element count, in rank order: two arrays, one entry per rank.
 
     The states travel as raw bytes in one ``Allgather`` (the dtype agreement before it makes
     every rank's layout the same), never pickled.
@@ -561,14 +561,9 @@ class _Slots:
     def __init__(self, device: int):
         import cupy
 
-        runtime = cupy.cuda.runtime
-        flags = runtime.hostAllocPortable | runtime.hostAllocMapped
-        memory = cupy.cuda.PinnedMemoryPointer(cupy.cuda.PinnedMemory(8, flags), 0)
         self.device = device
-        self.host = np.frombuffer(memory, dtype=np.uint8, count=8)  # holds a reference to memory
+        self.host, self.mapped = _partials.mapped_host_memory(cupy, 8)
         self.ptr = self.host.ctypes.data
-        # Under unified addressing this is the host address itself; asked, not assumed.
-        self.mapped = runtime.pointerGetAttributes(self.ptr).devicePointer
         self.results = _ResultCells(device, cupy)
         self._device_views: dict[np.dtype, Any] = {}
         self._host_views: dict[np.dtype, np.ndarray] = {}
@@ -579,8 +574,7 @@ class _Slots:
         if view is None:
             import cupy
 
-            memory = cupy.cuda.UnownedMemory(self.mapped, 8, self.host, self.device)
-            view = self._device_views[dtype] = cupy.ndarray((), dtype, memptr=cupy.cuda.MemoryPointer(memory, 0))
+            view = self._device_views[dtype] = _partials.mapped_scalar(cupy, self.mapped, self.host, self.device, dtype)
         return view
 
     def host_view(self, dtype: np.dtype) -> np.ndarray:
@@ -621,8 +615,7 @@ class _ResultCells:
         self.device = device
         self._cupy = cupy
         self._cells: list[tuple[Any, Any]] = []  # (UnownedMemory, MemoryPointer) per cell
-        self._blocks: list[np.ndarray] = []  # the host bytes of each block
-        self._where: list[tuple[int, int]] = []  # (block, cell within it) per cell
+        self._bytes: list[np.ndarray] = []  # the host bytes of each cell
         self._views: dict[tuple[int, np.dtype], np.ndarray] = {}
         self._next = 0
         self._free_refs: tuple[int, int] | None = None
@@ -635,18 +628,13 @@ class _ResultCells:
     def _grow(self) -> int:
         """Add a block (as many cells as there are, at least BLOCK); return its first cell."""
         cuda = self._cupy.cuda
-        runtime = cuda.runtime
         count = max(self.BLOCK, len(self._cells))
-        flags = runtime.hostAllocPortable | runtime.hostAllocMapped
-        pinned = cuda.PinnedMemoryPointer(cuda.PinnedMemory(8 * count, flags), 0)
-        host = np.frombuffer(pinned, dtype=np.uint8, count=8 * count)  # holds a reference to pinned
-        mapped = runtime.pointerGetAttributes(host.ctypes.data).devicePointer
+        host, mapped = _partials.mapped_host_memory(self._cupy, 8 * count)
         first = len(self._cells)
         for k in range(count):
             memory = cuda.UnownedMemory(mapped + 8 * k, 8, host, self.device)
             self._cells.append((memory, cuda.MemoryPointer(memory, 0)))
-            self._where.append((len(self._blocks), k))
-        self._blocks.append(host)
+            self._bytes.append(host[8 * k : 8 * k + 8])
         if self._free_refs is None:
             self._free_refs = self._refs(self._cells[0])
         return first
@@ -669,8 +657,7 @@ class _ResultCells:
         self._next = k + 1
         box = self._views.get((k, dtype))
         if box is None:
-            block, index = self._where[k]
-            box = self._views[k, dtype] = self._blocks[block][8 * index : 8 * index + dtype.itemsize].view(dtype)
+            box = self._views[k, dtype] = self._bytes[k][: dtype.itemsize].view(dtype)
         return self._cupy.ndarray((), dtype, memptr=cells[k][1]), box
 
 

@@ -472,11 +472,10 @@ class _Cells:
     time; it grows by doubling. (The CPU stand-in uses plain memory and futures.)
     """
 
-    def __init__(self, host: np.ndarray, mapped: int, events: list, keep: Any = None):
+    def __init__(self, host: np.ndarray, mapped: int, events: list):
         self.host = host
         self.mapped = mapped
         self.events = events
-        self.keep = keep
         self.count = host.size // 8
         self._views: dict[tuple[int, np.dtype], Any] = {}
 
@@ -590,16 +589,11 @@ class _CupyDevice:
         found = getattr(self._local, "cells", None)
         if found is None or found.count < count:
             cupy = self.cupy
-            runtime = cupy.cuda.runtime
             n = max(count, 2 * found.count if found is not None else 64)
             with cupy.cuda.Device(self.device):
-                flags = runtime.hostAllocPortable | runtime.hostAllocMapped
-                memory = cupy.cuda.PinnedMemoryPointer(cupy.cuda.PinnedMemory(8 * n, flags), 0)
-                host = np.frombuffer(memory, dtype=np.uint8, count=8 * n)
-                # Under unified addressing this is the host address itself; asked, not assumed.
-                mapped = runtime.pointerGetAttributes(host.ctypes.data).devicePointer
+                host, mapped = _partials.mapped_host_memory(cupy, 8 * n)
                 events = [cupy.cuda.Event(disable_timing=True) for _ in range(n)]
-            found = self._local.cells = _Cells(host, mapped, events, keep=memory)
+            found = self._local.cells = _Cells(host, mapped, events)
         return found
 
     def reduce_to_cell(
@@ -611,8 +605,8 @@ class _CupyDevice:
             view = slot.device_buffer[: count * dtype.itemsize].view(dtype)
             out = cells._views.get((k, acc))
             if out is None:
-                memory = cupy.cuda.UnownedMemory(cells.mapped + 8 * k, 8, cells.keep, self.device)
-                out = cells._views[k, acc] = cupy.ndarray((), acc, memptr=cupy.cuda.MemoryPointer(memory, 0))
+                address = cells.mapped + 8 * k
+                out = cells._views[k, acc] = _partials.mapped_scalar(cupy, address, cells.host, self.device, acc)
             if acc == op.accumulator_dtype(op.result_dtype(dtype)):
                 core.partial(view, op, out=out)
             else:
