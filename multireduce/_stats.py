@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from ._transport import encode_extreme
+from ._transport import encode_extreme, encode_extreme_scalar
 from .ops import OPS, Op
 
 __all__ = [
@@ -45,6 +45,7 @@ __all__ = [
     "Stats",
     "arg_finalize",
     "arg_merge",
+    "arg_merge_pairs",
     "arg_state",
     "empty_arg_state",
     "empty_moments",
@@ -53,6 +54,7 @@ __all__ = [
     "finalize_stats",
     "merge",
     "merge_all",
+    "merge_records",
     "merge_stacked",
     "moments",
 ]
@@ -185,29 +187,85 @@ def merge(a: Moments, b: Moments) -> Moments:
     )
 
 
+def _ieee_pair_scalar(a: np.generic, b: np.generic, largest: bool) -> np.generic:
+    # _ieee_pair for two NumPy scalars (neither NaN).
+    if a == 0 and b == 0 and a.dtype.kind == "f":
+        sa, sb = math.copysign(1.0, a) < 0, math.copysign(1.0, b) < 0
+        return a.dtype.type(-0.0 if ((sa and sb) if largest else (sa or sb)) else 0.0)
+    if largest:
+        return b if b > a else a
+    return b if b < a else a
+
+
+def _merge_scalar(a: Moments, b: Moments) -> Moments:
+    # merge() of two 0-d states whose fields are NumPy scalars, with the same IEEE float64
+    # operations in the same order (Python floats are IEEE doubles), without the per-call cost
+    # of NumPy's array functions: an MPI or Dask combine of full reductions runs this on the
+    # host for every rank or chunk. The total adds NumPy scalars of its accumulator dtype
+    # (integer sums wrap and inf + -inf is NaN, as in the array code; the caller silences
+    # NumPy's warnings for both).
+    na, nb = int(a.n), int(b.n)
+    if nb == 0:
+        mean, m2 = a.mean, a.m2
+    elif na == 0:
+        mean, m2 = b.mean, b.m2
+    else:
+        am, bm = float(a.mean), float(b.mean)
+        nf, wa, wb = float(na + nb), float(na), float(nb)
+        if math.isfinite(am) and math.isfinite(bm):
+            delta = bm - am
+            mean = am + delta * (wb / nf)
+            m2 = float(a.m2) + float(b.m2) + delta * delta * (wa * wb / nf)
+        else:
+            mean, m2 = (wa * am + wb * bm) / nf, math.nan
+        mean, m2 = np.float64(mean), np.float64(m2)
+    return Moments(
+        n=a.n + b.n,
+        nan=a.nan + b.nan,
+        total=a.total + b.total,
+        mean=mean,
+        m2=m2,
+        lo=_ieee_pair_scalar(a.lo, b.lo, largest=False),
+        hi=_ieee_pair_scalar(a.hi, b.hi, largest=True),
+    )
+
+
+def _merge_tree_scalars(states: list[Moments]) -> Moments:
+    # merge_all's tree over 0-d states, pair by pair in NumPy scalars (see _merge_scalar).
+    with np.errstate(over="ignore", invalid="ignore"):
+        while len(states) > 1:
+            paired = [_merge_scalar(states[i], states[i + 1]) for i in range(0, len(states) - 1, 2)]
+            states = paired + states[len(paired) * 2 :]
+    return states[0]
+
+
+def _as_scalars(state: Moments) -> Moments:
+    return Moments(*(getattr(state, name)[()] for name in _MOMENTS_FIELDS))
+
+
 def merge_all(states: Sequence[Moments]) -> Moments:
     """Merge states of one shape pairwise in a balanced tree, in the given order (deterministic bits).
 
     Level by level: states 0 and 1, 2 and 3, ... are merged, and an odd last state moves up
     as it is. The states are stacked first (:func:`merge_stacked`), so that each level is
     one vectorized :func:`merge` of all its pairs; ``merge`` is elementwise, so the bits are
-    those of merging pair by pair.
+    those of merging pair by pair. 0-d states (full reductions) are merged pair by pair in
+    NumPy scalars instead, with the same operations (fewer NumPy calls for a few values).
     """
     states = list(states)
     if not states:
         raise ValueError("no moments states to merge")
     if len(states) == 1:
         return states[0]
+    if states[0].n.ndim == 0:
+        return _merge_tree_scalars([_as_scalars(s) for s in states])
     return merge_stacked(
         Moments(*(np.stack([np.asarray(getattr(s, name)) for s in states]) for name in _MOMENTS_FIELDS))
     )
 
 
 def merge_stacked(stacked: Moments) -> Moments:
-    """Merge the states stacked along the first axis of every field, as :func:`merge_all` does.
-
-    (MPI gathers every rank's state into one such stack.)
-    """
+    """Merge the states stacked along the first axis of every field, as :func:`merge_all` does."""
     while stacked.n.shape[0] > 1:
         count = stacked.n.shape[0]
         even = count - count % 2
@@ -218,6 +276,17 @@ def merge_stacked(stacked: Moments) -> Moments:
             )
         stacked = merged
     return stacked.map(lambda a: np.asarray(a)[0, ...])
+
+
+def merge_records(records: np.ndarray) -> Moments:
+    """Merge 0-d states held as the records of a 1-D structured array, in :func:`merge_all`'s order.
+
+    The records have the fields of :func:`to_structured` (and may have others); MPI gathers one
+    per rank. They merge in NumPy scalars, as :func:`merge_all` merges 0-d states.
+    """
+    if records.size == 0:
+        raise ValueError("no moments states to merge")
+    return _merge_tree_scalars([Moments(*(record[name] for name in _MOMENTS_FIELDS)) for record in records])
 
 
 def _split_axes(x: np.ndarray, axes: tuple[int, ...]) -> tuple[np.ndarray, tuple[int, ...]]:
@@ -516,6 +585,24 @@ def arg_merge_all(states: Iterable[ArgState], largest: bool) -> ArgState:
     for s in it:
         out = arg_merge(out, s, largest)
     return out
+
+
+def arg_merge_pairs(pairs: Sequence[tuple[np.generic, int]], largest: bool) -> ArgState:
+    """:func:`arg_merge_all` of 0-d states given as ``(value, index)`` pairs, in Python scalars.
+
+    ``value`` is a NumPy scalar of the accumulator dtype, ``index`` an int (-1: none). The
+    keys are :func:`multireduce._transport.encode_extreme_scalar`'s, the integers of the array
+    merge's keys, so the winner is the same (the MPI layer merges one pair per rank).
+    """
+    if not pairs:
+        raise ValueError("no arg states to merge")
+    value, index = pairs[0]
+    key = encode_extreme_scalar(value, largest)
+    for v, i in pairs[1:]:
+        k = encode_extreme_scalar(v, largest)
+        if index < 0 or (i >= 0 and (k > key or (k == key and i < index))):
+            value, index, key = v, i, k
+    return ArgState(value, np.int64(index))
 
 
 def arg_finalize(state: ArgState, op: Op) -> Any:

@@ -17,6 +17,7 @@ import functools
 import os
 import sys
 from dataclasses import dataclass
+from dataclasses import fields as dataclass_fields
 from typing import Any
 
 import numpy as np
@@ -428,8 +429,9 @@ def stats(x_local: Any, *, comm=None, correction: float = 0.0) -> _stats.Stats:
     -------
     multireduce.Stats
         The same on every rank: NumPy scalars, or 0-d CuPy arrays on the shard's device for a
-        CuPy shard (as :func:`multireduce.stats`; the merged state is finalized there by the
-        same kernel).
+        CuPy shard (as :func:`multireduce.stats`). The merged state is finalized on the host
+        by the rules of the GPU's finalize kernel (the same bits; the GPU tests compare the
+        two), and a CuPy shard's fields are result cells, as :func:`allreduce`'s results.
 
     Raises
     ------
@@ -449,14 +451,13 @@ def stats(x_local: Any, *, comm=None, correction: float = 0.0) -> _stats.Stats:
     if error is not None:
         return _combine(comm, plan, None, error)
     merged = _combine_states(comm, plan, state, correction, finalize=False, stats=True)
+    result = _stats.finalize_stats(merged, plan.static.in_dtype, correction)
     if not plan.on_gpu:
-        return _stats.finalize_stats(merged, plan.static.in_dtype, correction)
-    import cupy
+        return result
+    return _stats.Stats(*_on_device_all([getattr(result, name) for name in _STATS_FIELDS], plan))
 
-    from ._backend import _cupy_stats
 
-    with cupy.cuda.Device(plan.device):  # the merged state up in one copy, finalized there
-        return _cupy_stats.finalize_state(merged, plan.static.in_dtype, correction)
+_STATS_FIELDS = tuple(f.name for f in dataclass_fields(_stats.Stats))
 
 
 def _combine_states(comm, plan: _Plan, state, correction: float, *, finalize: bool = True, stats: bool = False):
@@ -471,51 +472,61 @@ def _combine_states(comm, plan: _Plan, state, correction: float, *, finalize: bo
     _transport_counts["host"] += 1
     # One layout on every rank (an empty shard's arg state holds an int64 placeholder value).
     layout = (_stats.moments_dtype if st.op.kind == "moments" else _stats.arg_dtype)(st.in_dtype)
-    states, counts = _allgather_state(comm, _stats.to_structured(state).astype(layout), plan.count)
+    records = _allgather_state(comm, state, layout, plan.count)
     if st.op.kind == "moments":
-        merged = _stats.merge_stacked(_stats.moments_from_structured(states))
+        merged = _stats.merge_records(records)
         if not finalize:
             return merged
         return _on_device(_stats.finalize_moments(merged, st.op, st.result, correction), plan)
     # argmin/argmax: a rank's indices are into its own shard; the global index adds the
     # number of elements on the ranks before it (shards concatenate in rank order).
-    args = []
+    pairs = []
     offset = 0
-    for structured, count in zip(states, counts.tolist(), strict=True):
-        s = _stats.arg_from_structured(structured)
-        args.append(_stats.ArgState(s.value, np.where(s.index >= 0, s.index + np.int64(offset), s.index)))
-        offset += count
-    return _on_device(_stats.arg_finalize(_stats.arg_merge_all(args, largest=st.op.name == "argmax"), st.op), plan)
+    for record in records:
+        index = int(record["index"])
+        pairs.append((record["value"], index + offset if index >= 0 else index))
+        offset += int(record["count"])
+    return _on_device(_stats.arg_finalize(_stats.arg_merge_pairs(pairs, largest=st.op.name == "argmax"), st.op), plan)
 
 
-def _allgather_state(comm, structured: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:
-    """Every rank's 0-d structured state and element count, in rank order: two arrays, one entry per rank.
+@functools.lru_cache(maxsize=64)
+def _wire_dtype(layout: np.dtype) -> np.dtype:
+    """A state's record as it travels: the state's fields, then the shard's element count."""
+    return np.dtype(layout.descr + [("count", np.int64)])
 
-    The states travel as raw bytes in one ``Allgather`` (the dtype agreement before it makes
-    every rank's layout the same), never pickled.
+
+def _allgather_state(comm, state, layout: np.dtype, count: int) -> np.ndarray:
+    """Every rank's 0-d state and element count: one record per rank, in rank order.
+
+    The records (``layout``'s fields, then ``count``) travel as raw bytes in one ``Allgather``
+    (the dtype agreement before it makes every rank's layout the same), never pickled.
     """
-    size = structured.dtype.itemsize
-    mine = np.empty(size + 8, dtype=np.uint8)
-    mine[:size] = np.ascontiguousarray(structured).reshape(1).view(np.uint8)
-    mine[size:] = np.array([count], dtype=np.int64).view(np.uint8)
-    every = np.empty((comm.Get_size(), size + 8), dtype=np.uint8)
-    comm.Allgather(mine, every)
-    states = np.ascontiguousarray(every[:, :size]).view(structured.dtype).reshape(-1)
-    counts = np.ascontiguousarray(every[:, size:]).view(np.int64).reshape(-1)
-    return states, counts
+    wire = _wire_dtype(layout)
+    mine = np.empty(1, dtype=wire)
+    for name in layout.names:  # cast to the layout's dtype (an empty arg state's placeholder)
+        mine[name] = getattr(state, name)
+    mine["count"] = count
+    every = np.empty(comm.Get_size(), dtype=wire)
+    comm.Allgather(mine.view(np.uint8), every.view(np.uint8))
+    return every
 
 
 def _on_device(value: np.generic, plan: _Plan):
     """A host result as a 0-d CuPy array on the shard's device for GPU shards (bit-exact)."""
     if not plan.on_gpu:
         return value
+    return _on_device_all([value], plan)[0]
+
+
+def _on_device_all(values: list[np.generic], plan: _Plan) -> list:
+    """Host results as 0-d CuPy arrays (result cells, :func:`_from_host`) on a GPU shard's device."""
     import cupy
 
     with cupy.cuda.Device(plan.device):
-        # The result slot is rewritten only once the copy of the last result from it is done
-        # (an empty shard's state involved no wait on the stream).
+        # Result cells are stored only after a synchronization of the stream (an empty
+        # shard's state involved no wait on it); see _ResultCells.
         cupy.cuda.get_current_stream().synchronize()
-        return _from_host(value, plan)
+        return [_from_host(value, plan) for value in values]
 
 
 def _timed_allreduce(x_local: Any, op: str | Op, comm=None) -> tuple[Any, float, float]:

@@ -27,7 +27,11 @@ GPU followed by a stream synchronization:
 ``local mean (state)`` ``core.partial(x, "mean")``: the moments kernel, its state on the host
 ``stats``              ``multireduce.mpi.stats(x)``
 ``allreduce mean``     ``multireduce.mpi.allreduce(x, "mean")``
+``local argmax (state)`` ``core.partial(x, "argmax")``: the arg kernel, its state on the host
+``allreduce argmax``   ``multireduce.mpi.allreduce(x, "argmax")``
 ``Allreduce 8B/72B``   ``comm.Allreduce`` of a host buffer alone (MPI's floor)
+
+Rank 0 then prints a cProfile (by own time) of each of :data:`PROFILED`.
 
 Run with ``mpirun -n 1|2 python scripts/profile_mpi.py --output FILE.json``.
 """
@@ -44,6 +48,9 @@ import numpy as np
 
 from multireduce import _provenance, core, get_op, mpi
 from multireduce.mpi import MPI
+
+#: The cases profiled with cProfile after the timings.
+PROFILED = ("allreduce sum", "allreduce mean", "stats", "allreduce argmax")
 
 
 def main() -> int:
@@ -259,9 +266,15 @@ def main() -> int:
         mpi.allreduce(x, "mean")
         stream.synchronize()
 
+    def argmax_call():
+        mpi.allreduce(x, "argmax")
+        stream.synchronize()
+
     cases["local mean (state)"] = lambda: core.partial(x, "mean")
     cases["stats"] = stats_call
     cases["allreduce mean"] = mean_call
+    cases["local argmax (state)"] = lambda: core.partial(x, "argmax")
+    cases["allreduce argmax"] = argmax_call
     buf8, buf72 = np.zeros(1), np.zeros(9, dtype=np.int64)
     cases["Allreduce 8B"] = lambda: comm.Allreduce(MPI.IN_PLACE, buf8, op=MPI.SUM)
     cases["Allreduce 72B"] = lambda: comm.Allreduce(MPI.IN_PLACE, buf72, op=MPI.MAX)
@@ -279,7 +292,7 @@ def main() -> int:
         import io
         import pstats
 
-        for name in ("allreduce sum", "stats"):
+        for name in PROFILED:
             prof = cProfile.Profile()
             prof.enable()
             for _ in range(args.inner):
@@ -289,7 +302,7 @@ def main() -> int:
             pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(20)
             profile_text += f"--- cProfile: {name}\n" + text.getvalue()
     else:
-        for name in ("allreduce sum", "stats"):
+        for name in PROFILED:
             for _ in range(args.inner):
                 cases[name]()
     if rank == 0:

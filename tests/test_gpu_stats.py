@@ -341,3 +341,31 @@ def test_property_matches_cpu(data):
     assert bits_equal(gpu.n, cpu.n) and bits_equal(gpu.nan, cpu.nan)
     assert bits_equal(gpu.lo, cpu.lo) and bits_equal(gpu.hi, cpu.hi)
     assert_moments_match(flat)
+
+
+def test_full_reduction_states_from_threads_share_host_records():
+    # A full reduction's moments or arg state is written into a pinned, device-mapped host
+    # record taken from a shared pool (_cupy_stats._HostRecords). Threads on CuPy's default
+    # stream run concurrently (as Dask's do); each must read its own state, and the pool
+    # must not grow past the records held at once.
+    from concurrent.futures import ThreadPoolExecutor
+
+    from multireduce._backend import _cupy_stats
+
+    rng = np.random.default_rng(17)
+    hosts = [rng.standard_normal(int(n)).astype(np.float32) for n in rng.integers(1, 300_000, size=48)]
+    devices = [cupy.asarray(h) for h in hosts]
+
+    def work(k: int):
+        return multireduce.partial(devices[k], "mean"), int(multireduce.argmax(devices[k]))
+
+    for _ in range(3):
+        with ThreadPoolExecutor(8) as pool:
+            results = list(pool.map(work, range(len(hosts))))
+        for h, (state, index) in zip(hosts, results, strict=True):
+            assert int(state.n) == h.size and float(state.hi) == float(h.max()) and float(state.lo) == float(h.min())
+            assert math.isclose(float(state.mean), math.fsum(h.astype(np.float64).tolist()) / h.size, rel_tol=1e-12)
+            assert index == int(np.argmax(h))
+    held = sum(len(free) for free in _cupy_stats._records._free.values())
+    assert held == len(_cupy_stats._records._blocks) * _cupy_stats._HostRecords.BLOCK  # all given back
+    assert len(_cupy_stats._records._blocks) <= 2  # 8 threads hold at most 8 records at once

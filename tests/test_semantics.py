@@ -590,6 +590,127 @@ def test_merge_all_equals_pair_by_pair_merges_bit_for_bit(count, shape):
     assert int(got.n) == 5 * count
 
 
+_SCALAR_MERGE_BLOCKS = {
+    "f": [
+        [1.5, -2.0, 3.25],
+        [np.inf, 1.0, 2.0],
+        [-np.inf, -1.0],
+        [np.inf, np.inf],
+        [-0.0, -0.0, -0.0],
+        [0.0, -0.0],
+        [np.nan, 2.0],
+        [np.nan, np.nan],
+        [0.0, 6e4, -6e4],
+        [-1e-3, 5e-4],
+        [3.0],
+    ],
+    "i": [[1, 2, 3], [-7], [0, 0], [100, -100, 5]],
+    "b": [[True, False], [False], [True, True, True]],
+}
+
+
+def _scalar_merge_states(dtype: np.dtype, count: int, seed: int) -> list:
+    rng = np.random.default_rng(seed)
+    blocks = _SCALAR_MERGE_BLOCKS["i" if dtype.kind in "iu" else dtype.kind]
+    info = np.iinfo(dtype) if dtype.kind in "iu" else None
+    states = []
+    for _ in range(count):
+        kind = int(rng.integers(0, len(blocks) + 2))
+        if kind == len(blocks):
+            states.append(_stats.empty_moments(dtype))
+            continue
+        if kind < len(blocks):
+            block = np.array(blocks[kind]) if dtype.kind != "u" else np.abs(np.array(blocks[kind]))
+        elif info is not None:  # near the top of the range: integer totals wrap
+            block = np.array([info.max, info.max - int(rng.integers(0, 9))])
+        else:
+            block = rng.standard_normal(int(rng.integers(1, 6))) * 10.0 ** int(rng.integers(-3, 4))
+        states.append(_stats.moments(block.astype(dtype), (0,)))
+    return states
+
+
+@pytest.mark.parametrize(
+    "dtype", [np.float64, np.float32, np.float16, np.int8, np.int64, np.uint8, np.uint64, np.bool_]
+)
+@pytest.mark.parametrize("count", [2, 3, 4, 5, 8, 13])
+def test_scalar_merges_equal_array_merges_bit_for_bit(dtype, count):
+    # merge_all and merge_records merge 0-d states (full reductions: what MPI ranks combine)
+    # in NumPy scalars. Every field must have the bits and dtype of the array
+    # merge() pair by pair: NaN, infinities of both signs (inf - inf), signed zeros in lo/hi,
+    # empty states, float16/float32 totals and integer totals that wrap.
+    dtype = np.dtype(dtype)
+    states = _scalar_merge_states(dtype, count, seed=count * 31 + dtype.num)
+    with np.errstate(over="ignore", invalid="ignore"):  # the array reference: the same wraps
+        want = _pairwise_tree([s.map(np.asarray) for s in states])
+    layout = _stats.moments_dtype(dtype)  # as MPI gathers them: one record per rank
+    records = np.concatenate([_stats.to_structured(s).astype(layout).reshape(1) for s in states])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # NumPy's scalar overflow and invalid warnings are silenced
+        got_all, got_records = _stats.merge_all(states), _stats.merge_records(records)
+    for got in (got_all, got_records):
+        for f in _stats._MOMENTS_FIELDS:
+            g, w = np.asarray(getattr(got, f)), np.asarray(getattr(want, f))
+            assert g.shape == w.shape == () and g.dtype == w.dtype, f
+            assert g.tobytes() == w.tobytes(), (f, g, w)
+    if dtype.kind in "iub":  # the exact total, modulo 2**64 for the wrapping ones
+        exact = sum(int(np.asarray(s.total)) for s in states)
+        bits = np.dtype(np.int64 if dtype.kind in "ib" else np.uint64)
+        assert int(got_all.total) == (exact % 2**64 if bits.kind == "u" else (exact + 2**63) % 2**64 - 2**63)
+
+
+def test_scalar_merge_of_infinities_and_signed_zeros():
+    # Named cases of the scalar merge next to NumPy float64 arithmetic.
+    inf = _stats.moments(np.array([np.inf, 1.0]), (0,))
+    ninf = _stats.moments(np.array([-np.inf]), (0,))
+    merged = _stats.merge_all([inf, ninf])
+    assert math.isnan(float(merged.mean)) and math.isnan(float(merged.m2)) and math.isnan(float(merged.total))
+    assert float(_stats.merge_all([inf, _stats.moments(np.array([2.0]), (0,))]).mean) == np.inf
+    zeros = _stats.merge_all([_stats.moments(np.array([-0.0]), (0,)), _stats.moments(np.array([0.0]), (0,))])
+    assert math.copysign(1, zeros.lo) == -1 and math.copysign(1, zeros.hi) == 1
+    a, b = np.arange(1000.0), np.arange(1000.0, 1037.0)
+    m = _stats.merge_all([_stats.moments(a, (0,)), _stats.moments(b, (0,))])
+    both = np.concatenate([a, b])
+    assert float(m.mean) == math.fsum(both.tolist()) / both.size
+    assert math.isclose(float(m.m2), math.fsum(((both - both.mean()) ** 2).tolist()), rel_tol=1e-14)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32, np.float16, np.int8, np.int64, np.uint64, np.bool_])
+def test_arg_merge_pairs_equals_arg_merge_all(dtype):
+    # The MPI layer merges one (value, index) pair per rank in Python scalars; the winner and
+    # its value must be those of the array merge, with NaN, signed zeros, ties (the smaller
+    # index wins), empty states (index -1) and the extremes of integer ranges.
+    dtype = np.dtype(dtype)
+    acc = _stats._extreme_acc(dtype)
+    if dtype.kind == "f":
+        values = [1.0, -0.0, 0.0, np.nan, np.inf, -np.inf, 3.0, -2.5, 3.0]
+    elif dtype.kind == "b":
+        values = [False, True, True, False]
+    else:
+        info = np.iinfo(dtype)
+        values = [0, info.max, info.min, 5, info.max, 1]
+    rng = np.random.default_rng(dtype.num)
+    for largest in (True, False):
+        for _ in range(60):
+            count = int(rng.integers(1, 7))
+            pairs = []
+            for _ in range(count):
+                if rng.random() < 0.2:
+                    pairs.append((acc.type(0), -1))
+                else:
+                    pairs.append(
+                        (np.asarray(values[int(rng.integers(0, len(values)))], dtype=acc)[()], int(rng.integers(0, 9)))
+                    )
+            states = [_stats.ArgState(np.asarray(v, dtype=acc), np.asarray(i, dtype=np.int64)) for v, i in pairs]
+            want = _stats.arg_merge_all(states, largest)
+            got = _stats.arg_merge_pairs(pairs, largest)
+            assert int(got.index) == int(want.index), (largest, pairs)
+            if int(want.index) >= 0:
+                assert np.asarray(got.value).dtype == acc
+                assert np.asarray(got.value).tobytes() == np.asarray(want.value).tobytes(), (largest, pairs)
+    with pytest.raises(ValueError, match="no arg states"):
+        _stats.arg_merge_pairs([], True)
+
+
 def test_arg_merge_is_order_independent():
     x = np.array([3.0, -0.0, 7.0, 0.0, 7.0, np.nan, 1.0, np.nan])
     for largest in (True, False):

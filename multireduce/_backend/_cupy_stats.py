@@ -8,7 +8,8 @@ reduced axes are the last ones of C order (``inner == 1`` in
 last first (one extra read and write, logged and counted).
 
 The states come back to the host as the NumPy arrays of :class:`multireduce._stats.Moments`
-and :class:`multireduce._stats.ArgState`, so the call waits for the kernel; :func:`stats`
+and :class:`multireduce._stats.ArgState`, so the call waits for the kernel (a full reduction's
+kernel writes its state straight into mapped host memory, :class:`_HostRecords`); :func:`stats`
 instead finalizes the states on the device (``stats_finalize_kernel``) and waits for nothing.
 """
 
@@ -17,17 +18,16 @@ from __future__ import annotations
 import functools
 import logging
 import math
-from dataclasses import fields
 
 import cupy
 import numpy as np
 
-from .. import _kernels, _stats
+from .. import _kernels, _partials, _stats
 from .._axes import axis_layout
 from ..ops import OPS, Op
 from .cupy import _MAX_GRID_Y, _counters, _dense_base, _kernel, copy_to_c_order
 
-__all__ = ["arg", "finalize_state", "launch_moments", "moments", "state_dtype", "stats"]
+__all__ = ["arg", "launch_moments", "moments", "state_dtype", "stats"]
 
 _log = logging.getLogger("multireduce")
 _BLOCK = _kernels.STATS_BLOCK
@@ -94,11 +94,50 @@ def _rows_view(x: cupy.ndarray, axes: tuple[int, ...], what: str, order_free: bo
     return x, layout[0], layout[1]
 
 
-def launch_moments(data: cupy.ndarray, rows: int, length: int) -> cupy.ndarray:
+class _HostRecords:
+    """Pinned, device-mapped host records that full reductions' kernels write their state into.
+
+    A full reduction's moments or arg state is one small record that the call reads on the
+    host right after its kernel: the kernel stores it straight into host memory that the
+    device maps (:func:`multireduce._partials.mapped_host_memory`), and the call reads it
+    there once its stream is synchronized, with no device buffer and no copy back. A record
+    is taken for one call and given back after it is read. ``list.pop`` and ``list.append``
+    are atomic, so threads (Dask's) share the records of a device; the memory is never freed.
+    """
+
+    SIZE = 64  # bytes: a moments record (at most 56) or an arg pair (value, index)
+    BLOCK = 32  # records per allocation
+
+    def __init__(self) -> None:
+        self._free: dict[int, list[tuple[np.ndarray, int]]] = {}
+        self._blocks: list[np.ndarray] = []
+
+    def take(self, device: int) -> tuple[np.ndarray, int]:
+        """A record of ``device``: ``(its SIZE host bytes, its device address)``."""
+        free = self._free.setdefault(device, [])
+        while True:
+            try:
+                return free.pop()
+            except IndexError:
+                host, mapped = _partials.mapped_host_memory(cupy, self.SIZE * self.BLOCK)
+                self._blocks.append(host)
+                free.extend((host[k : k + self.SIZE], mapped + k) for k in range(0, host.size, self.SIZE))
+
+    def give(self, device: int, record: tuple[np.ndarray, int]) -> None:
+        """Return a record whose contents have been read."""
+        self._free[device].append(record)
+
+
+_records = _HostRecords()
+
+
+def launch_moments(data: cupy.ndarray, rows: int, length: int, out: int | None = None) -> cupy.ndarray | None:
     """Launch ``moments_rows_kernel`` on ``rows`` contiguous rows of ``length`` elements.
 
     Returns the states as a device byte array of ``rows`` :func:`state_dtype` records (no
-    wait). ``data`` is C-contiguous and non-empty; call inside ``with data.device``.
+    wait), or, given ``out`` (the device address of room for them, such as a
+    :class:`_HostRecords` record), writes them there and returns None. ``data`` is
+    C-contiguous and non-empty; call inside ``with data.device``.
     """
     device = data.data.device_id
     kernel, max_grid = _kernel(device, _kernels.moments_kernel_name(data.dtype), _BLOCK)
@@ -106,10 +145,12 @@ def launch_moments(data: cupy.ndarray, rows: int, length: int) -> cupy.ndarray:
     sdt, lo, hi = _moments_constants(data.dtype)
     partials = cupy.empty(max(rows * per_row, 1) * sdt.itemsize, dtype=np.uint8)
     counters = _counters(device, rows if per_row > 1 else 1)
-    out = cupy.empty(rows * sdt.itemsize, dtype=np.uint8)
-    args = (data, np.int64(rows), np.int64(length), lo, hi, partials, counters, out)
+    states = cupy.empty(rows * sdt.itemsize, dtype=np.uint8) if out is None else None
+    # A pointer parameter takes the address as an 8-byte integer (the kernel sees the same bits).
+    target = states if out is None else np.uint64(out)
+    args = (data, np.int64(rows), np.int64(length), lo, hi, partials, counters, target)
     kernel((per_row, grid_y), (_BLOCK,), args)
-    return out
+    return states
 
 
 def moments(x: cupy.ndarray, axes: tuple[int, ...], op: Op) -> _stats.Moments:
@@ -124,13 +165,20 @@ def moments(x: cupy.ndarray, axes: tuple[int, ...], op: Op) -> _stats.Moments:
         if rows * length == 0:
             return _stats.empty_moments(x.dtype, kshape)
         sdt = _moments_constants(x.dtype)[0]
-        host = launch_moments(data, rows, length).get().view(sdt)
-    if not kshape:
-        # A full reduction: NumPy scalars (0-d, typed) straight from the one record, with as
-        # few NumPy calls as possible; this runs on the host after the kernel, on every call.
-        record = host[0]
-        return _stats.Moments(*(record[name] for name in sdt.names))
-    return _stats.Moments(*(np.ascontiguousarray(host[name]).reshape(kshape) for name in sdt.names))
+        if kshape:
+            host = launch_moments(data, rows, length).get().view(sdt)
+            return _stats.Moments(*(np.ascontiguousarray(host[name]).reshape(kshape) for name in sdt.names))
+        # A full reduction: the kernel writes the one record into mapped host memory, and its
+        # fields come out as NumPy scalars (0-d, typed; copies) with as few NumPy calls as
+        # possible; this runs on the host after the kernel, on every call.
+        device = data.data.device_id
+        record = _records.take(device)
+        launch_moments(data, 1, length, out=record[1])
+        cupy.cuda.get_current_stream().synchronize()
+        fields = record[0][: sdt.itemsize].view(sdt)[0]
+        state = _stats.Moments(*(fields[name] for name in sdt.names))
+        _records.give(device, record)
+    return state
 
 
 @functools.cache
@@ -165,24 +213,6 @@ def stats(x: cupy.ndarray, axes: tuple[int, ...], correction: float) -> _stats.S
     return _stats.Stats(*fields)
 
 
-def finalize_state(state: _stats.Moments, dtype: np.dtype, correction: float) -> _stats.Stats:
-    """:func:`multireduce._stats.finalize_stats` of a 0-d host state, on the current device.
-
-    The state goes up as one kernel record (one copy) and ``stats_finalize_kernel`` writes
-    the seven fields, by the same rules as for :func:`stats` (the MPI layer's merged state).
-    """
-    dtype = np.dtype(dtype)
-    sdt = state_dtype(dtype)
-    record = np.zeros(1, dtype=sdt)
-    for name, f in zip(sdt.names, fields(_stats.Moments), strict=True):
-        record[name] = getattr(state, f.name)
-    states = cupy.asarray(record.view(np.uint8))
-    out = tuple(cupy.empty((), dtype=dt) for dt in _stats_dtypes(dtype))
-    kernel, _ = _kernel(cupy.cuda.runtime.getDevice(), _kernels.stats_finalize_kernel_name(dtype), _FINALIZE_BLOCK)
-    kernel((1,), (_FINALIZE_BLOCK,), (states, np.int64(1), np.float64(correction), *out))
-    return _stats.Stats(*out)
-
-
 def arg(x: cupy.ndarray, axis: int | None, op: Op) -> _stats.ArgState:
     """The :class:`multireduce._stats.ArgState` of argmin/argmax of ``x`` along ``axis``.
 
@@ -202,7 +232,19 @@ def arg(x: cupy.ndarray, axis: int | None, op: Op) -> _stats.ArgState:
         per_row, grid_y = _grid(rows, length, x.itemsize, _kernels.ARG_UNROLL, max_grid)
         partials = cupy.empty(max(rows * per_row, 1) * _ARG_PARTIAL_BYTES, dtype=np.uint8)
         counters = _counters(device, rows if per_row > 1 else 1)
-        value = cupy.empty(rows, dtype=acc)
-        index = cupy.empty(rows, dtype=np.int64)
-        kernel((per_row, grid_y), (_BLOCK,), (data, np.int64(rows), np.int64(length), partials, counters, value, index))
-        return _stats.ArgState(value.get().reshape(kshape), index.get().reshape(kshape))
+        if kshape:
+            value = cupy.empty(rows, dtype=acc)
+            index = cupy.empty(rows, dtype=np.int64)
+            kernel(
+                (per_row, grid_y), (_BLOCK,), (data, np.int64(rows), np.int64(length), partials, counters, value, index)
+            )
+            return _stats.ArgState(value.get().reshape(kshape), index.get().reshape(kshape))
+        # A full reduction: value and index go straight into a mapped host record (see
+        # moments); pointer parameters take the addresses as 8-byte integers.
+        host, mapped = record = _records.take(device)
+        where = (np.uint64(mapped), np.uint64(mapped + 8))
+        kernel((per_row, grid_y), (_BLOCK,), (data, np.int64(1), np.int64(length), partials, counters, *where))
+        cupy.cuda.get_current_stream().synchronize()
+        state = _stats.ArgState(host[: acc.itemsize].view(acc)[0], host[8:16].view(np.int64)[0])
+        _records.give(device, record)
+    return state
