@@ -69,12 +69,19 @@ def mapped_scalar(cupy: Any, address: int, owner: Any, device: int, dtype: np.dt
     return cupy.ndarray((), dtype, memptr=cupy.cuda.MemoryPointer(memory, 0))
 
 
+def stream_id(ptr: int) -> int | tuple[int, int]:
+    """A stream handle as a cache key, equal for two threads' handles exactly when they name one stream.
+
+    Under CuPy's per-thread default stream, every thread's current stream has the handle
+    ``cudaStreamPerThread`` and yet each thread's is its own stream; per-stream caches (the
+    backend's workspaces) key those by thread as well.
+    """
+    return (ptr, threading.get_ident()) if ptr == _PER_THREAD_STREAM else ptr
+
+
 def _stream_key(cupy, device: int, stream) -> tuple:
     """A key equal for two (device, stream, thread) triples exactly when they name one stream."""
-    ptr = stream.ptr
-    if ptr == _PER_THREAD_STREAM:
-        return (device, ptr, threading.get_ident())
-    return (device, ptr)
+    return (device, stream_id(stream.ptr))
 
 
 class Partial:

@@ -27,8 +27,9 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, fields
 from operator import itemgetter
 from typing import Any
@@ -187,60 +188,76 @@ def merge(a: Moments, b: Moments) -> Moments:
     )
 
 
-def _ieee_pair_scalar(a: np.generic, b: np.generic, largest: bool) -> np.generic:
-    # _ieee_pair for two NumPy scalars (neither NaN).
-    if a == 0 and b == 0 and a.dtype.kind == "f":
+def _pick_value(a: Any, b: Any, largest: bool) -> Any:
+    # _ieee_pair for two Python values (neither NaN): -0.0 < +0.0.
+    if a == 0 and b == 0 and type(a) is float:
         sa, sb = math.copysign(1.0, a) < 0, math.copysign(1.0, b) < 0
-        return a.dtype.type(-0.0 if ((sa and sb) if largest else (sa or sb)) else 0.0)
+        return -0.0 if ((sa and sb) if largest else (sa or sb)) else 0.0
     if largest:
         return b if b > a else a
     return b if b < a else a
 
 
-def _merge_scalar(a: Moments, b: Moments) -> Moments:
-    # merge() of two 0-d states whose fields are NumPy scalars, with the same IEEE float64
-    # operations in the same order (Python floats are IEEE doubles), without the per-call cost
-    # of NumPy's array functions: an MPI or Dask combine of full reductions runs this on the
-    # host for every rank or chunk. The total adds NumPy scalars of its accumulator dtype
-    # (integer sums wrap and inf + -inf is NaN, as in the array code; the caller silences
-    # NumPy's warnings for both).
-    na, nb = int(a.n), int(b.n)
+@functools.cache
+def _adder(dtype: np.dtype) -> Callable[[Any, Any], Any]:
+    """Addition of two Python values as NumPy adds two scalars of the total's ``dtype``."""
+    if dtype == np.float64:
+        return operator.add
+    if dtype.kind == "f":
+        # float32 totals (of float16 input): the double sum of two float32 values, rounded to
+        # float32, is their correctly rounded float32 sum (53 >= 2 * 24 + 2 bits).
+        round_to = dtype.type
+        return lambda a, b: float(round_to(a + b))
+    bits = 8 * dtype.itemsize
+    mask = (1 << bits) - 1
+    if dtype.kind == "u":
+        return lambda a, b: (a + b) & mask
+    half = 1 << (bits - 1)
+    return lambda a, b: ((a + b + half) & mask) - half  # two's-complement wrap-around
+
+
+def _merge_values(a: tuple, b: tuple, add: Callable[[Any, Any], Any]) -> tuple:
+    # merge() of two 0-d states given as tuples of Python values in _MOMENTS_FIELDS order, with
+    # the same IEEE float64 operations in the same order (Python floats are IEEE doubles) and
+    # the total added as in its dtype, without the per-call cost of NumPy's array functions:
+    # MPI's combine of full reductions runs this for every rank.
+    na, nan_a, total_a, mean_a, m2_a, lo_a, hi_a = a
+    nb, nan_b, total_b, mean_b, m2_b, lo_b, hi_b = b
     if nb == 0:
-        mean, m2 = a.mean, a.m2
+        mean, m2 = mean_a, m2_a
     elif na == 0:
-        mean, m2 = b.mean, b.m2
+        mean, m2 = mean_b, m2_b
     else:
-        am, bm = float(a.mean), float(b.mean)
         nf, wa, wb = float(na + nb), float(na), float(nb)
-        if math.isfinite(am) and math.isfinite(bm):
-            delta = bm - am
-            mean = am + delta * (wb / nf)
-            m2 = float(a.m2) + float(b.m2) + delta * delta * (wa * wb / nf)
+        if math.isfinite(mean_a) and math.isfinite(mean_b):
+            delta = mean_b - mean_a
+            mean = mean_a + delta * (wb / nf)
+            m2 = m2_a + m2_b + delta * delta * (wa * wb / nf)
         else:
-            mean, m2 = (wa * am + wb * bm) / nf, math.nan
-        mean, m2 = np.float64(mean), np.float64(m2)
-    return Moments(
-        n=a.n + b.n,
-        nan=a.nan + b.nan,
-        total=a.total + b.total,
-        mean=mean,
-        m2=m2,
-        lo=_ieee_pair_scalar(a.lo, b.lo, largest=False),
-        hi=_ieee_pair_scalar(a.hi, b.hi, largest=True),
+            mean, m2 = (wa * mean_a + wb * mean_b) / nf, math.nan
+    return (
+        na + nb,
+        nan_a + nan_b,
+        add(total_a, total_b),
+        mean,
+        m2,
+        _pick_value(lo_a, lo_b, largest=False),
+        _pick_value(hi_a, hi_b, largest=True),
     )
 
 
-def _merge_tree_scalars(states: list[Moments]) -> Moments:
-    # merge_all's tree over 0-d states, pair by pair in NumPy scalars (see _merge_scalar).
-    with np.errstate(over="ignore", invalid="ignore"):
-        while len(states) > 1:
-            paired = [_merge_scalar(states[i], states[i + 1]) for i in range(0, len(states) - 1, 2)]
-            states = paired + states[len(paired) * 2 :]
-    return states[0]
-
-
-def _as_scalars(state: Moments) -> Moments:
-    return Moments(*(getattr(state, name)[()] for name in _MOMENTS_FIELDS))
+def _merge_tree_values(rows: list[tuple], total: np.dtype, extreme: np.dtype) -> Moments:
+    # merge_all's tree over 0-d states given as tuples of Python values (see _merge_values);
+    # the result as NumPy scalars of the state's dtypes.
+    add = _adder(total)
+    with np.errstate(over="ignore"):  # a float32 total that overflows becomes inf, as in NumPy
+        while len(rows) > 1:
+            paired = [_merge_values(rows[i], rows[i + 1], add) for i in range(0, len(rows) - 1, 2)]
+            rows = paired + rows[len(paired) * 2 :]
+    n, nan, t, mean, m2, lo, hi = rows[0]
+    return Moments(
+        np.int64(n), np.int64(nan), total.type(t), np.float64(mean), np.float64(m2), extreme.type(lo), extreme.type(hi)
+    )
 
 
 def merge_all(states: Sequence[Moments]) -> Moments:
@@ -250,7 +267,7 @@ def merge_all(states: Sequence[Moments]) -> Moments:
     as it is. The states are stacked first (:func:`merge_stacked`), so that each level is
     one vectorized :func:`merge` of all its pairs; ``merge`` is elementwise, so the bits are
     those of merging pair by pair. 0-d states (full reductions) are merged pair by pair in
-    NumPy scalars instead, with the same operations (fewer NumPy calls for a few values).
+    Python values instead, with the same operations (no NumPy calls for a few values).
     """
     states = list(states)
     if not states:
@@ -258,7 +275,8 @@ def merge_all(states: Sequence[Moments]) -> Moments:
     if len(states) == 1:
         return states[0]
     if states[0].n.ndim == 0:
-        return _merge_tree_scalars([_as_scalars(s) for s in states])
+        rows = [tuple(getattr(s, name).item() for name in _MOMENTS_FIELDS) for s in states]
+        return _merge_tree_values(rows, np.asarray(states[0].total).dtype, np.asarray(states[0].lo).dtype)
     return merge_stacked(
         Moments(*(np.stack([np.asarray(getattr(s, name)) for s in states]) for name in _MOMENTS_FIELDS))
     )
@@ -281,12 +299,17 @@ def merge_stacked(stacked: Moments) -> Moments:
 def merge_records(records: np.ndarray) -> Moments:
     """Merge 0-d states held as the records of a 1-D structured array, in :func:`merge_all`'s order.
 
-    The records have the fields of :func:`to_structured` (and may have others); MPI gathers one
-    per rank. They merge in NumPy scalars, as :func:`merge_all` merges 0-d states.
+    The records have the fields of :func:`to_structured` first, in its order (and may have
+    others after them); MPI gathers one per rank. They merge in Python values, as
+    :func:`merge_all` merges 0-d states.
     """
     if records.size == 0:
         raise ValueError("no moments states to merge")
-    return _merge_tree_scalars([Moments(*(record[name] for name in _MOMENTS_FIELDS)) for record in records])
+    fields = records.dtype.fields
+    if records.dtype.names[: len(_MOMENTS_FIELDS)] != _MOMENTS_FIELDS:
+        raise ValueError(f"moments records need the fields {_MOMENTS_FIELDS} first, got {records.dtype.names}")
+    rows = [row[: len(_MOMENTS_FIELDS)] for row in records.tolist()]
+    return _merge_tree_values(rows, fields["total"][0], fields["lo"][0])
 
 
 def _split_axes(x: np.ndarray, axes: tuple[int, ...]) -> tuple[np.ndarray, tuple[int, ...]]:

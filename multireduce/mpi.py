@@ -503,9 +503,8 @@ def _allgather_state(comm, state, layout: np.dtype, count: int) -> np.ndarray:
     """
     wire = _wire_dtype(layout)
     mine = np.empty(1, dtype=wire)
-    for name in layout.names:  # cast to the layout's dtype (an empty arg state's placeholder)
-        mine[name] = getattr(state, name)
-    mine["count"] = count
+    # One assignment casts each field to the layout's dtype (an empty arg state's placeholder).
+    mine[0] = (*(getattr(state, name) for name in layout.names), count)
     every = np.empty(comm.Get_size(), dtype=wire)
     comm.Allgather(mine.view(np.uint8), every.view(np.uint8))
     return every
@@ -673,15 +672,21 @@ class _ResultCells:
 
 
 class _Staging:
-    """The :class:`_Slots` of each (device, stream), made on first use."""
+    """The :class:`_Slots` of each (device, stream), made on first use.
 
-    _slots: dict[tuple[int, int], _Slots] = {}
+    Streams are told apart by :func:`multireduce._partials.stream_id` (the per-thread default
+    stream of each thread is its own).
+    """
+
+    _slots: dict[tuple, _Slots] = {}
 
     @classmethod
     def get(cls, device: int, stream: int) -> _Slots:
-        found = cls._slots.get((device, stream))
+        """The slots of the stream with handle ``stream`` on ``device``."""
+        key = (device, _partials.stream_id(stream))
+        found = cls._slots.get(key)
         if found is None:
-            found = cls._slots[(device, stream)] = _Slots(device)
+            found = cls._slots[key] = _Slots(device)
         return found
 
     @classmethod
@@ -903,7 +908,8 @@ def _fast_entry(x: Any, op: str) -> _Fast | None:
         if device != cupy.cuda.runtime.getDevice():
             return None
         stream = cupy.cuda.get_current_stream()
-        key = (op, x.dtype, device, stream.ptr)
+        ptr = stream.ptr
+        key = (op, x.dtype, device, ptr if ptr != _partials._PER_THREAD_STREAM else _partials.stream_id(ptr))
     try:
         return _fast[key]
     except KeyError:

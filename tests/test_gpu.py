@@ -247,3 +247,55 @@ def test_tiny_reductions_from_many_threads():
     for t in threads:
         t.join()
     assert errors == []
+
+
+_PER_THREAD_STREAM_SCRIPT = r"""
+import threading, sys
+import cupy, numpy as np
+import multireduce
+
+assert cupy.cuda.get_current_stream().ptr == 2, "not the per-thread default stream"
+sizes = [1, 33, 4099, 65537, 2**20 + 1, 3 * 2**20 + 7]
+errors = []
+start = threading.Barrier(len(sizes))
+
+def work(i, n):
+    start.wait()
+    for k in range(60):
+        v = i + k % 7
+        x = cupy.full(n, v, dtype=cupy.int32)
+        checks = (
+            (int(multireduce.sum(x)), n * v),
+            (int(multireduce.max(x)), v),
+            (float(multireduce.mean(x)), float(v)),
+            (int(multireduce.argmax(x)), 0),
+            (int(multireduce.stats(x).count), n),
+        )
+        for got, want in checks:
+            if got != want:
+                errors.append(f"thread {i}, call {k}: {got} != {want}")
+                return
+
+threads = [threading.Thread(target=work, args=(i, n)) for i, n in enumerate(sizes)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+print("\n".join(errors) or "OK")
+sys.exit(1 if errors else 0)
+"""
+
+
+def test_per_thread_default_streams_do_not_share_workspaces():
+    """Under CuPy's per-thread default stream every thread's stream has the handle 2, yet the
+    threads' kernels run concurrently: the per-stream workspaces (block partials, counters,
+    cached launches) must be the thread's own (``_partials.stream_id``)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "CUPY_CUDA_PER_THREAD_DEFAULT_STREAM": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", _PER_THREAD_STREAM_SCRIPT], env=env, capture_output=True, text=True, timeout=240
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "OK", done.stdout + done.stderr

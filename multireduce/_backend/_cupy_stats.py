@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import struct
 
 import cupy
 import numpy as np
@@ -25,7 +26,7 @@ import numpy as np
 from .. import _kernels, _partials, _stats
 from .._axes import axis_layout
 from ..ops import OPS, Op
-from .cupy import _MAX_GRID_Y, _counters, _dense_base, _kernel, copy_to_c_order
+from .cupy import _MAX_GRID_Y, _counters, _dense_base, _kernel, _launch_kernel, copy_to_c_order, launch_args
 
 __all__ = ["arg", "launch_moments", "moments", "state_dtype", "stats"]
 
@@ -66,6 +67,13 @@ def _moments_constants(dtype: np.dtype) -> tuple[np.dtype, np.generic, np.generi
     """(state dtype, lo identity, hi identity) of the moments kernel for input ``dtype``."""
     ext = _stats._extreme_acc(dtype)
     return state_dtype(dtype), OPS["min"].identity(ext), OPS["max"].identity(ext)
+
+
+@functools.cache
+def _identity_bits(dtype: np.dtype) -> tuple[int, int]:
+    """The moments kernel's lo and hi identities as launch-slot values (:func:`_bits`)."""
+    _, lo, hi = _moments_constants(dtype)
+    return _bits(lo), _bits(hi)
 
 
 def _rows_view(x: cupy.ndarray, axes: tuple[int, ...], what: str, order_free: bool):
@@ -130,14 +138,42 @@ class _HostRecords:
 
 _records = _HostRecords()
 
+#: The fast launch of a full reduction's moments or arg kernel, per (device, stream id, kernel).
+_full_launches: dict[tuple, tuple] = {}
+_pack_moments = struct.Struct("<8Q").pack_into
+_pack_arg = struct.Struct("<7Q").pack_into
 
-def launch_moments(data: cupy.ndarray, rows: int, length: int, out: int | None = None) -> cupy.ndarray | None:
+
+def _full_launch(device: int, stream: int, name: str, dtype: np.dtype, unroll: int, partial_bytes: int) -> tuple:
+    """What a full reduction's launch of kernel ``name`` on the stream ``stream`` needs, made once.
+
+    A tuple: the driver function's address, the largest grid, the elements per block and loop
+    trip, the block partials' and the counter's device addresses (the stream's own: launches
+    on one stream are ordered, and each leaves its counter at zero), then the arrays that keep
+    those addresses alive.
+    """
+    key = (device, _partials.stream_id(stream), name)
+    found = _full_launches.get(key)
+    if found is None:
+        kernel, max_grid = _kernel(device, name, _BLOCK)
+        partials = cupy.empty(max_grid * partial_bytes, dtype=np.uint8)
+        counters = _counters(device, 1)
+        per_block = _kernels.elements_per_trip(dtype.itemsize, _BLOCK, unroll)
+        found = (kernel.ptr, max_grid, per_block, partials.data.ptr, counters.data.ptr, partials, counters)
+        found = _full_launches.setdefault(key, found)
+    return found
+
+
+def _bits(value: np.generic) -> int:
+    """A scalar kernel argument as the 8-byte slot value of :class:`cupy._LaunchArgs` (zero-extended)."""
+    return int.from_bytes(np.asarray(value).tobytes(), "little")
+
+
+def launch_moments(data: cupy.ndarray, rows: int, length: int) -> cupy.ndarray:
     """Launch ``moments_rows_kernel`` on ``rows`` contiguous rows of ``length`` elements.
 
     Returns the states as a device byte array of ``rows`` :func:`state_dtype` records (no
-    wait), or, given ``out`` (the device address of room for them, such as a
-    :class:`_HostRecords` record), writes them there and returns None. ``data`` is
-    C-contiguous and non-empty; call inside ``with data.device``.
+    wait). ``data`` is C-contiguous and non-empty; call inside ``with data.device``.
     """
     device = data.data.device_id
     kernel, max_grid = _kernel(device, _kernels.moments_kernel_name(data.dtype), _BLOCK)
@@ -145,12 +181,10 @@ def launch_moments(data: cupy.ndarray, rows: int, length: int, out: int | None =
     sdt, lo, hi = _moments_constants(data.dtype)
     partials = cupy.empty(max(rows * per_row, 1) * sdt.itemsize, dtype=np.uint8)
     counters = _counters(device, rows if per_row > 1 else 1)
-    states = cupy.empty(rows * sdt.itemsize, dtype=np.uint8) if out is None else None
-    # A pointer parameter takes the address as an 8-byte integer (the kernel sees the same bits).
-    target = states if out is None else np.uint64(out)
-    args = (data, np.int64(rows), np.int64(length), lo, hi, partials, counters, target)
+    out = cupy.empty(rows * sdt.itemsize, dtype=np.uint8)
+    args = (data, np.int64(rows), np.int64(length), lo, hi, partials, counters, out)
     kernel((per_row, grid_y), (_BLOCK,), args)
-    return states
+    return out
 
 
 def moments(x: cupy.ndarray, axes: tuple[int, ...], op: Op) -> _stats.Moments:
@@ -168,13 +202,22 @@ def moments(x: cupy.ndarray, axes: tuple[int, ...], op: Op) -> _stats.Moments:
         if kshape:
             host = launch_moments(data, rows, length).get().view(sdt)
             return _stats.Moments(*(np.ascontiguousarray(host[name]).reshape(kshape) for name in sdt.names))
-        # A full reduction: the kernel writes the one record into mapped host memory, and its
-        # fields come out as NumPy scalars (0-d, typed; copies) with as few NumPy calls as
-        # possible; this runs on the host after the kernel, on every call.
+        # A full reduction: one driver launch whose kernel writes the one record into mapped
+        # host memory, and its fields come out as NumPy scalars (0-d, typed; copies) with as
+        # few NumPy calls as possible; this runs on the host around the kernel, on every call.
         device = data.data.device_id
+        stream = cupy.cuda.get_current_stream()
+        name = _kernels.moments_kernel_name(data.dtype)
+        function, max_grid, per_block, partials, counter, _, _ = _full_launch(
+            device, stream.ptr, name, data.dtype, _kernels.MOMENTS_UNROLL, sdt.itemsize
+        )
         record = _records.take(device)
-        launch_moments(data, 1, length, out=record[1])
-        cupy.cuda.get_current_stream().synchronize()
+        args = launch_args(device)
+        lo, hi = _identity_bits(data.dtype)
+        _pack_moments(args.values, 0, data.data.ptr, 1, length, lo, hi, partials, counter, record[1])
+        grid = min(max_grid, -(-length // per_block))  # _grid's blocks for one row
+        _launch_kernel(function, grid, 1, 1, _BLOCK, 1, 1, 0, stream.ptr, args.address, 0)
+        stream.synchronize()
         fields = record[0][: sdt.itemsize].view(sdt)[0]
         state = _stats.Moments(*(fields[name] for name in sdt.names))
         _records.give(device, record)
@@ -228,23 +271,30 @@ def arg(x: cupy.ndarray, axis: int | None, op: Op) -> _stats.ArgState:
         if rows * length == 0:
             return _stats.empty_arg_state(acc, kshape)
         device = data.data.device_id
-        kernel, max_grid = _kernel(device, _kernels.arg_kernel_name(x.dtype, largest=op.name == "argmax"), _BLOCK)
-        per_row, grid_y = _grid(rows, length, x.itemsize, _kernels.ARG_UNROLL, max_grid)
-        partials = cupy.empty(max(rows * per_row, 1) * _ARG_PARTIAL_BYTES, dtype=np.uint8)
-        counters = _counters(device, rows if per_row > 1 else 1)
+        name = _kernels.arg_kernel_name(x.dtype, largest=op.name == "argmax")
         if kshape:
+            kernel, max_grid = _kernel(device, name, _BLOCK)
+            per_row, grid_y = _grid(rows, length, x.itemsize, _kernels.ARG_UNROLL, max_grid)
+            partials = cupy.empty(max(rows * per_row, 1) * _ARG_PARTIAL_BYTES, dtype=np.uint8)
+            counters = _counters(device, rows if per_row > 1 else 1)
             value = cupy.empty(rows, dtype=acc)
             index = cupy.empty(rows, dtype=np.int64)
             kernel(
                 (per_row, grid_y), (_BLOCK,), (data, np.int64(rows), np.int64(length), partials, counters, value, index)
             )
             return _stats.ArgState(value.get().reshape(kshape), index.get().reshape(kshape))
-        # A full reduction: value and index go straight into a mapped host record (see
-        # moments); pointer parameters take the addresses as 8-byte integers.
+        # A full reduction: one driver launch; value and index go straight into a mapped host
+        # record (see moments).
+        stream = cupy.cuda.get_current_stream()
+        function, max_grid, per_block, partials, counter, _, _ = _full_launch(
+            device, stream.ptr, name, x.dtype, _kernels.ARG_UNROLL, _ARG_PARTIAL_BYTES
+        )
         host, mapped = record = _records.take(device)
-        where = (np.uint64(mapped), np.uint64(mapped + 8))
-        kernel((per_row, grid_y), (_BLOCK,), (data, np.int64(1), np.int64(length), partials, counters, *where))
-        cupy.cuda.get_current_stream().synchronize()
+        args = launch_args(device)
+        _pack_arg(args.values, 0, data.data.ptr, 1, length, partials, counter, mapped, mapped + 8)
+        grid = min(max_grid, -(-length // per_block))
+        _launch_kernel(function, grid, 1, 1, _BLOCK, 1, 1, 0, stream.ptr, args.address, 0)
+        stream.synchronize()
         state = _stats.ArgState(host[: acc.itemsize].view(acc)[0], host[8:16].view(np.int64)[0])
         _records.give(device, record)
     return state

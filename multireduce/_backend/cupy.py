@@ -19,6 +19,7 @@ from cupy.cuda import runtime as _runtime
 
 from .. import _exact, _kernels
 from .._axes import axis_layout
+from .._partials import _PER_THREAD_STREAM, stream_id
 from ..ops import Op
 
 _log = logging.getLogger("multireduce")
@@ -49,19 +50,22 @@ _defaults: dict[tuple, tuple] = {}
 
 
 class _LaunchArgs(threading.local):
-    """One thread's argument block for ``cuLaunchKernel`` of the default launch.
+    """One thread's argument block for ``cuLaunchKernel`` of the fast launches.
 
-    ``reduce_kernel`` takes six arguments of at most 8 bytes each: ``values`` holds one per
-    8-byte slot (a narrower argument in the slot's low bytes: the driver copies each
-    argument's own size from its slot), and ``pointers`` is the array of slot addresses that
-    the driver reads. One block per thread, so that threads launching at the same time never
-    share one; the driver copies the values at launch, so a block is reused at once.
+    ``reduce_kernel`` takes six arguments of at most 8 bytes each (the moments and arg kernels
+    of full reductions, eight and seven; ``_cupy_stats``): ``values`` holds one per 8-byte slot
+    (a narrower argument in the slot's low bytes: the driver copies each argument's own size
+    from its slot), and ``pointers`` is the array of slot addresses that the driver reads. One
+    block per thread, so that threads launching at the same time never share one; the driver
+    copies the values at launch, so a block is reused at once.
     """
 
+    SLOTS = 8
+
     def __init__(self) -> None:
-        self.values = np.zeros(6, dtype=np.uint64)
+        self.values = np.zeros(self.SLOTS, dtype=np.uint64)
         base = self.values.ctypes.data
-        self.pointers = np.array([base + 8 * i for i in range(6)], dtype=np.uint64)
+        self.pointers = np.array([base + 8 * i for i in range(self.SLOTS)], dtype=np.uint64)
         self.address = int(self.pointers.ctypes.data)
         #: Devices whose CUDA context this thread has made current through the runtime (as
         #: CuPy's own launches ensure): the driver's launch needs one.
@@ -71,6 +75,15 @@ class _LaunchArgs(threading.local):
 _args = _LaunchArgs()
 _pack_args = struct.Struct("<6Q").pack_into
 _launch_kernel = _driver.launchKernel
+
+
+def launch_args(device: int) -> _LaunchArgs:
+    """The calling thread's argument block, with ``device``'s CUDA context made current here once."""
+    args = _args
+    if device not in args.contexts:
+        _runtime.memGetInfo()  # a runtime call makes the device's context current here
+        args.contexts.add(device)
+    return args
 
 
 def _launcher(
@@ -132,11 +145,11 @@ def _compile(device: int, name: str, block: int):
     return kernel, sms * per_sm
 
 
-def _workspace(device: int, stream: int, max_grid: int):
+def _workspace(device: int, stream: int | tuple[int, int], max_grid: int):
     """Per-(device, stream) partials, and a counter of the stream's zeroed ones (:func:`_counters`).
 
-    ``stream`` is the current stream. Partials are 8 bytes wide, enough for every accumulator
-    type.
+    ``stream`` is the current stream's :func:`multireduce._partials.stream_id`. Partials are 8
+    bytes wide, enough for every accumulator type.
     """
     key = (device, stream)
     ws = _workspaces.get(key)
@@ -151,7 +164,7 @@ def _counters(device: int, count: int) -> cupy.ndarray:
 
     Every launch leaves its counters at zero, so launches ordered on one stream share them.
     """
-    key = (device, cupy.cuda.get_current_stream().ptr)
+    key = (device, stream_id(_get_current_stream().ptr))
     found = _counter_cache.get(key)
     if found is None or found.size < count:
         found = cupy.zeros(max(count, 1024), dtype=np.uint32)
@@ -159,7 +172,7 @@ def _counters(device: int, count: int) -> cupy.ndarray:
     return found
 
 
-_counter_cache: dict[tuple[int, int], cupy.ndarray] = {}
+_counter_cache: dict[tuple, cupy.ndarray] = {}
 
 
 def _dense_base(x: cupy.ndarray):
@@ -239,16 +252,14 @@ def _launch(
     if config is _DEFAULT_CONFIG and grid_override is None:
         if n * flat.itemsize < _kernels.TILED_MIN_BYTES:
             stream = _get_current_stream().ptr
-            found = _defaults.get((device, stream, op, flat.dtype, acc, result))
+            sid = stream if stream != _PER_THREAD_STREAM else stream_id(stream)
+            found = _defaults.get((device, sid, op, flat.dtype, acc, result))
             if found is None:
-                found = _default_launch(device, stream, op, flat.dtype, acc, result)
+                found = _default_launch(device, sid, op, flat.dtype, acc, result)
             function, max_grid, identity, per_block, partials, counter, _, _ = found
             if out is None:
                 out = cupy.ndarray((), dtype=result)
-            args = _args
-            if device not in args.contexts:
-                _runtime.memGetInfo()  # a runtime call makes the device's context current here
-                args.contexts.add(device)
+            args = launch_args(device)
             _pack_args(args.values, 0, flat.data.ptr, n, identity, partials, counter, out.data.ptr)
             grid = min(max_grid, -(-n // per_block))
             _launch_kernel(function, grid, 1, 1, _DEFAULT_CONFIG[0], 1, 1, 0, stream, args.address, 0)
@@ -262,15 +273,15 @@ def _launch(
         tile = per_block << (tiling - 1) if tiling else per_block
         grid = grid_override or max(1, -(-n // tile))
         max_grid = max(max_grid, grid)
-    partials, counter = _workspace(device, _get_current_stream().ptr, max_grid)
+    partials, counter = _workspace(device, stream_id(_get_current_stream().ptr), max_grid)
     if out is None:
         out = cupy.empty((), dtype=result)
     kernel((grid,), (config[0],), (flat, n, identity, partials, counter, out))
     return out
 
 
-def _default_launch(device: int, stream: int, op: Op, dtype: np.dtype, acc: np.dtype, result: np.dtype) -> tuple:
-    """The default configuration's launch on ``stream``, made once and cached.
+def _default_launch(device: int, stream, op: Op, dtype: np.dtype, acc: np.dtype, result: np.dtype) -> tuple:
+    """The default configuration's launch on ``stream`` (a :func:`stream_id`), made once and cached.
 
     A tuple: the driver function's address, the largest grid, the identity's bits (as the
     kernel's ``Acc`` argument, zero-extended to 8 bytes), the elements per block and loop
@@ -464,7 +475,7 @@ def _exact_launch(x: cupy.ndarray):
     kernel, max_grid = _kernel(device, _kernels.exact_kernel_name(flat.dtype), block)
     slots = _exact.LIMBS + 3
     parts = -(-n // _EXACT_PER_LAUNCH)
-    _, counter = _workspace(device, _get_current_stream().ptr, 1)  # 0 on entry and exit
+    _, counter = _workspace(device, stream_id(_get_current_stream().ptr), 1)  # 0 on entry and exit
     outs = cupy.empty(parts * slots, dtype=np.uint64)
     for i, start in enumerate(range(0, n, _EXACT_PER_LAUNCH)):
         part = flat[start : start + _EXACT_PER_LAUNCH]
