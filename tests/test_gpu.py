@@ -250,38 +250,46 @@ def test_tiny_reductions_from_many_threads():
 
 
 _PER_THREAD_STREAM_SCRIPT = r"""
-import threading, sys
+import sys, threading
 import cupy, numpy as np
 import multireduce
 
 assert cupy.cuda.get_current_stream().ptr == 2, "not the per-thread default stream"
-sizes = [1, 33, 4099, 65537, 2**20 + 1, 3 * 2**20 + 7]
+THREADS, ROUNDS, LAUNCHES = 6, 8, 40
+sizes = [2**20 + 3, 2**22 + 7, 3 * 2**22 + 1]  # the default launch and the tiled one
 errors = []
-start = threading.Barrier(len(sizes))
+start = threading.Barrier(THREADS)
 
-def work(i, n):
+def work(i):
+    # Each thread queues many reductions on its own per-thread stream without waiting, so
+    # that its kernels overlap other threads' kernels on the GPU.
+    xs = [cupy.full(n, i + 1, dtype=cupy.int32) for n in sizes]
+    cupy.cuda.get_current_stream().synchronize()
     start.wait()
-    for k in range(60):
-        v = i + k % 7
-        x = cupy.full(n, v, dtype=cupy.int32)
-        checks = (
-            (int(multireduce.sum(x)), n * v),
-            (int(multireduce.max(x)), v),
-            (float(multireduce.mean(x)), float(v)),
-            (int(multireduce.argmax(x)), 0),
-            (int(multireduce.stats(x).count), n),
+    for r in range(ROUNDS):
+        results = [multireduce.sum(xs[k % len(xs)]) for k in range(LAUNCHES)]
+        cupy.cuda.get_current_stream().synchronize()
+        for k, got in enumerate(results):
+            want = sizes[k % len(xs)] * (i + 1)
+            if int(got) != want:
+                errors.append(f"thread {i}, round {r}, sum {k}: {int(got)} != {want}")
+                return
+        others = (
+            (float(multireduce.mean(xs[r % 3])), float(i + 1)),
+            (int(multireduce.argmax(xs[r % 3])), 0),
+            (int(multireduce.stats(xs[r % 3]).count), sizes[r % 3]),
         )
-        for got, want in checks:
+        for got, want in others:
             if got != want:
-                errors.append(f"thread {i}, call {k}: {got} != {want}")
+                errors.append(f"thread {i}, round {r}: {got} != {want}")
                 return
 
-threads = [threading.Thread(target=work, args=(i, n)) for i, n in enumerate(sizes)]
+threads = [threading.Thread(target=work, args=(i,)) for i in range(THREADS)]
 for t in threads:
     t.start()
 for t in threads:
     t.join()
-print("\n".join(errors) or "OK")
+print("\n".join(errors[:10]) or "OK")
 sys.exit(1 if errors else 0)
 """
 
