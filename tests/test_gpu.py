@@ -256,13 +256,14 @@ import multireduce
 
 assert cupy.cuda.get_current_stream().ptr == 2, "not the per-thread default stream"
 THREADS, ROUNDS, LAUNCHES = 6, 8, 40
-sizes = [2**20 + 3, 2**22 + 7, 3 * 2**22 + 1]  # the default launch and the tiled one
+sizes = [2**20 + 3, 2**26 + 7, 2**28 + 1]  # the default launch and the tiled one, up to 1 GiB
 errors = []
 start = threading.Barrier(THREADS)
 
 def work(i):
-    # Each thread queues many reductions on its own per-thread stream without waiting, so
-    # that its kernels overlap other threads' kernels on the GPU.
+    # Each thread queues many reductions on its own per-thread stream without waiting; the
+    # large ones (a tiled launch has more blocks than the GPU holds at once) take long
+    # enough for the threads' kernels to run at the same time on the GPU.
     xs = [cupy.full(n, i + 1, dtype=cupy.int32) for n in sizes]
     cupy.cuda.get_current_stream().synchronize()
     start.wait()
