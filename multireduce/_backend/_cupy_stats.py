@@ -150,7 +150,8 @@ def _full_launch(device: int, stream: int, name: str, dtype: np.dtype, unroll: i
     A tuple: the driver function's address, the largest grid, the elements per block and loop
     trip, the block partials' and the counter's device addresses (the stream's own: launches
     on one stream are ordered, and each leaves its counter at zero), then the arrays that keep
-    those addresses alive.
+    those addresses alive, and a device record of :class:`_HostRecords`'s size for a state
+    that stays on the device until a later kernel on the stream reads it (:func:`stats`).
     """
     key = (device, _partials.stream_id(stream), name)
     found = _full_launches.get(key)
@@ -159,7 +160,8 @@ def _full_launch(device: int, stream: int, name: str, dtype: np.dtype, unroll: i
         partials = cupy.empty(max_grid * partial_bytes, dtype=np.uint8)
         counters = _counters(device, 1)
         per_block = _kernels.elements_per_trip(dtype.itemsize, _BLOCK, unroll)
-        found = (kernel.ptr, max_grid, per_block, partials.data.ptr, counters.data.ptr, partials, counters)
+        record = cupy.empty(_HostRecords.SIZE, dtype=np.uint8)
+        found = (kernel.ptr, max_grid, per_block, partials.data.ptr, counters.data.ptr, partials, counters, record)
         found = _full_launches.setdefault(key, found)
     return found
 
@@ -187,6 +189,32 @@ def launch_moments(data: cupy.ndarray, rows: int, length: int) -> cupy.ndarray:
     return out
 
 
+def _launch_moments_full(data: cupy.ndarray, length: int, out: int | None = None):
+    """Launch ``moments_rows_kernel`` over one row of ``length`` elements (a full reduction).
+
+    One driver launch with a packed argument block (as the fold kernel's default launch), so
+    that the kernel is queued a few microseconds sooner than through CuPy's kernel call; the
+    state record goes to the device address ``out``, or, without one, to the stream's device
+    record (:func:`_full_launch`). Returns ``(the current stream, that device record)``, with
+    no wait. ``data`` is C-contiguous and non-empty; call inside ``with data.device``.
+    """
+    device = data.data.device_id
+    stream = cupy.cuda.get_current_stream()
+    sdt = _moments_constants(data.dtype)[0]
+    name = _kernels.moments_kernel_name(data.dtype)
+    function, max_grid, per_block, partials, counter, _, _, record = _full_launch(
+        device, stream.ptr, name, data.dtype, _kernels.MOMENTS_UNROLL, sdt.itemsize
+    )
+    if out is None:
+        out = record.data.ptr
+    args = launch_args(device)
+    lo, hi = _identity_bits(data.dtype)
+    _pack_moments(args.values, 0, data.data.ptr, 1, length, lo, hi, partials, counter, out)
+    grid = min(max_grid, -(-length // per_block))  # _grid's blocks for one row
+    _launch_kernel(function, grid, 1, 1, _BLOCK, 1, 1, 0, stream.ptr, args.address, 0)
+    return stream, record
+
+
 def moments(x: cupy.ndarray, axes: tuple[int, ...], op: Op) -> _stats.Moments:
     """The :class:`multireduce._stats.Moments` of ``x`` over ``axes`` (normalized, sorted).
 
@@ -202,22 +230,12 @@ def moments(x: cupy.ndarray, axes: tuple[int, ...], op: Op) -> _stats.Moments:
         if kshape:
             host = launch_moments(data, rows, length).get().view(sdt)
             return _stats.Moments(*(np.ascontiguousarray(host[name]).reshape(kshape) for name in sdt.names))
-        # A full reduction: one driver launch whose kernel writes the one record into mapped
-        # host memory, and its fields come out as NumPy scalars (0-d, typed; copies) with as
-        # few NumPy calls as possible; this runs on the host around the kernel, on every call.
+        # A full reduction: the kernel writes the one record into mapped host memory, and its
+        # fields come out as NumPy scalars (0-d, typed; copies) with as few NumPy calls as
+        # possible; this runs on the host around the kernel, on every call.
         device = data.data.device_id
-        stream = cupy.cuda.get_current_stream()
-        name = _kernels.moments_kernel_name(data.dtype)
-        function, max_grid, per_block, partials, counter, _, _ = _full_launch(
-            device, stream.ptr, name, data.dtype, _kernels.MOMENTS_UNROLL, sdt.itemsize
-        )
         record = _records.take(device)
-        args = launch_args(device)
-        lo, hi = _identity_bits(data.dtype)
-        _pack_moments(args.values, 0, data.data.ptr, 1, length, lo, hi, partials, counter, record[1])
-        grid = min(max_grid, -(-length // per_block))  # _grid's blocks for one row
-        _launch_kernel(function, grid, 1, 1, _BLOCK, 1, 1, 0, stream.ptr, args.address, 0)
-        stream.synchronize()
+        _launch_moments_full(data, length, record[1])[0].synchronize()
         fields = record[0][: sdt.itemsize].view(sdt)[0]
         state = _stats.Moments(*(fields[name] for name in sdt.names))
         _records.give(device, record)
@@ -248,7 +266,11 @@ def stats(x: cupy.ndarray, axes: tuple[int, ...], correction: float) -> _stats.S
         if x.size == 0:  # kept axes of length 0 (the caller raises where a reduced axis is)
             return _stats.Stats(*(cupy.empty(kshape, dtype=dt) for dt in _stats_dtypes(x.dtype)))
         data, rows, length = _rows_view(x, axes, "stats", order_free=True)
-        states = launch_moments(data, rows, length)  # first: the host work below overlaps it
+        # First: the host work below overlaps the kernel.
+        if rows == 1:  # the stream's device record: the finalize below reads it in stream order
+            states = _launch_moments_full(data, length)[1]
+        else:
+            states = launch_moments(data, rows, length)
         fields = tuple(cupy.empty(kshape, dtype=dt) for dt in _stats_dtypes(x.dtype))
         kernel, max_grid = _kernel(data.data.device_id, _kernels.stats_finalize_kernel_name(x.dtype), _FINALIZE_BLOCK)
         grid = min(max_grid, -(-rows // _FINALIZE_BLOCK))
@@ -286,7 +308,7 @@ def arg(x: cupy.ndarray, axis: int | None, op: Op) -> _stats.ArgState:
         # A full reduction: one driver launch; value and index go straight into a mapped host
         # record (see moments).
         stream = cupy.cuda.get_current_stream()
-        function, max_grid, per_block, partials, counter, _, _ = _full_launch(
+        function, max_grid, per_block, partials, counter, *_ = _full_launch(
             device, stream.ptr, name, x.dtype, _kernels.ARG_UNROLL, _ARG_PARTIAL_BYTES
         )
         host, mapped = record = _records.take(device)
