@@ -297,10 +297,9 @@ def _reduce(x: Any, op: str | Op, axis: Any, keepdims: bool, dtype: Any, correct
         if backend is _cupy_backend:  # the state came to the host; the result lives on the device
             value = backend.from_host(value, result)
     else:
-        state = backend.arg(arr, None if full and (axis is None or ndim <= 1) else axes[0], op)
-        value = _stats.arg_finalize(state, op)
-        if backend is _cupy_backend:
-            value = backend.from_host(value, np.dtype(np.int64))
+        # The reduced axis is not empty (checked above), so every index exists: a GPU result
+        # stays on the device, with nothing to decide on the host.
+        value = backend.arg_result(arr, None if full and (axis is None or ndim <= 1) else axes[0], op)
     if keepdims:
         value = _keep(value, arr.shape, axes)
     return value

@@ -373,3 +373,33 @@ def test_full_reduction_states_from_threads_share_host_records():
     held = sum(len(free) for free in _cupy_stats._records._free.values())
     assert held == len(_cupy_stats._records._blocks) * _cupy_stats._HostRecords.BLOCK  # all given back
     assert len(_cupy_stats._records._blocks) <= 2  # 8 threads hold at most 8 records at once
+
+
+def test_argmin_argmax_results_stay_on_the_device():
+    # multireduce.argmax/argmin of a CuPy array return the kernel's int64 indices on the
+    # device (0-d for axis=None), queued on the current stream with no host round trip; the
+    # values are NumPy's, NaN first and -0.0 below +0.0.
+    host = np.array([3.0, -0.0, 7.0, 0.0, 7.0, np.nan, 1.0, np.nan], dtype=np.float32)
+    x = cupy.asarray(host)
+    for op, want in (("argmax", 5), ("argmin", 5)):
+        got = getattr(multireduce, op)(x)
+        assert isinstance(got, cupy.ndarray) and got.shape == () and got.dtype == np.int64
+        assert got.device.id == x.device.id and int(got) == want
+    finite = cupy.asarray(host[~np.isnan(host)])
+    assert int(multireduce.argmax(finite)) == 2 and int(multireduce.argmin(finite)) == 1  # -0.0 < +0.0
+    rng = np.random.default_rng(23)
+    grid = rng.integers(-50, 50, size=(37, 129)).astype(np.int16)
+    for axis in (0, 1, -1):
+        for op in ("argmax", "argmin"):
+            got = getattr(multireduce, op)(cupy.asarray(grid), axis=axis, keepdims=True)
+            want = getattr(np, op)(grid, axis=axis, keepdims=True)
+            assert isinstance(got, cupy.ndarray) and got.dtype == np.int64 and got.shape == want.shape
+            assert np.array_equal(cupy.asnumpy(got), want), (op, axis)
+    assert multireduce.argmax(cupy.zeros((0, 4), np.float32), axis=1).shape == (0,)
+    # Stream order: the kernel reads what earlier work on the same stream wrote.
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        for n in (1, 1000, 3 * 2**20 + 5):
+            y = cupy.zeros(n, dtype=np.float32)
+            y[n // 3] = 1.0
+            assert int(multireduce.argmax(y)) == n // 3

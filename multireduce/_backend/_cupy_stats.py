@@ -28,7 +28,7 @@ from .._axes import axis_layout
 from ..ops import OPS, Op
 from .cupy import _MAX_GRID_Y, _counters, _dense_base, _kernel, _launch_kernel, copy_to_c_order, launch_args
 
-__all__ = ["arg", "launch_moments", "moments", "state_dtype", "stats"]
+__all__ = ["arg", "arg_index", "launch_moments", "moments", "state_dtype", "stats"]
 
 _log = logging.getLogger("multireduce")
 _BLOCK = _kernels.STATS_BLOCK
@@ -276,6 +276,42 @@ def stats(x: cupy.ndarray, axes: tuple[int, ...], correction: float) -> _stats.S
         grid = min(max_grid, -(-rows // _FINALIZE_BLOCK))
         kernel((grid,), (_FINALIZE_BLOCK,), (states, np.int64(rows), np.float64(correction), *fields))
     return _stats.Stats(*fields)
+
+
+def arg_index(x: cupy.ndarray, axis: int | None, op: Op) -> cupy.ndarray:
+    """argmin/argmax of ``x`` along ``axis`` as the kernel's int64 indices on ``x``'s device.
+
+    The same pass as :func:`arg`, but nothing comes to the host: the result is the kernel's
+    index output (0-d for a full reduction), and the call does not wait for the device. The
+    caller has checked that the reduced axis is not empty, so every index exists.
+    """
+    axes = tuple(range(x.ndim)) if axis is None else (axis,)
+    kshape = tuple(n for i, n in enumerate(x.shape) if i not in axes)
+    acc = _stats._extreme_acc(x.dtype)
+    with x.device:
+        data, rows, length = _rows_view(x, axes, op.name, order_free=False)
+        index = cupy.empty(kshape, dtype=np.int64)
+        if rows * length == 0:
+            return index  # kept axes of length 0
+        device = data.data.device_id
+        name = _kernels.arg_kernel_name(x.dtype, largest=op.name == "argmax")
+        if rows == 1:  # one driver launch; the value goes to the stream's device record
+            stream = cupy.cuda.get_current_stream()
+            function, max_grid, per_block, partials, counter, _, _, record = _full_launch(
+                device, stream.ptr, name, x.dtype, _kernels.ARG_UNROLL, _ARG_PARTIAL_BYTES
+            )
+            args = launch_args(device)
+            _pack_arg(args.values, 0, data.data.ptr, 1, length, partials, counter, record.data.ptr, index.data.ptr)
+            grid = min(max_grid, -(-length // per_block))
+            _launch_kernel(function, grid, 1, 1, _BLOCK, 1, 1, 0, stream.ptr, args.address, 0)
+            return index
+        kernel, max_grid = _kernel(device, name, _BLOCK)
+        per_row, grid_y = _grid(rows, length, x.itemsize, _kernels.ARG_UNROLL, max_grid)
+        partials = cupy.empty(max(rows * per_row, 1) * _ARG_PARTIAL_BYTES, dtype=np.uint8)
+        counters = _counters(device, rows if per_row > 1 else 1)
+        value = cupy.empty(rows, dtype=acc)
+        kernel((per_row, grid_y), (_BLOCK,), (data, np.int64(rows), np.int64(length), partials, counters, value, index))
+    return index
 
 
 def arg(x: cupy.ndarray, axis: int | None, op: Op) -> _stats.ArgState:

@@ -553,3 +553,10 @@ def arg(x: cupy.ndarray, axis: int | None, op: Op):
     from . import _cupy_stats
 
     return _cupy_stats.arg(x, axis, op)
+
+
+def arg_result(x: cupy.ndarray, axis: int | None, op: Op) -> cupy.ndarray:
+    """argmin/argmax of ``x`` along ``axis``: the kernel's int64 indices on the device, no wait."""
+    from . import _cupy_stats
+
+    return _cupy_stats.arg_index(x, axis, op)

@@ -53,6 +53,11 @@ def arg(x: np.ndarray, axis: int | None, op: Op) -> _stats.ArgState:
     return _stats.arg_state(x, axis, largest=op.name == "argmax")
 
 
+def arg_result(x: np.ndarray, axis: int | None, op: Op):
+    """argmin/argmax of the non-empty ``x`` along ``axis`` (None: flattened): int64 indices."""
+    return _stats.arg_finalize(arg(x, axis, op), op)
+
+
 def constant(value: np.generic, dtype: np.dtype, shape: tuple[int, ...] = ()):
     """``value`` as a NumPy scalar of ``dtype`` (an array of ``shape`` if one is given)."""
     if shape:
