@@ -33,6 +33,7 @@ __all__ = [
     "arg_kernel_name",
     "kernel_dir",
     "kernel_name",
+    "moments_finalize_kernel_name",
     "moments_kernel_name",
     "read_source",
     "stats_finalize_kernel_name",
@@ -196,6 +197,25 @@ def moments_kernel_name(dtype: np.dtype, block: int = STATS_BLOCK, unroll: int =
     return f"multireduce::moments_rows_kernel<{t}, {s}, {e}, {block}, {unroll}>"
 
 
+#: The moments ops that ``moments_finalize_kernel`` finalizes, by its OP parameter.
+MOMENTS_FINALIZE_OPS = {"mean": 0, "var": 1, "std": 2}
+
+
+@functools.cache  # called on every launch: the name is formatted once per dtype
+def moments_finalize_kernel_name(dtype: np.dtype, op: str, result: np.dtype | None = None) -> str:
+    """The C++ name of ``moments_finalize_kernel`` for ``op`` (mean, var or std) of ``dtype`` input.
+
+    Its state is that of :func:`moments_kernel_name`; its output has the dtype ``result``
+    (default: the op's result dtype for ``dtype``).
+    """
+    dt = np.dtype(dtype)
+    out = OPS[op].result_dtype(dt) if result is None else np.dtype(result)
+    total = OPS["sum"].accumulator_dtype(OPS["sum"].result_dtype(dt))
+    extreme = OPS["max"].accumulator_dtype(OPS["max"].result_dtype(dt))
+    s, e, o = (CTYPES[d] for d in (total, extreme, out))
+    return f"multireduce::moments_finalize_kernel<{s}, {e}, {o}, {MOMENTS_FINALIZE_OPS[op]}>"
+
+
 @functools.cache  # called on every launch: the name is formatted once per dtype
 def stats_finalize_kernel_name(dtype: np.dtype) -> str:
     """The C++ name of ``stats_finalize_kernel`` for ``dtype`` input (``multireduce.stats`` on the GPU).
@@ -272,6 +292,8 @@ def default_kernel_names(
             names.add(exact_round_kernel_name(dt))
         names.add(moments_kernel_name(dt))
         names.add(stats_finalize_kernel_name(dt))
+        for name in MOMENTS_FINALIZE_OPS:
+            names.add(moments_finalize_kernel_name(dt, name))
         names.add(arg_kernel_name(dt, largest=True))
         names.add(arg_kernel_name(dt, largest=False))
     return sorted(names)

@@ -28,6 +28,8 @@ from __future__ import annotations
 import functools
 import math
 import operator
+import os
+import sys
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, fields
@@ -58,6 +60,7 @@ __all__ = [
     "merge_records",
     "merge_stacked",
     "moments",
+    "warn_moments",
 ]
 
 #: Bytes of float64 work per block of the CPU's one-pass moments.
@@ -388,30 +391,57 @@ def _as_result(value: np.ndarray, dtype: np.dtype) -> Any:
     return out[()] if out.ndim == 0 else out
 
 
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def _outside_stacklevel() -> int:
+    """The ``stacklevel`` of the first frame outside multireduce, for a warning issued by the caller.
+
+    Warnings then point at the line that called multireduce, whichever entry point it used.
+    """
+    level, frame = 1, sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+        level, frame = level + 1, frame.f_back
+    return level
+
+
+def warn_moments(op: Op, count: Any, correction: float) -> None:
+    """NumPy's RuntimeWarnings for the moments op ``op`` over ``count`` elements per result.
+
+    ``count`` (an int or an array) is the number of elements each result reduces, NaN
+    included, except for nanmean, whose count is that of the non-NaN ones (so only nanmean's
+    warning depends on the data). As NumPy: "Mean of empty slice" where the count is 0 (mean,
+    nanmean), "Degrees of freedom <= 0 for slice" where ``count - correction <= 0`` (var, std).
+    The warning points at the caller's line outside multireduce.
+    """
+    if op.name in ("mean", "nanmean"):
+        if np.any(np.asarray(count) == 0):
+            warnings.warn("Mean of empty slice", RuntimeWarning, stacklevel=_outside_stacklevel())
+    elif np.any(np.asarray(count) - correction <= 0):
+        warnings.warn("Degrees of freedom <= 0 for slice", RuntimeWarning, stacklevel=_outside_stacklevel())
+
+
 def finalize_moments(state: Moments, op: Op, result: np.dtype, correction: float = 0.0) -> Any:
     """The value of the moments op ``op`` (mean, nanmean, var, std) from a state.
 
     NaN propagates (except for nanmean). Following the Array API, the mean of zero elements
     is NaN, and var/std are NaN where ``N - correction <= 0`` (NumPy divides by the
     non-positive count instead, giving inf or NaN). NumPy's RuntimeWarnings for these cases
-    are emitted too.
+    are emitted too (:func:`warn_moments`: decided by the number of elements, NaN included,
+    as NumPy decides them).
     """
     if state.n.ndim == 0:
         return _finalize_moments_scalar(state, op, result, correction)
     skipna = op.name == "nanmean"
     n = state.n
     nan = state.nan
+    warn_moments(op, n if skipna else n + nan, correction)
     if op.name in ("mean", "nanmean"):
-        count = n if skipna else n + nan
-        if np.any(count == 0):
-            warnings.warn("Mean of empty slice", RuntimeWarning, stacklevel=3)
         value = np.where(n > 0, state.mean, np.float64(np.nan))
         if not skipna:
             value = _nan_where(nan > 0, value)
         return _as_result(value, result)
     dof = n - correction
-    if np.any(dof <= 0):
-        warnings.warn("Degrees of freedom <= 0 for slice", RuntimeWarning, stacklevel=3)
     with np.errstate(invalid="ignore", divide="ignore"):
         value = state.m2 / np.where(dof > 0, dof, 1.0)
     value = _nan_where((dof <= 0) | (nan > 0), value)
@@ -425,15 +455,13 @@ def _finalize_moments_scalar(state: Moments, op: Op, result: np.dtype, correctio
     # division, sqrt) as the array code, without its per-call NumPy overhead, which is what a
     # full GPU reduction would otherwise pay on the host after its kernel.
     n, nan = int(state.n), int(state.nan)
+    count = n if op.name == "nanmean" else n + nan
+    if count == 0 or (op.name in ("var", "std") and count - correction <= 0):  # warn_moments, in ints
+        warn_moments(op, count, correction)
     if op.name in ("mean", "nanmean"):
-        count = n if op.name == "nanmean" else n + nan
-        if count == 0:
-            warnings.warn("Mean of empty slice", RuntimeWarning, stacklevel=3)
         value = float(state.mean) if n > 0 and (nan == 0 or op.name == "nanmean") else math.nan
         return result.type(value)
     dof = n - correction
-    if dof <= 0:
-        warnings.warn("Degrees of freedom <= 0 for slice", RuntimeWarning, stacklevel=3)
     value = float(state.m2) / dof if dof > 0 and nan == 0 else math.nan
     if op.name == "std":
         value = math.sqrt(value) if value >= 0 else math.nan

@@ -293,9 +293,15 @@ def _reduce(x: Any, op: str | Op, axis: Any, keepdims: bool, dtype: Any, correct
         else:
             value = backend.reduce(arr, op, acc, result, axes)
     elif op.kind == "moments":
-        value = _stats.finalize_moments(backend.moments(arr, axes, op), op, result, corr)
-        if backend is _cupy_backend:  # the state came to the host; the result lives on the device
-            value = backend.from_host(value, result)
+        if backend is _cupy_backend and op.name != "nanmean" and arr.size:
+            # Finalized on the device (nothing waits for the GPU): the warnings depend on the
+            # shape alone, except nanmean's, which counts the non-NaN elements.
+            _stats.warn_moments(op, math.prod(arr.shape[a] for a in axes), corr)
+            value = backend.moments_result(arr, axes, op, result, corr)
+        else:
+            value = _stats.finalize_moments(backend.moments(arr, axes, op), op, result, corr)
+            if backend is _cupy_backend:  # the state came to the host; the result lives on the device
+                value = backend.from_host(value, result)
     else:
         # The reduced axis is not empty (checked above), so every index exists: a GPU result
         # stays on the device, with nothing to decide on the host.

@@ -165,6 +165,26 @@ def assert_device_stats_match_host_finalize(x, axis, correction: float) -> None:
     assert np.allclose(cupy.asnumpy(std), np.asarray(want.std), rtol=1e-3, equal_nan=True)
 
 
+def assert_device_moments_match_host_finalize(x, axis, correction: float) -> None:
+    """multireduce.mean/var/std on the GPU (moments_finalize_kernel, no host round trip)
+    against the host's finalize_moments of the very same GPU moments state, bit for bit."""
+    import warnings
+
+    from multireduce import _stats
+    from multireduce.ops import OPS
+
+    state = multireduce.partial(x, "mean", axis=axis)  # the GPU kernel's state, on the host
+    for op in ("mean", "var", "std"):
+        kw = {} if op == "mean" else {"correction": correction}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # NaN results where N - correction <= 0
+            got = multireduce.reduce(x, op, axis=axis, **kw)
+            want = np.asarray(_stats.finalize_moments(state, OPS[op], OPS[op].result_dtype(x.dtype), correction))
+        assert isinstance(got, cupy.ndarray) and got.device == x.device, op
+        assert got.dtype == want.dtype and got.shape == want.shape, (op, got.dtype, want.dtype, got.shape, want.shape)
+        assert bits_equal(cupy.asnumpy(got), want), (op, correction, got, want)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n", [1, 2, 33, 4097, 2**20 + 3])
 def test_stats_finalized_on_the_device(dtype, n):
@@ -172,6 +192,7 @@ def test_stats_finalized_on_the_device(dtype, n):
     x = cupy.asarray(host)
     for correction in (0.0, 1.0, 2.5, float(n), float(n) + 1):
         assert_device_stats_match_host_finalize(x, None, correction)
+        assert_device_moments_match_host_finalize(x, None, correction)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
@@ -187,6 +208,7 @@ def test_stats_finalized_on_the_device_special_values(dtype):
     for host in cases:
         for correction in (0.0, 1.0):
             assert_device_stats_match_host_finalize(cupy.asarray(host), None, correction)
+            assert_device_moments_match_host_finalize(cupy.asarray(host), None, correction)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "int32", "uint8", "bool"])
@@ -196,6 +218,8 @@ def test_stats_finalized_on_the_device_over_axes(dtype, shape, axis):
     if host.size and dtype.startswith("float"):
         host[0, 0] = np.nan  # one row with a NaN
     assert_device_stats_match_host_finalize(cupy.asarray(host), axis, 1.0)
+    if host.size:
+        assert_device_moments_match_host_finalize(cupy.asarray(host), axis, 1.0)
 
 
 def test_stats_all_nan():
@@ -403,3 +427,31 @@ def test_argmin_argmax_results_stay_on_the_device():
             y = cupy.zeros(n, dtype=np.float32)
             y[n // 3] = 1.0
             assert int(multireduce.argmax(y)) == n // 3
+
+
+def test_gpu_moments_warnings_come_from_the_shape():
+    # mean/var/std of a CuPy array are finalized on the device, so their warnings are decided
+    # from the shape on the host, as NumPy decides them (NaN counted); nanmean's depend on
+    # the data and still come from the state. Values as NumPy's.
+    import warnings
+
+    cases = [
+        ("var", np.array([np.nan, np.nan]), {}, None),
+        ("var", np.array([1.0, np.nan]), {"correction": 1}, None),
+        ("var", np.array([np.nan]), {"correction": 1}, "Degrees of freedom"),
+        ("std", np.ones((2, 3)), {"axis": 1, "correction": 3}, "Degrees of freedom"),
+        ("mean", np.zeros(0), {}, "Mean of empty slice"),
+        ("nanmean", np.array([np.nan, np.nan]), {}, "Mean of empty slice"),
+        ("nanmean", np.array([np.nan, 2.0]), {}, None),
+    ]
+    for op, host, kw, message in cases:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            got = multireduce.reduce(cupy.asarray(host), op, **kw)
+        texts = [str(w.message) for w in caught]
+        assert (texts == []) if message is None else (len(texts) == 1 and message in texts[0]), (op, texts)
+        assert all(w.filename == __file__ for w in caught)
+        with warnings.catch_warnings(), np.errstate(all="ignore"):
+            warnings.simplefilter("ignore", RuntimeWarning)
+            want = multireduce.reduce(host, op, **kw)
+        assert bits_equal(cupy.asnumpy(got), np.asarray(want)), (op, got, want)

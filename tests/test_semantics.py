@@ -410,6 +410,41 @@ def test_var_correction_follows_the_standard_not_numpy():
         multireduce.var(x, correction="1")
 
 
+def test_moments_warnings_follow_numpy_and_point_at_the_caller():
+    # NumPy decides var's "Degrees of freedom" warning by the number of elements, NaN
+    # included (the value is NaN either way), and mean's "Mean of empty slice" by the shape;
+    # only nanmean's depends on the data. Each case runs NumPy's own call beside ours: the
+    # same warnings, and ours point at the caller's line.
+    nan2, one_nan, row = np.array([np.nan, np.nan]), np.array([1.0, np.nan]), np.array([[np.nan, 2.0]])
+    cases = [
+        (lambda: multireduce.var(nan2), lambda: np.var(nan2)),
+        (lambda: multireduce.var(one_nan, correction=1), lambda: np.var(one_nan, ddof=1)),
+        (lambda: multireduce.std(row, axis=1, correction=1), lambda: np.std(row, axis=1, ddof=1)),
+        (lambda: multireduce.var(np.array([np.nan]), correction=1), lambda: np.var(np.array([np.nan]), ddof=1)),
+        (
+            lambda: multireduce.std(np.ones((2, 3)), axis=1, correction=3),
+            lambda: np.std(np.ones((2, 3)), axis=1, ddof=3),
+        ),
+        (lambda: multireduce.mean(np.zeros(0)), lambda: np.mean(np.zeros(0))),
+        (lambda: multireduce.mean(np.zeros((0, 2)), axis=0), lambda: np.mean(np.zeros((0, 2)), axis=0)),
+        (lambda: multireduce.nanmean(nan2), lambda: np.nanmean(nan2)),
+        (lambda: multireduce.nanmean(one_nan), lambda: np.nanmean(one_nan)),
+    ]
+    for ours, theirs in cases:
+        found = []
+        for call in (ours, theirs):
+            with warnings.catch_warnings(record=True) as caught, np.errstate(all="ignore"):
+                warnings.simplefilter("always")
+                call()
+            found.append([w for w in caught if issubclass(w.category, RuntimeWarning)])
+        assert [str(w.message) for w in found[0]] == [str(w.message) for w in found[1]], found
+        assert all(w.filename == __file__ for w in found[0]), [w.filename for w in found[0]]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        assert math.isnan(multireduce.var(one_nan, correction=1)) and math.isnan(multireduce.nanmean(nan2))
+    assert multireduce.nanmean(one_nan) == 1.0
+
+
 def test_signed_zeros_and_nan_rules():
     x = np.array([0.0, -0.0, 1.0, -1.0])[[1, 0, 1]]  # -0.0, +0.0, -0.0
     assert same_float(multireduce.max(x), 0.0) and same_float(multireduce.min(x), -0.0)

@@ -28,7 +28,7 @@ from .._axes import axis_layout
 from ..ops import OPS, Op
 from .cupy import _MAX_GRID_Y, _counters, _dense_base, _kernel, _launch_kernel, copy_to_c_order, launch_args
 
-__all__ = ["arg", "arg_index", "launch_moments", "moments", "state_dtype", "stats"]
+__all__ = ["arg", "arg_index", "launch_moments", "moments", "moments_result", "state_dtype", "stats"]
 
 _log = logging.getLogger("multireduce")
 _BLOCK = _kernels.STATS_BLOCK
@@ -276,6 +276,27 @@ def stats(x: cupy.ndarray, axes: tuple[int, ...], correction: float) -> _stats.S
         grid = min(max_grid, -(-rows // _FINALIZE_BLOCK))
         kernel((grid,), (_FINALIZE_BLOCK,), (states, np.int64(rows), np.float64(correction), *fields))
     return _stats.Stats(*fields)
+
+
+def moments_result(x: cupy.ndarray, axes: tuple[int, ...], op: Op, result: np.dtype, correction: float):
+    """mean, var or std of the non-empty ``x`` over ``axes`` as a CuPy array of ``result`` on ``x``'s device.
+
+    One pass of ``moments_rows_kernel``, then ``moments_finalize_kernel`` turns the states into
+    the op's values by the rules of :func:`multireduce._stats.finalize_moments` (the caller
+    emits its warnings, which depend on the shape alone). Nothing waits for the device.
+    Other axis sets are copied first (:func:`_rows_view`).
+    """
+    kshape = tuple(n for i, n in enumerate(x.shape) if i not in axes)
+    with x.device:
+        data, rows, length = _rows_view(x, axes, op.name, order_free=True)
+        # First: the host work below overlaps the kernel.
+        states = _launch_moments_full(data, length)[1] if rows == 1 else launch_moments(data, rows, length)
+        out = cupy.empty(kshape, dtype=result)
+        name = _kernels.moments_finalize_kernel_name(x.dtype, op.name, result)
+        kernel, max_grid = _kernel(data.data.device_id, name, _FINALIZE_BLOCK)
+        grid = min(max_grid, -(-rows // _FINALIZE_BLOCK))
+        kernel((grid,), (_FINALIZE_BLOCK,), (states, np.int64(rows), np.float64(correction), out))
+    return out
 
 
 def arg_index(x: cupy.ndarray, axis: int | None, op: Op) -> cupy.ndarray:

@@ -541,6 +541,13 @@ def moments(x: cupy.ndarray, axes: tuple[int, ...], op: Op):
     return _cupy_stats.moments(x, axes, op)
 
 
+def moments_result(x: cupy.ndarray, axes: tuple[int, ...], op: Op, result: np.dtype, correction: float):
+    """mean, var or std of the non-empty ``x`` over ``axes``, finalized on the device, no wait."""
+    from . import _cupy_stats
+
+    return _cupy_stats.moments_result(x, axes, op, result, correction)
+
+
 def stats(x: cupy.ndarray, axes: tuple[int, ...], correction: float):
     """:func:`multireduce.stats` finalized on the device (:mod:`._cupy_stats`): CuPy fields."""
     from . import _cupy_stats
