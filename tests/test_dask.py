@@ -335,6 +335,21 @@ def test_progress_bar(capsys):
 # -- partials ------------------------------------------------------------------------------
 
 
+def test_stream_id_tells_per_thread_default_streams_apart():
+    # cudaStreamPerThread (handle 2) names a different stream in each thread: per-stream
+    # caches (the backend's workspaces, the MPI slots, the partials' stream keys) key it by
+    # thread as well; every other handle is one stream for all threads.
+    from concurrent.futures import ThreadPoolExecutor
+
+    here = _partials.stream_id(2)
+    assert here == _partials.stream_id(2) and here != 2
+    with ThreadPoolExecutor(1) as pool:
+        there = pool.submit(_partials.stream_id, 2).result()
+        others = pool.submit(lambda: [_partials.stream_id(h) for h in (0, 1, 0x7F00DEAD)]).result()
+    assert there != here
+    assert others == [0, 1, 0x7F00DEAD] == [_partials.stream_id(h) for h in (0, 1, 0x7F00DEAD)]
+
+
 def test_partials_pickle_and_flatten():
     p = _partials.wrap(np.float64(1.5), 3)
     q = pickle.loads(pickle.dumps(p))
