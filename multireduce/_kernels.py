@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ._stats import _extreme_acc, _sum_acc
 from .ops import OPS, SUPPORTED_DTYPES, Op
 
 __all__ = [
@@ -191,9 +192,7 @@ def moments_kernel_name(dtype: np.dtype, block: int = STATS_BLOCK, unroll: int =
     accumulator, as in :class:`multireduce._stats.Moments`.
     """
     dt = np.dtype(dtype)
-    total = OPS["sum"].accumulator_dtype(OPS["sum"].result_dtype(dt))
-    extreme = OPS["max"].accumulator_dtype(OPS["max"].result_dtype(dt))
-    t, s, e = (CTYPES[d] for d in (dt, total, extreme))
+    t, s, e = (CTYPES[d] for d in (dt, _sum_acc(dt), _extreme_acc(dt)))
     return f"multireduce::moments_rows_kernel<{t}, {s}, {e}, {block}, {unroll}>"
 
 
@@ -210,9 +209,7 @@ def moments_finalize_kernel_name(dtype: np.dtype, op: str, result: np.dtype | No
     """
     dt = np.dtype(dtype)
     out = OPS[op].result_dtype(dt) if result is None else np.dtype(result)
-    total = OPS["sum"].accumulator_dtype(OPS["sum"].result_dtype(dt))
-    extreme = OPS["max"].accumulator_dtype(OPS["max"].result_dtype(dt))
-    s, e, o = (CTYPES[d] for d in (total, extreme, out))
+    s, e, o = (CTYPES[d] for d in (_sum_acc(dt), _extreme_acc(dt), out))
     return f"multireduce::moments_finalize_kernel<{s}, {e}, {o}, {MOMENTS_FINALIZE_OPS[op]}>"
 
 
@@ -224,10 +221,9 @@ def stats_finalize_kernel_name(dtype: np.dtype) -> str:
     count (int64), sum, min and max (the input's dtype), mean and var.
     """
     dt = np.dtype(dtype)
-    total = OPS["sum"].accumulator_dtype(OPS["sum"].result_dtype(dt))
-    extreme = OPS["max"].accumulator_dtype(OPS["max"].result_dtype(dt))
     t, s, e, so, mo = (
-        CTYPES[d] for d in (dt, total, extreme, OPS["sum"].result_dtype(dt), OPS["mean"].result_dtype(dt))
+        CTYPES[d]
+        for d in (dt, _sum_acc(dt), _extreme_acc(dt), OPS["sum"].result_dtype(dt), OPS["mean"].result_dtype(dt))
     )
     return f"multireduce::stats_finalize_kernel<{t}, {s}, {e}, {so}, {mo}>"
 
@@ -236,8 +232,7 @@ def stats_finalize_kernel_name(dtype: np.dtype) -> str:
 def arg_kernel_name(dtype: np.dtype, largest: bool, block: int = STATS_BLOCK, unroll: int = ARG_UNROLL) -> str:
     """The C++ name of one instantiation of ``arg_rows_kernel`` (argmax if ``largest``, else argmin)."""
     dt = np.dtype(dtype)
-    extreme = OPS["max"].accumulator_dtype(OPS["max"].result_dtype(dt))
-    t, e = CTYPES[dt], CTYPES[extreme]
+    t, e = CTYPES[dt], CTYPES[_extreme_acc(dt)]
     return f"multireduce::arg_rows_kernel<{t}, {e}, {block}, {unroll}, {'true' if largest else 'false'}>"
 
 

@@ -33,7 +33,6 @@ import sys
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, fields
-from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -290,7 +289,9 @@ def merge_stacked(stacked: Moments) -> Moments:
     while stacked.n.shape[0] > 1:
         count = stacked.n.shape[0]
         even = count - count % 2
-        merged = merge(stacked.map(itemgetter(slice(0, even, 2))), stacked.map(itemgetter(slice(1, even, 2))))
+        merged = merge(
+            stacked.map(operator.itemgetter(slice(0, even, 2))), stacked.map(operator.itemgetter(slice(1, even, 2)))
+        )
         if count % 2:
             merged = Moments(
                 *(np.concatenate([np.asarray(getattr(merged, n)), getattr(stacked, n)[even:]]) for n in _MOMENTS_FIELDS)
@@ -414,11 +415,11 @@ def warn_moments(op: Op, count: Any, correction: float) -> None:
     nanmean), "Degrees of freedom <= 0 for slice" where ``count - correction <= 0`` (var, std).
     The warning points at the caller's line outside multireduce.
     """
-    if op.name in ("mean", "nanmean"):
-        if np.any(np.asarray(count) == 0):
-            warnings.warn("Mean of empty slice", RuntimeWarning, stacklevel=_outside_stacklevel())
-    elif np.any(np.asarray(count) - correction <= 0):
-        warnings.warn("Degrees of freedom <= 0 for slice", RuntimeWarning, stacklevel=_outside_stacklevel())
+    mean = op.name in ("mean", "nanmean")
+    limit = 0 if mean else correction  # a count at most this warns
+    if count <= limit if isinstance(count, int) else np.any(np.asarray(count) <= limit):
+        message = "Mean of empty slice" if mean else "Degrees of freedom <= 0 for slice"
+        warnings.warn(message, RuntimeWarning, stacklevel=_outside_stacklevel())
 
 
 def finalize_moments(state: Moments, op: Op, result: np.dtype, correction: float = 0.0) -> Any:
@@ -455,9 +456,7 @@ def _finalize_moments_scalar(state: Moments, op: Op, result: np.dtype, correctio
     # division, sqrt) as the array code, without its per-call NumPy overhead, which is what a
     # full GPU reduction would otherwise pay on the host after its kernel.
     n, nan = int(state.n), int(state.nan)
-    count = n if op.name == "nanmean" else n + nan
-    if count == 0 or (op.name in ("var", "std") and count - correction <= 0):  # warn_moments, in ints
-        warn_moments(op, count, correction)
+    warn_moments(op, n if op.name == "nanmean" else n + nan, correction)
     if op.name in ("mean", "nanmean"):
         value = float(state.mean) if n > 0 and (nan == 0 or op.name == "nanmean") else math.nan
         return result.type(value)

@@ -17,7 +17,6 @@ import functools
 import os
 import sys
 from dataclasses import dataclass
-from dataclasses import fields as dataclass_fields
 from typing import Any
 
 import numpy as np
@@ -457,7 +456,7 @@ def stats(x_local: Any, *, comm=None, correction: float = 0.0) -> _stats.Stats:
     return _stats.Stats(*_on_device_all([getattr(result, name) for name in _STATS_FIELDS], plan))
 
 
-_STATS_FIELDS = tuple(f.name for f in dataclass_fields(_stats.Stats))
+_STATS_FIELDS = _stats._field_names(_stats.Stats)
 
 
 def _combine_states(comm, plan: _Plan, state, correction: float, *, finalize: bool = True, stats: bool = False):
