@@ -299,6 +299,44 @@ def moments_result(x: cupy.ndarray, axes: tuple[int, ...], op: Op, result: np.dt
     return out
 
 
+def _launch_arg_rows(data: cupy.ndarray, rows: int, length: int, name: str, acc: np.dtype, index: cupy.ndarray):
+    """Launch the arg kernel ``name`` on ``rows`` contiguous rows of ``length`` elements.
+
+    The indices go to ``index`` (``rows`` int64 on the device); returns the values (``rows``
+    of ``acc``), with no wait. ``data`` is C-contiguous and non-empty; call inside ``with
+    data.device``.
+    """
+    device = data.data.device_id
+    kernel, max_grid = _kernel(device, name, _BLOCK)
+    per_row, grid_y = _grid(rows, length, data.itemsize, _kernels.ARG_UNROLL, max_grid)
+    partials = cupy.empty(max(rows * per_row, 1) * _ARG_PARTIAL_BYTES, dtype=np.uint8)
+    counters = _counters(device, rows if per_row > 1 else 1)
+    value = cupy.empty(rows, dtype=acc)
+    kernel((per_row, grid_y), (_BLOCK,), (data, np.int64(rows), np.int64(length), partials, counters, value, index))
+    return value
+
+
+def _launch_arg_full(data: cupy.ndarray, length: int, name: str, value: int | None, index: int):
+    """Launch the arg kernel ``name`` over one row of ``length`` elements (a full reduction).
+
+    One driver launch (as :func:`_launch_moments_full`); the value goes to the device address
+    ``value`` (without one, to the stream's device record) and the index to ``index``.
+    Returns the current stream, with no wait.
+    """
+    device = data.data.device_id
+    stream = cupy.cuda.get_current_stream()
+    function, max_grid, per_block, partials, counter, _, _, record = _full_launch(
+        device, stream.ptr, name, data.dtype, _kernels.ARG_UNROLL, _ARG_PARTIAL_BYTES
+    )
+    if value is None:
+        value = record.data.ptr
+    args = launch_args(device)
+    _pack_arg(args.values, 0, data.data.ptr, 1, length, partials, counter, value, index)
+    grid = min(max_grid, -(-length // per_block))
+    _launch_kernel(function, grid, 1, 1, _BLOCK, 1, 1, 0, stream.ptr, args.address, 0)
+    return stream
+
+
 def arg_index(x: cupy.ndarray, axis: int | None, op: Op) -> cupy.ndarray:
     """argmin/argmax of ``x`` along ``axis`` as the kernel's int64 indices on ``x``'s device.
 
@@ -308,30 +346,16 @@ def arg_index(x: cupy.ndarray, axis: int | None, op: Op) -> cupy.ndarray:
     """
     axes = tuple(range(x.ndim)) if axis is None else (axis,)
     kshape = tuple(n for i, n in enumerate(x.shape) if i not in axes)
-    acc = _stats._extreme_acc(x.dtype)
     with x.device:
         data, rows, length = _rows_view(x, axes, op.name, order_free=False)
         index = cupy.empty(kshape, dtype=np.int64)
         if rows * length == 0:
             return index  # kept axes of length 0
-        device = data.data.device_id
         name = _kernels.arg_kernel_name(x.dtype, largest=op.name == "argmax")
-        if rows == 1:  # one driver launch; the value goes to the stream's device record
-            stream = cupy.cuda.get_current_stream()
-            function, max_grid, per_block, partials, counter, _, _, record = _full_launch(
-                device, stream.ptr, name, x.dtype, _kernels.ARG_UNROLL, _ARG_PARTIAL_BYTES
-            )
-            args = launch_args(device)
-            _pack_arg(args.values, 0, data.data.ptr, 1, length, partials, counter, record.data.ptr, index.data.ptr)
-            grid = min(max_grid, -(-length // per_block))
-            _launch_kernel(function, grid, 1, 1, _BLOCK, 1, 1, 0, stream.ptr, args.address, 0)
-            return index
-        kernel, max_grid = _kernel(device, name, _BLOCK)
-        per_row, grid_y = _grid(rows, length, x.itemsize, _kernels.ARG_UNROLL, max_grid)
-        partials = cupy.empty(max(rows * per_row, 1) * _ARG_PARTIAL_BYTES, dtype=np.uint8)
-        counters = _counters(device, rows if per_row > 1 else 1)
-        value = cupy.empty(rows, dtype=acc)
-        kernel((per_row, grid_y), (_BLOCK,), (data, np.int64(rows), np.int64(length), partials, counters, value, index))
+        if rows == 1:  # the value goes to the stream's device record
+            _launch_arg_full(data, length, name, None, index.data.ptr)
+        else:
+            _launch_arg_rows(data, rows, length, name, _stats._extreme_acc(x.dtype), index)
     return index
 
 
@@ -349,31 +373,14 @@ def arg(x: cupy.ndarray, axis: int | None, op: Op) -> _stats.ArgState:
         data, rows, length = _rows_view(x, axes, op.name, order_free=False)
         if rows * length == 0:
             return _stats.empty_arg_state(acc, kshape)
-        device = data.data.device_id
         name = _kernels.arg_kernel_name(x.dtype, largest=op.name == "argmax")
         if kshape:
-            kernel, max_grid = _kernel(device, name, _BLOCK)
-            per_row, grid_y = _grid(rows, length, x.itemsize, _kernels.ARG_UNROLL, max_grid)
-            partials = cupy.empty(max(rows * per_row, 1) * _ARG_PARTIAL_BYTES, dtype=np.uint8)
-            counters = _counters(device, rows if per_row > 1 else 1)
-            value = cupy.empty(rows, dtype=acc)
             index = cupy.empty(rows, dtype=np.int64)
-            kernel(
-                (per_row, grid_y), (_BLOCK,), (data, np.int64(rows), np.int64(length), partials, counters, value, index)
-            )
+            value = _launch_arg_rows(data, rows, length, name, acc, index)
             return _stats.ArgState(value.get().reshape(kshape), index.get().reshape(kshape))
-        # A full reduction: one driver launch; value and index go straight into a mapped host
-        # record (see moments).
-        stream = cupy.cuda.get_current_stream()
-        function, max_grid, per_block, partials, counter, *_ = _full_launch(
-            device, stream.ptr, name, x.dtype, _kernels.ARG_UNROLL, _ARG_PARTIAL_BYTES
-        )
-        host, mapped = record = _records.take(device)
-        args = launch_args(device)
-        _pack_arg(args.values, 0, data.data.ptr, 1, length, partials, counter, mapped, mapped + 8)
-        grid = min(max_grid, -(-length // per_block))
-        _launch_kernel(function, grid, 1, 1, _BLOCK, 1, 1, 0, stream.ptr, args.address, 0)
-        stream.synchronize()
+        # A full reduction: value and index go straight into a mapped host record (see moments).
+        host, mapped = record = _records.take(data.data.device_id)
+        _launch_arg_full(data, length, name, mapped, mapped + 8).synchronize()
         state = _stats.ArgState(host[: acc.itemsize].view(acc)[0], host[8:16].view(np.int64)[0])
-        _records.give(device, record)
+        _records.give(data.data.device_id, record)
     return state
