@@ -31,6 +31,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import _stats
+from .ops import OPS
+
 __all__ = ["LIMBS", "ExactSum", "exact_sum", "round_to_dtype"]
 
 SCALE = 1074  # the unit is 2**-SCALE
@@ -138,10 +141,11 @@ class ExactSum:
     def result(self, dtype: np.dtype, *, mean: bool = False) -> np.generic:
         """The sum, or with ``mean=True`` the mean, rounded once to ``dtype``.
 
-        The mean of no elements is NaN.
+        The mean of no elements is NaN, with NumPy's RuntimeWarning.
         """
         dt = np.dtype(dtype)
         if mean and self.count == 0:
+            _stats.warn_moments(OPS["mean"], 0, 0.0)  # NumPy's "Mean of empty slice"
             return dt.type(np.nan)
         divide_by = self.count if mean else 1
         nan, pos_inf, neg_inf = (int(f) for f in self.flags)

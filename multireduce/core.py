@@ -121,7 +121,7 @@ def _plan(arr, op: str | Op, dtype) -> tuple[Op, np.dtype, np.dtype]:
     except (KeyError, TypeError):  # TypeError: an unhashable dtype= argument
         pass
     resolved = get_op(op)
-    result = resolved.result_dtype(check_dtype(arr.dtype), None if dtype is None else np.dtype(dtype))
+    result = resolved.result_dtype(check_dtype(arr.dtype), dtype)
     plan = (resolved, result, resolved.accumulator_dtype(result))
     try:
         _plans[op, arr.dtype, dtype] = plan
@@ -130,6 +130,25 @@ def _plan(arr, op: str | Op, dtype) -> tuple[Op, np.dtype, np.dtype]:
     if type(op) is str and dtype is None and resolved.kind == "fold":  # every fold op has a kernel
         _gpu_plans[op, arr.dtype] = (resolved, plan[2], plan[1])
     return plan
+
+
+def _converted(arr, result: np.dtype, acc: np.dtype, exact: bool):
+    """``arr`` with each element converted to the result dtype, where ``dtype=`` asks for it.
+
+    ``dtype=`` converts every element to the result dtype before it is accumulated (as the
+    Array API standard and NumPy do). A reduction straight to the result converts on the fly
+    (the kernels' and the CPU path's loads); a partial, accumulated and returned in the wider
+    accumulator dtype (float16 sums in float32, float32 in float64), and the exact accumulator,
+    which takes float elements only (``exact``), get a converted copy instead, made only where
+    the conversion can change a value or the input is not float.
+    """
+    if arr.dtype == result:
+        return arr
+    if exact:  # float elements only; a widening float conversion changes no value
+        keep = arr.dtype.kind == "f" and np.can_cast(arr.dtype, result, "safe")
+    else:  # reduced to acc, the elements are converted to acc: the same values unless the cast rounds
+        keep = result == acc or np.can_cast(arr.dtype, result, "safe")
+    return arr if keep else arr.astype(result)
 
 
 def _check_correction(op: Op, correction: Any) -> float:
@@ -280,6 +299,8 @@ def _reduce(x: Any, op: str | Op, axis: Any, keepdims: bool, dtype: Any, correct
     if reproducible and _needs_exact(arr.dtype, op, result, full):
         # The exact sum is formed where the data lives, and rounded once: a GPU sum by
         # exact_sum_rounded (see its ROUND_ON_DEVICE), a mean or a CPU sum on the host.
+        if dtype is not None:
+            arr = _converted(arr, result, acc, exact=True)
         if backend is _cupy_backend and op.name == "sum" and arr.dtype.kind == "f" and result.kind == "f":
             value = backend.exact_sum_rounded(arr, result)
         else:
@@ -338,7 +359,14 @@ def _needs_exact(dtype: np.dtype, op: Op, result: np.dtype, full: bool) -> bool:
 
 
 def partial(
-    x: Any, op: str | Op, *, axis: Any = None, keepdims: bool = False, reproducible: bool = False, out: Any = None
+    x: Any,
+    op: str | Op,
+    *,
+    axis: Any = None,
+    keepdims: bool = False,
+    dtype: Any = None,
+    reproducible: bool = False,
+    out: Any = None,
 ):
     """Reduce ``x`` to a partial result: what the distributed layers exchange and combine.
 
@@ -348,6 +376,11 @@ def partial(
     nanmean, var, std) give a :class:`multireduce._stats.Moments` state, arg ops an
     :class:`multireduce._stats.ArgState` (indices relative to ``x``'s C-order flattening for
     ``axis=None``).
+
+    ``dtype=`` (sum, prod and nansum, as in :func:`reduce`) converts each element to that
+    dtype first; the partial is then in that dtype's accumulator (a float32 request gives a
+    float64 partial of the float32-converted elements), so that combining partials and
+    converting once at the end gives what :func:`reduce` gives.
 
     Returns
     -------
@@ -370,13 +403,21 @@ def partial(
         For an ``out`` of the wrong library, dtype or shape, or with an op or axis it does not
         take.
     """
-    if out is not None and _cupy_backend is not None and type(x) is type(out) is _cupy_backend.cupy.ndarray:
+    if (
+        out is not None
+        and dtype is None
+        and _cupy_backend is not None
+        and type(x) is type(out) is _cupy_backend.cupy.ndarray
+    ):
         # The MPI layer's per-call path: a GPU shard's partial into its pinned slot.
         plan = _gpu_plans.get((op, x.dtype)) if axis is None and not (keepdims or reproducible) else None
         if plan is not None and x.size and out.shape == () and out.dtype == plan[1]:
             return _cupy_backend.reduce_full(x, plan[0], plan[1], plan[1], out=out)
     backend, arr = _backend_and_array(x)
-    op, result, acc = _plan(arr, op, None)
+    op, result, acc = _plan(arr, op, dtype)
+    if dtype is not None:
+        exact = reproducible and op.name == "sum" and result.kind == "f"
+        arr = _converted(arr, result, acc, exact=exact)
     if out is not None:
         return _partial_into(backend, arr, op, acc, axis, keepdims, reproducible, out)
     ndim = arr.ndim

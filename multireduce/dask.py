@@ -89,12 +89,25 @@ def _default_split_every(split_every: Any, x: da.Array, axes: tuple[int, ...]) -
     return FULL_SPLIT_EVERY
 
 
-def _chunk(x, axis, keepdims, *, op: Op, acc: np.dtype, computing_meta: bool = False):
+def _check_chunk(x, expected: np.dtype) -> None:
+    """Raise unless chunk ``x`` has the dtype its Dask array declares.
+
+    The plan (result and accumulator dtypes, dtype= conversions) was made for that dtype.
+    """
+    if x.dtype != expected:
+        raise TypeError(
+            f"a chunk of dtype {x.dtype} in a Dask array that declares dtype {expected}; "
+            "give map_blocks (or whatever made the chunks) the chunks' real dtype"
+        )
+
+
+def _chunk(x, axis, keepdims, *, op: Op, dtype: np.dtype | None, expected: np.dtype, computing_meta: bool = False):
     if computing_meta:
         # Dask's placeholder call on x._meta (an empty array of the chunks' type): nothing is
         # reduced; the placeholder carries the array type to the next steps.
         return x
-    return _partials.wrap(_partials.of_array(x, op, acc), x.size)
+    _check_chunk(x, expected)
+    return _partials.wrap(core.partial(x, op, dtype=dtype), x.size)
 
 
 def _combine(parts, axis, keepdims, *, op: Op, computing_meta: bool = False):
@@ -120,7 +133,7 @@ def _plan(x: Any, op: str | Op, dtype: Any, axes: tuple[int, ...] | None = None)
             "use multireduce.reduce for NumPy and CuPy arrays"
         )
     op = get_op(op)
-    result = op.result_dtype(x.dtype, None if dtype is None else np.dtype(dtype))
+    result = op.result_dtype(x.dtype, dtype)
     acc = op.accumulator_dtype(result)
     axes = tuple(range(x.ndim)) if axes is None else axes
     reduced = math.prod(x.shape[a] for a in axes)
@@ -165,15 +178,11 @@ def _reduction(
 # -- partial-axis fold ops: partials are arrays in the accumulator dtype --------------------
 
 
-def _fold_chunk(x, axis, keepdims, *, op: Op, acc: np.dtype, requested: bool, computing_meta: bool = False):
+def _fold_chunk(x, axis, keepdims, *, op: Op, dtype: np.dtype | None, expected: np.dtype, computing_meta: bool = False):
     if computing_meta:
         return x
-    if requested:
-        # dtype= changes the accumulator; the partial is a reduction to it (as the full path).
-        if math.prod(x.shape[a] for a in axis) == 0:
-            return core.partial(x, op, axis=axis, keepdims=True).astype(acc)
-        return core.reduce(x, op, axis=axis, keepdims=True, dtype=acc)
-    return core.partial(x, op, axis=axis, keepdims=True)
+    _check_chunk(x, expected)
+    return core.partial(x, op, axis=axis, keepdims=True, dtype=dtype)
 
 
 def _fold_combine(x, axis, keepdims, *, op: Op, computing_meta: bool = False):
@@ -207,9 +216,10 @@ def _leaves(parts) -> list:
     return out
 
 
-def _moments_chunk(x, axis, keepdims, *, op: Op, computing_meta: bool = False):
+def _moments_chunk(x, axis, keepdims, *, op: Op, expected: np.dtype, computing_meta: bool = False):
     if computing_meta:
         return x
+    _check_chunk(x, expected)
     return _stats.to_structured(core.partial(x, op, axis=axis, keepdims=True))
 
 
@@ -243,7 +253,8 @@ def _moments_aggregate(
     return _kept(value, kshape, keepdims)
 
 
-def _arg_block(block, *, op: Op, axis: int | None, shape: tuple[int, ...], block_info=None):
+def _arg_block(block, *, op: Op, axis: int | None, shape: tuple[int, ...], expected: np.dtype, block_info=None):
+    _check_chunk(block, expected)
     location = block_info[0]["array-location"]
     axes = tuple(range(block.ndim)) if axis is None else (axis,)
     if math.prod(block.shape[a] for a in axes) == 0:
@@ -294,7 +305,7 @@ def _composite_reduction(x, op: Op, result, axes, keepdims, split_every, correct
     if op.kind == "moments":
         return da.reduction(
             x,
-            chunk=functools.partial(_moments_chunk, op=op),
+            chunk=functools.partial(_moments_chunk, op=op, expected=x.dtype),
             combine=_moments_combine,
             aggregate=functools.partial(_moments_aggregate, op=op, result=result, correction=correction),
             axis=axes,
@@ -316,6 +327,7 @@ def _composite_reduction(x, op: Op, result, axes, keepdims, split_every, correct
         op=op,
         axis=axis,
         shape=x.shape,
+        expected=x.dtype,
         dtype=sdt,
         chunks=tuple(tuple(1 for _ in c) if i in axes else c for i, c in enumerate(x.chunks)),
         meta=np.empty((0,) * x.ndim, dtype=sdt),
@@ -439,12 +451,15 @@ def treereduce(
     axes = _normalized_axes(axis, x.ndim)
     op, result, acc = _plan(x, resolved, dtype, axes)
     correction = core._check_correction(op, correction)
-    if reproducible and op.name in ("sum", "mean") and x.dtype.kind == "f":
+    # Exact partials, as in the core: float sums (of the elements converted as dtype= asks) and
+    # means of float input; core._needs_exact below refuses the rest.
+    exact = (op.name == "sum" and result.kind == "f") or (op.name == "mean" and x.dtype.kind == "f")
+    if reproducible and exact:
         if len(axes) != x.ndim:
             raise NotImplementedError("reproducible=True supports full reductions only (axis=None or every axis)")
         return da.reduction(
             x,
-            chunk=_exact_chunk,
+            chunk=functools.partial(_exact_chunk, dtype=dtype, expected=x.dtype),
             combine=_exact_combine,
             aggregate=functools.partial(_exact_aggregate, result=result, mean=op.name == "mean"),
             axis=axes,
@@ -460,12 +475,12 @@ def treereduce(
     if op.kind != "fold":
         return _composite_reduction(x, op, result, axes, keepdims, split_every, correction)
     if len(axes) == x.ndim:
-        chunk = functools.partial(_chunk, op=op, acc=acc)
+        chunk = functools.partial(_chunk, op=op, dtype=dtype, expected=x.dtype)
         name = f"treereduce-{op.name}"
         return _reduction(x, op, result, chunk, axis=axes, keepdims=keepdims, split_every=split_every, name=name)
     return da.reduction(
         x,
-        chunk=functools.partial(_fold_chunk, op=op, acc=acc, requested=dtype is not None),
+        chunk=functools.partial(_fold_chunk, op=op, dtype=dtype, expected=x.dtype),
         combine=functools.partial(_fold_combine, op=op),
         aggregate=functools.partial(_fold_aggregate, op=op, result=result),
         axis=axes,
@@ -479,10 +494,11 @@ def treereduce(
 # -- reproducible sums and means: partials are exact accumulators ---------------------------
 
 
-def _exact_chunk(x, axis, keepdims, computing_meta: bool = False):
+def _exact_chunk(x, axis, keepdims, *, dtype: np.dtype | None, expected: np.dtype, computing_meta: bool = False):
     if computing_meta:
         return x
-    return core.partial(x, "sum", reproducible=True).normalize()
+    _check_chunk(x, expected)
+    return core.partial(x, "sum", dtype=dtype, reproducible=True).normalize()
 
 
 def _exact_merged(parts) -> _exact.ExactSum:
@@ -557,7 +573,7 @@ def stats(x: da.Array, *, axis: Any = None, correction: float = 0.0, split_every
     kshape = tuple(n for i, n in enumerate(x.shape) if i not in axes)
     states = da.reduction(
         x,
-        chunk=functools.partial(_moments_chunk, op=get_op("mean")),
+        chunk=functools.partial(_moments_chunk, op=get_op("mean"), expected=x.dtype),
         combine=_moments_combine,
         aggregate=functools.partial(_moments_aggregate, op=None, result=None, correction=correction),
         axis=axes,

@@ -101,6 +101,34 @@ def test_sum_dtype_argument(dtype, requested):
         assert math.isclose(float(got), math.fsum(x.astype(np.float64).tolist()), rel_tol=1e-6, abs_tol=1e-6)
 
 
+@pytest.mark.parametrize("chunks", [1, 2, 3])
+@pytest.mark.parametrize("reproducible", [False, True])
+def test_dtype_argument_converts_each_element_first(chunks, reproducible):
+    # dtype= converts each element before it is added, in every chunk's partial as in the
+    # core (and NumPy): 2049 is 2048 in float16, and 2**-24 + 2**-50 is 2**-24 in float32,
+    # after which 1 + 2**-24 is a tie, rounded to even.
+    x = np.array([2049, 2049, 2049], dtype=np.int32)
+    assert float(np.sum(x, dtype=np.float16)) == 6144.0
+    got = da.from_array(x, chunks=chunks).treereduce("sum", dtype=np.float16, reproducible=reproducible).compute()
+    assert got.dtype == np.float16 and float(got) == 6144.0
+    y = np.array([1.0, 2.0**-24 + 2.0**-50, 0.0])
+    got = da.from_array(y, chunks=chunks).treereduce("sum", dtype=np.float32, reproducible=reproducible).compute()
+    assert got.dtype == np.float32 and float(got) == 1.0
+    if not reproducible:  # partial axes
+        cols = da.from_array(np.stack([x, x]).T, chunks=chunks).treereduce("sum", axis=0, dtype=np.float16)
+        assert cols.compute().tolist() == [6144.0, 6144.0]
+
+
+@pytest.mark.parametrize(
+    ("op", "kwargs"),
+    [("sum", {}), ("max", {}), ("sum", {"axis": 0}), ("mean", {}), ("argmax", {}), ("sum", {"reproducible": True})],
+)
+def test_chunks_of_another_dtype_than_declared_are_refused(op, kwargs):
+    d = da.ones((4, 2), chunks=2, dtype=np.float32).map_blocks(lambda b: b.astype(np.float64), dtype=np.float32)
+    with pytest.raises(TypeError, match="chunk of dtype float64 in a Dask array that declares dtype float32"):
+        d.treereduce(op, **kwargs).compute(scheduler="sync")
+
+
 def test_keepdims_and_full_axis_tuples():
     x = np.arange(60, dtype=np.int32).reshape(3, 4, 5)
     d = da.from_array(x, chunks=2)
