@@ -180,7 +180,12 @@ def _build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--dtype", type=_dtype, default=np.dtype(DEFAULT_DTYPE))
     bench.add_argument("--warmup", type=_length, default=2)
     bench.add_argument("--repeat", type=_positive, default=5)
-    bench.add_argument("--output", type=Path, default=Path("multireduce-bench.json"), help="JSON file to write")
+    bench.add_argument(
+        "--output",
+        type=Path,
+        default=Path("multireduce-bench.json"),
+        help="JSON file to write (checked before the benchmark runs)",
+    )
     bench.set_defaults(func=_cmd_bench)
     return parser
 
@@ -251,7 +256,10 @@ def _setup(args, comm, mpi) -> _Context:
     ctx = _Context(comm, mpi, comm.Get_rank(), comm.Get_size(), backend, reason)
     error = None
     try:
-        mpi.cuda_aware()  # a bad MULTIREDUCE_CUDA_AWARE fails here, agreed, not later on one rank
+        # The one collective step comes first on every rank, before anything that can fail on
+        # one rank alone: a rank that failed earlier would wait in agree()'s Allreduce while
+        # the others wait in the Split_type, forever. select_device starts with that
+        # Split_type (local_rank's); CPU ranks take part in it through local_rank.
         if backend == "gpu":
             import cupy
 
@@ -260,8 +268,8 @@ def _setup(args, comm, mpi) -> _Context:
             name = props["name"]
             ctx.device_name = name.decode() if isinstance(name, bytes) else str(name)
         else:
-            # select_device is collective; CPU ranks must still take part in its Split_type.
             mpi.local_rank(comm)
+        mpi.cuda_aware()  # a bad MULTIREDUCE_CUDA_AWARE fails here, agreed, not later on one rank
     except Exception as exc:  # agreed below, then reported by rank 0
         error = exc
     mpi.agree(error, comm)
@@ -701,8 +709,45 @@ def _cmd_info(args, comm, mpi) -> int:
 # bench
 
 
+def _check_output(path: Path) -> None:
+    """Fail now, not after the benchmark, if the JSON file ``path`` cannot be written.
+
+    Makes the missing parent directories (as the final write does), opens the file for
+    appending (which changes nothing in an existing file) and removes it again if it was new.
+
+    Raises
+    ------
+    OSError
+        Of the kind the file system reported (IsADirectoryError, PermissionError, ...), with a
+        message naming ``--output`` and the path.
+    """
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        existed = path.exists()
+        with open(path, "a"):
+            pass
+        if not existed:
+            path.unlink()
+    except OSError as exc:
+        kind, detail = type(exc), exc.strerror or str(exc)
+        if isinstance(exc, FileExistsError):  # from mkdir: a file where a directory should be
+            kind, detail = NotADirectoryError, f"{exc.filename} is not a directory"
+        elif exc.filename is not None and Path(exc.filename) != path:
+            detail += f": {exc.filename}"
+        raise kind(f"--output must name a file that can be written; {path}: {detail}") from exc
+
+
 def _cmd_bench(args, comm, mpi) -> int:
     ctx = _setup(args, comm, mpi)
+    # Rank 0 writes the results: check that it can before the benchmark runs, and agree, so
+    # that a bad --output ends every rank now with one line instead of a traceback at the end.
+    error = None
+    if ctx.rank == 0:
+        try:
+            _check_output(args.output)
+        except Exception as exc:  # agreed below
+            error = exc
+    mpi.agree(error, comm)
     ops = args.ops or list(CLI_OPS)
     dt = args.dtype
     sizes = args.sizes or (
@@ -748,6 +793,7 @@ def _cmd_bench(args, comm, mpi) -> int:
                 }
             )
         del x
+    error = None
     if ctx.rank == 0:
         doc = {
             **_environment(ctx, mpi),
@@ -758,8 +804,13 @@ def _cmd_bench(args, comm, mpi) -> int:
             "median and min over repetitions",
             "records": records,
         }
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(json.dumps(doc, indent=2) + "\n")
+        try:  # checked before the benchmark, but the disk may fill up or the path change since
+            args.output.parent.mkdir(parents=True, exist_ok=True)
+            args.output.write_text(json.dumps(doc, indent=2) + "\n")
+        except Exception as exc:  # agreed below
+            error = exc
+    mpi.agree(error, comm)
+    if ctx.rank == 0:
         if args.json:
             _emit(ctx, json.dumps(doc, indent=2))
         else:

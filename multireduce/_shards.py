@@ -7,7 +7,9 @@ them with ``comm=`` conveniences.
 
 from __future__ import annotations
 
+import math
 import os
+import tokenize
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,12 +20,21 @@ from .ops import check_dtype
 __all__ = [
     "FileLayout",
     "inspect_file",
+    "inspect_npy",
     "read_shard",
     "shard_counts",
     "shard_range",
 ]
 
 _NPY_MAGIC = b"\x93NUMPY"
+# np.load takes a file that starts with either as an .npz archive (a zip file).
+_ZIP_MAGICS = (b"PK\x03\x04", b"PK\x05\x06")
+# What parsing a damaged header can raise besides ValueError (NumPy's own complaints) and
+# EOFError (a short file): ast.literal_eval's SyntaxError, the Python 2 header filter's
+# tokenize.TokenError, TypeError from odd literals, and RecursionError or MemoryError from
+# deeply nested ones (the header is at most NumPy's 10,000 characters, so these come from
+# the parser's limits, not from a lack of memory).
+_HEADER_ERRORS = (ValueError, EOFError, SyntaxError, TypeError, tokenize.TokenError, RecursionError, MemoryError)
 
 
 def _check_length(n, what: str = "n") -> int:
@@ -104,7 +115,7 @@ class FileLayout:
     offset: int
 
 
-def _npy_header(path: Path, fh) -> tuple[tuple[int, ...], np.dtype, int]:
+def _npy_header(fh) -> tuple[tuple[int, ...], np.dtype, int]:
     version = np.lib.format.read_magic(fh)
     # The header is a Python literal parsed with ast.literal_eval, never unpickled, so it is
     # safe to read even when the data would be pickled objects.
@@ -113,8 +124,80 @@ def _npy_header(path: Path, fh) -> tuple[tuple[int, ...], np.dtype, int]:
     elif version in ((2, 0), (3, 0)):
         shape, _, dtype = np.lib.format.read_array_header_2_0(fh)
     else:
-        raise ValueError(f"{path}: unsupported .npy format version {version}")
+        raise ValueError(f"unsupported .npy format version {version}")
     return shape, dtype, fh.tell()
+
+
+def _npy_layout(path: Path, fh, size: int, dtype) -> FileLayout:
+    """Check the header of the ``.npy`` file open as ``fh`` (at its start) against its size."""
+    try:
+        shape, file_dtype, offset = _npy_header(fh)
+    except _HEADER_ERRORS as exc:
+        detail = " ".join(str(exc).split()) or "(no detail)"  # one line, even for NumPy's long messages
+        raise ValueError(
+            f"{path}: not a valid .npy file (truncated or corrupt header): {type(exc).__name__}: {detail}"
+        ) from exc
+    if file_dtype.hasobject:
+        raise TypeError(
+            f"{path} holds Python objects (dtype {file_dtype}); multireduce never unpickles data. "
+            "Save a numeric array instead."
+        )
+    file_dtype = check_dtype(file_dtype, what=f"{path}:")
+    if dtype is not None and np.dtype(dtype) != file_dtype:
+        raise TypeError(f"{path} holds {file_dtype}, but dtype {np.dtype(dtype)} was requested")
+    # NumPy checks that the dimensions are ints, not their sign; the product is taken in Python
+    # ints, which cannot overflow (an int64 product of a corrupt shape can wrap to 0).
+    if any(d < 0 for d in shape):
+        raise ValueError(
+            f"{path}: not a valid .npy file (truncated or corrupt header): shape {shape} has a negative dimension"
+        )
+    count = math.prod(shape)
+    expected = offset + count * file_dtype.itemsize
+    if size < expected:
+        raise ValueError(
+            f"{path} is truncated or its header is corrupt: the header promises shape {shape} of {file_dtype} "
+            f"({expected} bytes), but the file has {size} bytes"
+        )
+    return FileLayout(path, "npy", file_dtype, count, offset)
+
+
+def inspect_npy(path: str | os.PathLike, dtype=None) -> FileLayout:
+    """Read and check the layout of a ``.npy`` file without reading its data.
+
+    The checks of :func:`inspect_file` for ``.npy`` files, for a file that must be one
+    (:func:`multireduce.stream.reduce` opens its path sources with them).
+
+    Parameters
+    ----------
+    path : path-like
+    dtype : dtype, optional
+        If given, it must equal the file's dtype.
+
+    Returns
+    -------
+    FileLayout
+
+    Raises
+    ------
+    FileNotFoundError, IsADirectoryError, PermissionError
+        If the file cannot be opened.
+    TypeError
+        If the file is an ``.npz`` archive, holds Python objects (it is never unpickled) or a
+        dtype multireduce does not support, or ``dtype`` differs from the file's.
+    ValueError
+        If the file does not start with the NumPy magic string, its header is corrupt (a
+        negative dimension included), or it is shorter than its header says.
+    """
+    path = Path(path)
+    with open(path, "rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        head = fh.read(len(_NPY_MAGIC))
+        fh.seek(0)
+        if head == _NPY_MAGIC:
+            return _npy_layout(path, fh, size, dtype)
+    if head.startswith(_ZIP_MAGICS):
+        raise TypeError(f"{path} is an .npz archive (a zip of arrays), not a .npy file; pass one array or a .npy file")
+    raise ValueError(f"{path} is not a .npy file (no NumPy magic)")
 
 
 def inspect_file(path: str | os.PathLike, dtype=None, n: int | None = None) -> FileLayout:
@@ -145,8 +228,9 @@ def inspect_file(path: str | os.PathLike, dtype=None, n: int | None = None) -> F
         does not support, or ``dtype`` differs from the ``.npy`` file's.
     ValueError
         If the file is truncated (shorter than its header says, or, for raw files, not a
-        whole number of elements or shorter than ``n``), or if a raw file comes without
-        ``dtype``.
+        whole number of elements or shorter than ``n``), if a ``.npy`` header is corrupt (it
+        does not parse, or its shape has a negative dimension or more bytes than the file),
+        or if a raw file comes without ``dtype``.
     """
     path = Path(path)
     with open(path, "rb") as fh:
@@ -154,28 +238,10 @@ def inspect_file(path: str | os.PathLike, dtype=None, n: int | None = None) -> F
         head = fh.read(len(_NPY_MAGIC))
         fh.seek(0)
         if head == _NPY_MAGIC:
-            try:
-                shape, file_dtype, offset = _npy_header(path, fh)
-            except (ValueError, EOFError, SyntaxError) as exc:
-                raise ValueError(f"{path}: not a valid .npy file (truncated or corrupt header): {exc}") from exc
-            if file_dtype.hasobject:
-                raise TypeError(
-                    f"{path} holds Python objects (dtype {file_dtype}); multireduce never unpickles data. "
-                    "Save a numeric array instead."
-                )
-            file_dtype = check_dtype(file_dtype, what=f"{path}:")
-            if dtype is not None and np.dtype(dtype) != file_dtype:
-                raise TypeError(f"{path} holds {file_dtype}, but dtype {np.dtype(dtype)} was requested")
-            count = int(np.prod(shape, dtype=np.int64))
-            expected = offset + count * file_dtype.itemsize
-            if size < expected:
-                raise ValueError(
-                    f"{path} is truncated: its header promises shape {shape} of {file_dtype} "
-                    f"({expected} bytes), but the file has {size} bytes"
-                )
+            layout = _npy_layout(path, fh, size, dtype)
             if n is not None:
                 raise ValueError(f"{path} is a .npy file, which knows its length; n applies to raw files only")
-            return FileLayout(path, "npy", file_dtype, count, offset)
+            return layout
     if dtype is None:
         raise ValueError(f"{path} is not a .npy file; give the dtype of its raw binary data (--dtype)")
     dt = check_dtype(dtype)

@@ -192,6 +192,26 @@ def _default_threads() -> int:
     return max(1, min(cpus, _MAX_DEFAULT_THREADS))
 
 
+def _positive_int(value: Any, name: str, accepted: str) -> int:
+    # bool is an int subclass, and np.int64 is not: accept exactly the integers.
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise TypeError(f"{name} must be {accepted}, got {value!r} of type {type(value).__name__}")
+    if value < 1:
+        raise ValueError(f"{name} must be {accepted}, got {value}")
+    return int(value)
+
+
+def _check_settings(budget: Any, slot_bytes: Any, threads: Any) -> tuple[int, int | None, int | None]:
+    """Check the sizes :func:`reduce` and :func:`make_plan` take; return them as ints (or None)."""
+    budget = _positive_int(budget, "budget", "a positive integer number of bytes (default 1 GiB)")
+    if slot_bytes is not None:
+        accepted = "a positive integer number of bytes, or None for min(32 MiB, budget // 4)"
+        slot_bytes = _positive_int(slot_bytes, "slot_bytes", accepted)
+    if threads is not None:
+        threads = _positive_int(threads, "threads", "a positive integer, or None for the default count")
+    return budget, slot_bytes, threads
+
+
 def make_plan(
     nbytes: int,
     itemsize: int,
@@ -220,14 +240,23 @@ def make_plan(
 
     Raises
     ------
+    TypeError
+        If ``budget`` is not an integer, or ``slot_bytes`` or ``threads`` neither an integer
+        nor None.
     ValueError
-        If the budget does not hold two staging buffers (no double buffering), if a staging
-        buffer cannot hold one element, or for a non-positive thread count.
+        If ``budget``, ``slot_bytes`` or ``threads`` is not positive, if the budget does not
+        hold two staging buffers (no double buffering), or if a staging buffer cannot hold one
+        element.
     """
-    budget = int(budget)
+    budget, slot_bytes, threads = _check_settings(budget, slot_bytes, threads)
     if slot_bytes is None:
         slot_bytes = min(DEFAULT_SLOT_BYTES, budget // 4)
-    slot_bytes = int(slot_bytes)
+        if slot_bytes < itemsize:
+            raise ValueError(
+                f"budget={budget} bytes is too small for {itemsize}-byte elements: its default staging buffer "
+                f"(slot_bytes = budget // 4 = {slot_bytes} bytes) cannot hold one element; give budget >= "
+                f"{4 * itemsize} bytes"
+            )
     if slot_bytes < itemsize:
         raise ValueError(f"slot_bytes={slot_bytes} cannot hold one {itemsize}-byte element")
     if budget < 2 * slot_bytes:
@@ -242,9 +271,6 @@ def make_plan(
         # and 16 pieces, 1.90 with 8 pieces, 2.25 ms with 12 threads and 2.74 with 16
         # (bench/results/h200_4aad948/diag_stream.txt, "prototype").
         threads = max(1, min(_default_threads(), nbytes // BYTES_PER_THREAD))
-    threads = int(threads)
-    if threads < 1:
-        raise ValueError(f"threads must be at least 1, not {threads}")
     # A few more slots than copy threads, so that slots whose copy over the link or kernel is
     # still running do not stall the copying threads.
     n_slots = min(budget // slot_bytes, threads + 3)
@@ -1439,13 +1465,13 @@ def _is_dask_array(x: Any) -> bool:
 
 def _as_host_array(source: Any) -> np.ndarray:
     if isinstance(source, str | os.PathLike):
-        loaded = np.load(source, mmap_mode="r", allow_pickle=False)
-        if not isinstance(loaded, np.ndarray):
-            loaded.close()
-            raise TypeError(
-                f"{os.fspath(source)!r} is an .npz archive of several arrays; pass one array or a .npy file"
-            )
-        return loaded
+        from ._shards import inspect_npy
+
+        # The CLI's checks first: a file without the NumPy magic, an .npz archive, a corrupt or
+        # truncated header or one of objects is named as such (np.load would call a text file
+        # "pickled data" and let a header's shape overflow).
+        inspect_npy(source)
+        return np.load(source, mmap_mode="r", allow_pickle=False)
     if isinstance(source, np.ndarray):
         return source
     if type(source).__module__.startswith("cupy"):
@@ -1509,7 +1535,7 @@ def reduce(
     device : int, optional
         The CUDA device; default CuPy's current device.
     budget : int, optional
-        Device memory for staging buffers, in bytes (default 1 GiB). As much pinned host memory
+        Device memory for staging buffers, in bytes, positive (default 1 GiB). As much pinned host memory
         is used. Staging slots are cached per (device, slot size) and shared by calls; the
         cache holds as many slots as the largest budget asked for.
     slot_bytes : int, optional
@@ -1531,11 +1557,16 @@ def reduce(
     Raises
     ------
     TypeError
-        For an unsupported source type or dtype, an ``.npz`` archive, or ``dtype=`` given to
-        max/min.
+        For an unsupported source type or dtype, an ``.npz`` archive, a ``.npy`` file of
+        Python objects (never unpickled), ``dtype=`` given to max/min, or a ``budget``,
+        ``slot_bytes`` or ``threads`` that is not an integer (or None, for the last two).
     ValueError
-        For an unknown op, a budget that holds fewer than two staging buffers, or max/min of an
-        empty input.
+        For an unknown op, a ``budget``, ``slot_bytes`` or ``threads`` that is not positive, a
+        budget that holds fewer than two staging buffers, a path that is not a ``.npy`` file
+        (no NumPy magic) or one whose header is corrupt or promises more data than the file
+        holds, or max/min of an empty input.
+    FileNotFoundError, IsADirectoryError, PermissionError
+        If a path source cannot be opened.
     ModuleNotFoundError
         If CuPy is not installed (nothing falls back to the CPU: use
         :func:`multireduce.reduce` there).
@@ -1549,6 +1580,7 @@ def reduce(
     np.float32(16777216.0)
     >>> stream.reduce("big.npy", "max", budget=1 << 30)  # doctest: +SKIP
     """
+    _check_settings(budget, slot_bytes, threads)  # also for inputs that return before make_plan
     op = get_op(op)
     if op.kind != "fold":
         raise NotImplementedError(

@@ -173,6 +173,14 @@ def test_per_rank_files_with_one_missing(mpiexec, tmp_path):
     assert results(report) == {"sum": 13.0, "max": 1.0, "min": 1.0} and report["n"] == 13
 
 
+def npy_with_header(path, shape, data: bytes = b"\0" * 16):
+    """A .npy file of float32 whose header claims ``shape``, whatever the data."""
+    h = repr({"descr": "<f4", "fortran_order": False, "shape": shape}).encode()
+    h += b" " * ((64 - (10 + len(h) + 1) % 64) % 64) + b"\n"
+    path.write_bytes(b"\x93NUMPY\x01\x00" + len(h).to_bytes(2, "little") + h + data)
+    return path
+
+
 @pytest.mark.mpi
 def test_bad_files(mpiexec, tmp_path):
     obj = np.empty(3, dtype=object)
@@ -181,9 +189,23 @@ def test_bad_files(mpiexec, tmp_path):
     np.save(tmp_path / "ok.npy", np.arange(100.0))
     (tmp_path / "short.npy").write_bytes((tmp_path / "ok.npy").read_bytes()[:-9])
     (tmp_path / "x.raw").write_bytes(b"\0" * 10)
+    # Corrupt headers: shapes whose int64 element count wraps to 0 (once read as an empty
+    # array, sum 0.0) or below, a negative one, and bytes 10..20 overwritten (a bare
+    # tokenize.TokenError, once).
+    npy_with_header(tmp_path / "wrap0.npy", (2**62, 4))
+    npy_with_header(tmp_path / "wrapneg.npy", (2**62, 3))
+    npy_with_header(tmp_path / "neg.npy", (-1,))
+    garbled = bytearray((tmp_path / "ok.npy").read_bytes())
+    garbled[10:20] = b"garbage{{{"
+    (tmp_path / "garbled.npy").write_bytes(bytes(garbled))
+    corrupt = "not a valid .npy file (truncated or corrupt header)"
     cases = [
         ([str(tmp_path / "obj.npy")], "holds Python objects (dtype object); multireduce never unpickles data"),
         ([str(tmp_path / "short.npy")], "short.npy is truncated"),
+        ([str(tmp_path / "wrap0.npy")], "wrap0.npy is truncated or its header is corrupt: the header promises shape"),
+        ([str(tmp_path / "wrapneg.npy")], "wrapneg.npy is truncated or its header is corrupt"),
+        ([str(tmp_path / "neg.npy")], f"neg.npy: {corrupt}: shape (-1,) has a negative dimension"),
+        ([str(tmp_path / "garbled.npy")], f"garbled.npy: {corrupt}: TokenError"),
         ([str(tmp_path / "missing.npy")], "FileNotFoundError"),
         ([str(tmp_path / "x.raw")], "is not a .npy file; give the dtype"),
         ([str(tmp_path / "x.raw"), "--dtype", "float32"], "not a whole number of 4-byte elements"),
@@ -223,6 +245,33 @@ def test_info(mpiexec):
     assert done.returncode == 1 and done.stderr.count("MULTIREDUCE_CUDA_AWARE must be 0 or 1") == 1, done.output
 
 
+# The CLI on every rank, with MULTIREDUCE_CUDA_AWARE set to a bad value on rank 1 only (the
+# launcher's rank variable, read as the CLI reads it, before MPI starts).
+BAD_ENV_ON_RANK_1 = (
+    "import os, sys\n"
+    "from multireduce._cli import _env_rank, main\n"
+    "if _env_rank() == 1:\n"
+    "    os.environ['MULTIREDUCE_CUDA_AWARE'] = 'yes'\n"
+    "sys.exit(main(sys.argv[1:]))\n"
+)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize(
+    "argv", [["run", "--n", "10", "--repeat", "1"], ["info"], ["bench", "--sizes", "10"]], ids=["run", "info", "bench"]
+)
+def test_error_on_one_rank_before_the_first_collective(mpiexec, argv, tmp_path):
+    # Rank 1 failed its local check before the node-local Split_type and waited in the error
+    # agreement while rank 0 waited in the Split_type: the job hung.
+    output = ["--output", str(tmp_path / "b.json")] if argv[0] == "bench" else []
+    done = run(mpiexec, 2, ["-c", BAD_ENV_ON_RANK_1, *argv, *output, "--cpu"], timeout=60)
+    assert done.returncode == 1, done.output
+    assert done.seconds < 30
+    message = "multireduce: error: rank 1 of 2 failed: ValueError: MULTIREDUCE_CUDA_AWARE must be 0 or 1, got 'yes'"
+    assert done.stderr.count(message) == 1, done.output
+    assert "Traceback" not in done.stderr and done.stdout == "", done.output
+
+
 @pytest.mark.mpi
 def test_bench_writes_json(mpiexec, tmp_path):
     out = tmp_path / "sub" / "bench.json"
@@ -246,3 +295,43 @@ def test_bench_writes_json(mpiexec, tmp_path):
     ]
     assert all(r["allreduce_s_median"] > 0 for r in doc["records"])
     assert f"wrote {out}" in done.stdout
+
+
+@pytest.mark.mpi
+def test_bench_output_that_cannot_be_written(mpiexec, tmp_path):
+    # Checked on rank 0 before the benchmark and agreed: one line, exit status 1 (an error,
+    # like a missing --input), no traceback or MPI_Abort after a whole benchmark.
+    (tmp_path / "file").write_text("")
+    cases = [
+        (tmp_path, f"IsADirectoryError: --output must name a file that can be written; {tmp_path}: Is a directory"),
+        (
+            tmp_path / "file" / "b.json",
+            f"NotADirectoryError: --output must name a file that can be written; {tmp_path / 'file' / 'b.json'}: "
+            f"{tmp_path / 'file'} is not a directory",
+        ),
+    ]
+    sizes = "1000,4099,16384"
+    for output, message in cases:
+        done = run(mpiexec, 2, [*CLI, "bench", "--cpu", "--sizes", sizes, "--output", str(output)], timeout=60)
+        assert done.returncode == 1, done.output
+        assert done.stderr.count(f"multireduce: error: rank 0 of 2 failed: {message}") == 1, done.output
+        assert "Traceback" not in done.stderr and "MPI_Abort" not in done.output and done.stdout == "", done.output
+    done = run(None, 1, [*CLI, "bench", "--cpu", "--sizes", sizes, "--output", str(tmp_path)])
+    assert done.returncode == 1 and done.stderr.count("rank 0 of 1 failed: IsADirectoryError: --output") == 1
+    assert done.stdout == "" and "Traceback" not in done.stderr, done.output
+    # A good path still gets its file (the check removes the empty file it made).
+    out = tmp_path / "new" / "b.json"
+    done = run(mpiexec, 2, [*CLI, "bench", "--cpu", "--sizes", "100", "--repeat", "1", "--output", str(out)])
+    assert done.returncode == 0 and json.loads(out.read_text())["ranks"] == 2, done.output
+
+
+def test_output_check_leaves_no_file(tmp_path):
+    from multireduce._cli import _check_output
+
+    _check_output(tmp_path / "a" / "b.json")  # parents made, as the final write makes them
+    assert (tmp_path / "a").is_dir() and not (tmp_path / "a" / "b.json").exists()
+    (tmp_path / "old.json").write_text("kept")
+    _check_output(tmp_path / "old.json")
+    assert (tmp_path / "old.json").read_text() == "kept"
+    with pytest.raises(IsADirectoryError, match="--output must name a file that can be written"):
+        _check_output(tmp_path)

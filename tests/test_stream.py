@@ -165,10 +165,47 @@ def test_default_threads_grow_with_the_input(monkeypatch):
 def test_make_plan_errors():
     with pytest.raises(ValueError, match="two staging buffers"):
         stream.make_plan(100, 4, budget=1000, slot_bytes=600)
-    with pytest.raises(ValueError, match="one 8-byte element"):
+    with pytest.raises(ValueError, match="slot_bytes=4 cannot hold one 8-byte element"):
         stream.make_plan(100, 8, budget=1000, slot_bytes=4)
-    with pytest.raises(ValueError, match="threads"):
+    with pytest.raises(ValueError, match="threads must be a positive integer, or None for the default count, got 0"):
         stream.make_plan(100, 4, threads=0)
+    # A budget too small for the default slot names budget, not the slot_bytes it was not given.
+    with pytest.raises(ValueError, match=r"budget=31 bytes is too small for 8-byte elements.*budget >= 32 bytes"):
+        stream.make_plan(100, 8, budget=31)
+    assert stream.make_plan(100, 8, budget=32).slot_bytes == 8
+
+
+BUDGET = "budget must be a positive integer number of bytes (default 1 GiB)"
+SLOT_BYTES = "slot_bytes must be a positive integer number of bytes, or None for min(32 MiB, budget // 4)"
+THREADS = "threads must be a positive integer, or None for the default count"
+
+
+@pytest.mark.parametrize(
+    ("kw", "exc", "message"),
+    [
+        ({"budget": 0}, ValueError, f"{BUDGET}, got 0"),
+        ({"budget": -(1 << 20)}, ValueError, f"{BUDGET}, got -1048576"),
+        ({"budget": "x"}, TypeError, f"{BUDGET}, got 'x' of type str"),
+        ({"budget": "1024"}, TypeError, f"{BUDGET}, got '1024' of type str"),
+        ({"budget": 1e9}, TypeError, f"{BUDGET}, got 1000000000.0 of type float"),
+        ({"budget": True}, TypeError, f"{BUDGET}, got True of type bool"),
+        ({"budget": None}, TypeError, f"{BUDGET}, got None of type NoneType"),
+        ({"slot_bytes": 0}, ValueError, f"{SLOT_BYTES}, got 0"),
+        ({"slot_bytes": 4.0}, TypeError, f"{SLOT_BYTES}, got 4.0 of type float"),
+        ({"threads": 0}, ValueError, f"{THREADS}, got 0"),
+        ({"threads": -2}, ValueError, f"{THREADS}, got -2"),
+        ({"threads": "4"}, TypeError, f"{THREADS}, got '4' of type str"),
+    ],
+)
+def test_settings_are_checked_and_named(kw, exc, message):
+    for nbytes in (4, 0):  # the empty input returns before the plan: checked all the same
+        with pytest.raises(exc, match=re.escape(message)):
+            sim_reduce(np.ones(nbytes // 4, dtype=np.float32), **kw)
+    with pytest.raises(exc, match=re.escape(message)):
+        stream.make_plan(100, 4, **kw)
+    # NumPy integers are integers.
+    plan = stream.make_plan(100, 4, budget=np.int64(1 << 20), slot_bytes=np.int32(4096), threads=np.uint8(2))
+    assert (plan.slot_bytes, plan.threads) == (4096, 2) and type(plan.slot_bytes) is int
 
 
 def test_dense_views():
@@ -718,13 +755,45 @@ def test_npy_file_and_memmap(tmp_path):
     assert got == -1500 and got.dtype == np.int16
 
 
+def npy_with_header(path, shape, data: bytes = b"\0" * 16):
+    """A .npy file of float32 whose header claims ``shape``, whatever the data."""
+    h = repr({"descr": "<f4", "fortran_order": False, "shape": shape}).encode()
+    h += b" " * ((64 - (10 + len(h) + 1) % 64) % 64) + b"\n"
+    path.write_bytes(b"\x93NUMPY\x01\x00" + len(h).to_bytes(2, "little") + h + data)
+    return path
+
+
 def test_bad_sources(tmp_path):
+    # Path sources get the CLI's checks (multireduce._shards.inspect_npy): objects are never
+    # unpickled, and a file is named with what is wrong with it.
     np.save(tmp_path / "obj.npy", np.array([1, "a"], dtype=object), allow_pickle=True)
-    with pytest.raises(ValueError, match="Python objects|allow_pickle"):
+    with pytest.raises(TypeError, match=r"obj\.npy holds Python objects \(dtype object\); multireduce never unpickles"):
         sim_reduce(tmp_path / "obj.npy")
     np.savez(tmp_path / "two.npz", a=np.ones(3), b=np.ones(3))
-    with pytest.raises(TypeError, match="npz"):
+    with pytest.raises(TypeError, match=r"two\.npz is an \.npz archive"):
         sim_reduce(tmp_path / "two.npz")
+    (tmp_path / "text.txt").write_text("hello world\n")
+    with pytest.raises(ValueError, match=r"text\.txt is not a \.npy file \(no NumPy magic\)"):
+        sim_reduce(tmp_path / "text.txt")
+    np.save(tmp_path / "good.npy", np.arange(10, dtype=np.float32))
+    raw = bytearray((tmp_path / "good.npy").read_bytes())
+    raw[10:20] = b"garbage{{{"
+    (tmp_path / "corrupt_header.npy").write_bytes(bytes(raw))
+    corrupt = r"corrupt_header\.npy: not a valid \.npy file \(truncated or corrupt header\)"
+    with pytest.raises(ValueError, match=corrupt):
+        sim_reduce(tmp_path / "corrupt_header.npy")
+    (tmp_path / "short.npy").write_bytes((tmp_path / "good.npy").read_bytes()[:-1])
+    with pytest.raises(ValueError, match=r"short\.npy is truncated.*\(10,\) of float32 \(168 bytes\).* 167 bytes"):
+        sim_reduce(tmp_path / "short.npy")
+    for shape in ((2**62, 4), (2**62, 3)):  # int64 products wrap to 0 and below
+        with pytest.raises(ValueError, match=r"huge\.npy is truncated or its header is corrupt"):
+            sim_reduce(npy_with_header(tmp_path / "huge.npy", shape))
+    with pytest.raises(ValueError, match=r"neg\.npy: not a valid \.npy file .*negative dimension"):
+        sim_reduce(npy_with_header(tmp_path / "neg.npy", (-1,)))
+    with pytest.raises(FileNotFoundError, match="missing.npy"):
+        sim_reduce(tmp_path / "missing.npy")
+    got, _ = sim_reduce(npy_with_header(tmp_path / "ok.npy", (2, 2)), "sum")
+    assert got == 0.0 and got.dtype == np.float32
     with pytest.raises(TypeError, match="cannot stream"):
         sim_reduce([1.0, 2.0])
     with pytest.raises(TypeError, match="complex"):

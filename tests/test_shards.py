@@ -1,0 +1,141 @@
+"""multireduce._shards: damaged ``.npy`` headers are reported as such, naming the file.
+
+inspect_file (the CLI's and mpi.read_shard's) and inspect_npy (stream.reduce's) share the
+header checks: a header that does not parse, or whose shape is negative or promises more bytes
+than the file holds (an int64 product of such a shape can wrap to 0 or below), raises one
+ValueError that names the file, never NumPy's or the tokenizer's bare exception.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+
+import numpy as np
+import pytest
+
+from multireduce._shards import inspect_file, inspect_npy
+
+CORRUPT = "not a valid .npy file (truncated or corrupt header)"
+
+
+def write_npy(path, header: str | bytes, data: bytes = b"\0" * 16, version: int = 1):
+    """Write a .npy file with the given header text (padded as NumPy pads it) and data."""
+    h = header.encode("latin1") if isinstance(header, str) else header
+    h += b" " * ((64 - (10 + len(h) + 1) % 64) % 64) + b"\n"
+    path.write_bytes(b"\x93NUMPY" + bytes([version, 0]) + len(h).to_bytes(2, "little") + h + data)
+    return path
+
+
+def header(shape, descr="<f4") -> str:
+    return repr({"descr": descr, "fortran_order": False, "shape": shape})
+
+
+@pytest.mark.parametrize("inspect", [inspect_file, inspect_npy], ids=["inspect_file", "inspect_npy"])
+@pytest.mark.parametrize(
+    "shape",
+    [
+        (2**62, 4),  # 2**64 elements: the int64 product wraps to 0
+        (2**62, 3),  # wraps to a negative count
+        (2**31, 2**31, 2**2),
+        (2**40,),  # no overflow, just far more than the file
+        (5,),  # 20 bytes of float32, 16 in the file
+    ],
+)
+def test_shape_larger_than_the_file(tmp_path, inspect, shape):
+    path = write_npy(tmp_path / "big.npy", header(shape))
+    expected = 128 + int(np.prod(shape, dtype=object)) * 4
+    with pytest.raises(ValueError) as info:
+        inspect(path)
+    message = str(info.value)
+    assert message.startswith(f"{path} is truncated or its header is corrupt: "), message
+    assert f"the header promises shape {shape} of float32 ({expected} bytes), but the file has 144 bytes" in message
+
+
+@pytest.mark.parametrize("inspect", [inspect_file, inspect_npy], ids=["inspect_file", "inspect_npy"])
+@pytest.mark.parametrize("shape", [(-1,), (4, -1), (-2, -2), (0, -1)])
+def test_negative_dimension(tmp_path, inspect, shape):
+    path = write_npy(tmp_path / "neg.npy", header(shape))
+    with pytest.raises(ValueError, match=r"neg\.npy: not a valid \.npy file \(truncated or corrupt header\): shape"):
+        inspect(path)
+
+
+def test_header_that_fits_the_file_is_accepted(tmp_path):
+    path = write_npy(tmp_path / "ok.npy", header((2, 2)))
+    for inspect in (inspect_file, inspect_npy):
+        layout = inspect(path)
+        assert (layout.kind, layout.dtype, layout.n, layout.offset) == ("npy", np.dtype("<f4"), 4, 128)
+    assert inspect_file(write_npy(tmp_path / "zero.npy", header((0, 2**62)), b"")).n == 0
+
+
+@pytest.mark.parametrize(
+    ("text", "cause"),
+    [
+        ("{'descr': '<f4', 'fortran_order': False, 'shape': (" + "(" * 500, "TokenError"),
+        ("(" * 500, "TokenError"),
+        ("{'descr': '<f4', 'fortran_order': False, 'shape': " + "1+" * 4000 + "1}", "RecursionError"),
+        ("-" * 9000 + "1", "MemoryError|RecursionError"),  # the parser's limit, by Python version
+        ("{'descr': '<f4', 'fortran_order': False, 'shape': (4,)", "TokenError"),
+        ("{'descr': '<f4', 'fortran_order': False, 'shape': (04,)}", "SyntaxError|ValueError"),
+        ("{'descr': 5, 'fortran_order': False, 'shape': (4,)}", "ValueError"),
+        ("[1, 2]", "ValueError"),
+    ],
+)
+def test_garbled_header(tmp_path, text, cause):
+    path = write_npy(tmp_path / "garbled.npy", text)
+    for inspect in (inspect_file, inspect_npy):
+        with pytest.raises(ValueError, match=rf"^{re.escape(f'{path}: {CORRUPT}: ')}({cause}): "):
+            inspect(path)
+
+
+def test_overwritten_header_bytes(tmp_path):
+    # The reviewer's case: bytes 10..20 of a good file overwritten; NumPy's Python 2 header
+    # filter then raised a bare tokenize.TokenError without the file name.
+    np.save(tmp_path / "good.npy", np.arange(10, dtype=np.float32))
+    raw = bytearray((tmp_path / "good.npy").read_bytes())
+    raw[10:20] = b"garbage{{{"
+    path = tmp_path / "corrupt_header.npy"
+    path.write_bytes(bytes(raw))
+    for inspect in (inspect_file, inspect_npy):
+        with pytest.raises(ValueError, match=r"corrupt_header\.npy: not a valid \.npy file .*TokenError"):
+            inspect(path)
+
+
+# Damaged headers make NumPy warn (Python 2 header filter) and the parser (escape sequences).
+@pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning", "ignore::SyntaxWarning")
+def test_random_header_damage_is_always_named(tmp_path):
+    # Whatever a damaged header holds, the answer is the layout or a ValueError / TypeError
+    # (unsupported dtype) that names the file: never another exception type.
+    np.save(tmp_path / "good.npy", np.arange(10, dtype=np.float32))
+    good = (tmp_path / "good.npy").read_bytes()
+    end = 10 + int.from_bytes(good[8:10], "little")
+    alphabet = b"(){}[]'\",:-0123456789abcdefLjx <>|\\\n#."
+    rng = random.Random(20240611)
+    path = tmp_path / "damaged.npy"
+    for _ in range(400):
+        raw = bytearray(good)
+        for _ in range(rng.randint(1, 6)):
+            raw[rng.randrange(8, end)] = rng.choice(alphabet) if rng.random() < 0.8 else rng.randrange(256)
+        path.write_bytes(bytes(raw))
+        for inspect in (inspect_file, inspect_npy):
+            try:
+                inspect(path)
+            except (ValueError, TypeError) as exc:
+                assert "damaged.npy" in str(exc) and "\n" not in str(exc), (bytes(raw[:end]), exc)
+
+
+def test_inspect_npy_needs_a_npy_file(tmp_path):
+    (tmp_path / "text.txt").write_text("hello world\n")
+    with pytest.raises(ValueError, match=r"text\.txt is not a \.npy file \(no NumPy magic\)"):
+        inspect_npy(tmp_path / "text.txt")
+    np.savez(tmp_path / "two.npz", a=np.ones(3))
+    with pytest.raises(TypeError, match=r"two\.npz is an \.npz archive"):
+        inspect_npy(tmp_path / "two.npz")
+    with pytest.raises(FileNotFoundError, match="missing.npy"):
+        inspect_npy(tmp_path / "missing.npy")
+    np.save(tmp_path / "obj.npy", np.array([1, "a"], dtype=object), allow_pickle=True)
+    with pytest.raises(TypeError, match="holds Python objects"):
+        inspect_npy(tmp_path / "obj.npy")
+    np.save(tmp_path / "f8.npy", np.arange(3.0))
+    with pytest.raises(TypeError, match="holds float64, but dtype float32 was requested"):
+        inspect_npy(tmp_path / "f8.npy", dtype="float32")
