@@ -132,23 +132,28 @@ def _plan(arr, op: str | Op, dtype) -> tuple[Op, np.dtype, np.dtype]:
     return plan
 
 
-def _converted(arr, result: np.dtype, acc: np.dtype, exact: bool):
-    """``arr`` with each element converted to the result dtype, where ``dtype=`` asks for it.
+def _converts(dtype: np.dtype, result: np.dtype, acc: np.dtype, exact: bool = False) -> bool:
+    """Whether a partial of ``dtype`` elements under ``dtype=`` needs them converted first.
 
     ``dtype=`` converts every element to the result dtype before it is accumulated (as the
     Array API standard and NumPy do). A reduction straight to the result converts on the fly
     (the kernels' and the CPU path's loads); a partial, accumulated and returned in the wider
-    accumulator dtype (float16 sums in float32, float32 in float64), and the exact accumulator,
-    which takes float elements only (``exact``), get a converted copy instead, made only where
-    the conversion can change a value or the input is not float.
+    accumulator dtype ``acc`` (float16 sums in float32, float32 in float64), converts to
+    ``acc`` instead, which differs where the cast to the result rounds; the exact accumulator
+    (``exact``) takes float elements only.
     """
-    if arr.dtype == result:
-        return arr
+    if dtype == result:
+        return False
     if exact:  # float elements only; a widening float conversion changes no value
-        keep = arr.dtype.kind == "f" and np.can_cast(arr.dtype, result, "safe")
-    else:  # reduced to acc, the elements are converted to acc: the same values unless the cast rounds
-        keep = result == acc or np.can_cast(arr.dtype, result, "safe")
-    return arr if keep else arr.astype(result)
+        return not (dtype.kind == "f" and np.can_cast(dtype, result, "safe"))
+    # Integer results wrap modulo 2**bits, which commutes with adding and multiplying in the
+    # wider accumulator: only a float result narrower than the accumulator can differ.
+    return result.kind == "f" and result != acc and not np.can_cast(dtype, result, "safe")
+
+
+def _converted(arr, result: np.dtype, acc: np.dtype, exact: bool):
+    """``arr`` with each element converted to ``result`` where :func:`_converts` says so (a copy)."""
+    return arr.astype(result) if _converts(arr.dtype, result, acc, exact) else arr
 
 
 def _check_correction(op: Op, correction: Any) -> float:

@@ -1590,8 +1590,9 @@ def reduce(
     if _is_dask_array(source):
         return _reduce_dask(source, op, dtype, device, budget, slot_bytes, threads, split_every, _device)
     a = _as_host_array(source)
-    result = op.result_dtype(a.dtype, None if dtype is None else np.dtype(dtype))
+    result = op.result_dtype(a.dtype, dtype)
     acc = op.accumulator_dtype(result)
+    _check_conversion(op, a.dtype, result, acc)
     if a.size == 0:
         # Nothing to move: the identity (sum) or NumPy's error (max/min), from the core.
         return core.reduce(a, op, dtype=dtype)
@@ -1600,6 +1601,22 @@ def reduce(
     plan = make_plan(a.nbytes, a.itemsize, budget=budget, slot_bytes=slot_bytes, threads=threads)
     pipeline = _pipeline(plan, device, _device)
     return pipeline.run(a, op, acc, result, plan)
+
+
+def _check_conversion(op: Op, dtype: np.dtype, result: np.dtype, acc: np.dtype) -> None:
+    """Refuse a ``dtype=`` whose per-element conversion the pipeline does not make.
+
+    ``dtype=`` converts each element first (as in :func:`multireduce.reduce`); the pipeline's
+    partials are formed in the accumulator dtype, which gives the same values except where
+    the result dtype is narrower than the accumulator and the cast to it rounds (a float16 sum
+    of int32, a float32 sum of float64): those are refused rather than answered differently.
+    """
+    if core._converts(dtype, result, acc):
+        raise NotImplementedError(
+            f"stream.reduce cannot {op.name} {dtype} with dtype={result}: that converts every element to "
+            f"{result} first (it rounds), and the pipeline adds the elements in {acc}. Convert the "
+            f"source to {result} first, or use multireduce.reduce"
+        )
 
 
 def _current_device() -> int:
@@ -1622,6 +1639,7 @@ def _reduce_dask(x, op: Op, dtype, device, budget, slot_bytes, threads, split_ev
     from . import dask as mdask
 
     op, result, acc = mdask._plan(x, op, dtype)
+    _check_conversion(op, x.dtype, result, acc)
     nbytes = 0 if math.isnan(x.nbytes) else int(x.nbytes)
     plan = make_plan(nbytes, x.dtype.itemsize, budget=budget, slot_bytes=slot_bytes, threads=threads)
     pipeline = _pipeline(plan, device, simulated)

@@ -208,6 +208,38 @@ def test_settings_are_checked_and_named(kw, exc, message):
     assert (plan.slot_bytes, plan.threads) == (4096, 2) and type(plan.slot_bytes) is int
 
 
+@pytest.mark.parametrize(
+    ("dtype", "requested", "refused"),
+    [
+        ("int32", "float16", True),
+        ("int32", "float32", True),
+        ("float64", "float32", True),
+        ("float64", "float16", True),
+        ("int8", "float16", False),  # exact casts: converting first changes nothing
+        ("float32", "float64", False),
+        ("int32", "float64", False),
+        ("int32", "int16", False),  # integers wrap the same either way
+    ],
+)
+def test_dtype_argument_that_would_convert_each_element_is_refused(dtype, requested, refused):
+    # dtype= converts each element first (multireduce.reduce's rule); the pipeline adds the
+    # elements in the accumulator dtype, which differs only where the cast to a result narrower
+    # than the accumulator rounds. Those are refused, not answered differently.
+    x = np.array([2049, -3, 2049, 77, 2049] * 50).astype(dtype)
+    if refused:
+        with pytest.raises(NotImplementedError, match=f"cannot sum {dtype} with dtype={requested}"):
+            sim_reduce(x, dtype=requested)
+        da = pytest.importorskip("dask.array")
+        with pytest.raises(NotImplementedError, match=f"cannot sum {dtype} with dtype={requested}"):
+            stream.reduce(da.from_array(x, chunks=64), dtype=requested, _device=stream.SimulatedDevice())
+        return
+    got, _ = sim_reduce(x, dtype=requested)
+    want = core.reduce(x, "sum", dtype=requested)
+    assert got.dtype == np.dtype(requested) and got == want
+    if np.dtype(requested).kind == "f":  # small integers: every partial sum is exact
+        assert float(got) == float(sum(int(v) for v in x.astype(requested)))
+
+
 def test_dense_views():
     a = np.arange(24.0).reshape(2, 3, 4)
     for dense in (a, a.T, a.transpose(1, 0, 2), np.asfortranarray(a)):
