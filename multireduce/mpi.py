@@ -93,14 +93,18 @@ class RankError(RuntimeError):
 
 def describe_failures(failures: dict[int, str], size: int | None = None) -> str:
     """One line per distinct message, naming the ranks that raised it (``"rank 1 of 4: ..."``)."""
+    return _by_rank(failures, "" if size is None else f" of {size}", " failed")
+
+
+def _by_rank(values: dict[int, str], of: str = "", verb: str = "") -> str:
+    """One line per distinct value, naming the ranks that hold it (``"ranks 0, 2: value"``)."""
     by_message: dict[str, list[int]] = {}
-    for rank, message in sorted(failures.items()):
+    for rank, message in sorted(values.items()):
         by_message.setdefault(message, []).append(rank)
-    of = "" if size is None else f" of {size}"
     lines = []
     for message, ranks in by_message.items():
         who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {_rank_list(ranks)}"
-        lines.append(f"{who}{of} failed: {message}")
+        lines.append(f"{who}{of}{verb}: {message}")
     return "\n".join(lines)
 
 
@@ -146,16 +150,52 @@ def _raise_everywhere(comm, exc: BaseException) -> None:
     raise _mark(exc, dict.fromkeys(range(comm.Get_size()), _describe(exc)))
 
 
-def _agree(comm, static: _Static | None, meta: np.ndarray, error, *, empty_error=None) -> None:
+def _raise_mismatch(comm, name: str, local: Any, exc_type: type[Exception]) -> None:
+    """Raise ``exc_type("NAME differs across ranks:")`` on every rank, listing each rank's value.
+
+    Collective: call it on every rank once the agreement has shown that ``name`` differs
+    (the agreement's result is the same on every rank, so all of them get here).
+    """
+    listing = _by_rank(dict(enumerate(comm.allgather(str(local)))))
+    _raise_everywhere(comm, exc_type(f"{name} differs across ranks:\n{listing}"))
+
+
+def _agree_values(comm, error: BaseException | None, checks: list[tuple[str, int, Any, type[Exception]]]) -> None:
+    """:func:`agree` on ``error`` and on values that must be equal on every rank, in one Allreduce.
+
+    ``checks`` holds ``(name, code, shown, exc_type)`` per value, as many on every rank:
+    ``code`` is an int64 that two ranks share exactly when their values are equal, ``shown``
+    what the error lists for this rank (a rank that failed may pass anything: its failure is
+    raised first). Each code travels with its complement, as in :func:`_meta`, so that MAX
+    gives both the largest and the smallest code over the ranks. The first value that differs
+    raises ``exc_type`` on every rank (:func:`_raise_mismatch`).
+    """
+    meta = np.zeros(1 + 2 * len(checks), dtype=np.int64)
+    meta[0] = error is not None
+    for i, (_, code, _, _) in enumerate(checks):
+        meta[1 + 2 * i], meta[2 + 2 * i] = code, ~code
+    comm.Allreduce(MPI.IN_PLACE, meta, op=MPI.MAX)
+    if meta[0]:
+        _raise_failures(comm, error)
+    for i, (name, _, shown, exc_type) in enumerate(checks):
+        if meta[1 + 2 * i] != ~meta[2 + 2 * i]:
+            _raise_mismatch(comm, name, shown, exc_type)
+
+
+def _agree(
+    comm, static: _Static | None, meta: np.ndarray, error, *, empty_error=None, options: tuple = (False, 0.0)
+) -> None:
     """The agreement Allreduce of ``meta`` (in place, :func:`_meta`), then what it decided.
 
-    On every rank alike: the failures if any rank failed, a dtype/op/``dtype=`` mismatch across
-    ranks, and ``empty_error()`` (if given) if every shard is empty.
+    On every rank alike: the failures if any rank failed, a mismatch across ranks of the input
+    dtype, the op, ``dtype=``, ``reproducible=`` or ``correction=`` (``options`` is this rank's
+    ``(reproducible, correction)``, for the message), and ``empty_error()`` (if given) if every
+    shard is empty.
     """
     comm.Allreduce(MPI.IN_PLACE, meta, op=MPI.MAX)
     if meta[0]:
         _raise_failures(comm, error)
-    _check_agreement(comm, static, meta)
+    _check_agreement(comm, static, meta, options)
     if empty_error is not None and not meta[7]:
         _raise_everywhere(comm, empty_error())
 
@@ -242,10 +282,17 @@ class _Plan:
     count: int
     on_gpu: bool
     device: int | None
+    # The arguments that the agreement checks beyond _Static's codes (see _meta).
+    reproducible: bool = False
+    correction: float = 0.0
 
     @property
     def op(self) -> Op:
         return self.static.op
+
+    @property
+    def options(self) -> tuple[bool, float]:
+        return self.reproducible, self.correction
 
 
 def _plan(x: Any, op, dtype) -> tuple[_Plan, Any]:
@@ -263,9 +310,8 @@ def _local_partial(x: Any, plan: _Plan):
             # The kernel writes the partial straight into a pinned host slot (_Staging.slot).
             return core.partial(x, plan.op.name, out=_Staging.slot(plan))
         return core.partial(x, plan.op)
-    # dtype= changes the accumulator (e.g. int input summed as float16 accumulates in
-    # float32), so the partial is a reduction to the accumulator dtype of the requested one.
-    return core.reduce(x, plan.op, dtype=plan.static.acc)
+    # dtype= converts the elements first, and the partial is in its accumulator dtype.
+    return core.partial(x, plan.op, dtype=plan.static.requested)
 
 
 def allreduce(
@@ -304,13 +350,14 @@ def allreduce(
         Result dtype, for sum, prod and nansum only (as :func:`multireduce.reduce`); the
         same on every rank.
     correction : float, optional
-        For var and std, as in :func:`multireduce.var`.
+        For var and std, as in :func:`multireduce.var`; the same on every rank (compared
+        exactly, by value: -0.0 and 0.0 are the same).
     reproducible : bool, optional
-        The same on every rank. For float sum and mean: each rank forms the exact sum of its
-        shard (:class:`multireduce._exact.ExactSum`), the integer limbs are added by one
-        integer ``MPI_SUM`` (exact, so independent of rank count, split and combine order),
-        and the total is rounded once: the result is bitwise identical to
-        ``multireduce.sum(concatenation, reproducible=True)`` on one rank.
+        The same on every rank (compared as a bool, for every op). For float sum and mean:
+        each rank forms the exact sum of its shard (:class:`multireduce._exact.ExactSum`), the
+        integer limbs are added by one integer ``MPI_SUM`` (exact, so independent of rank
+        count, split and combine order), and the total is rounded once: the result is bitwise
+        identical to ``multireduce.sum(concatenation, reproducible=True)`` on one rank.
 
     Returns
     -------
@@ -326,8 +373,10 @@ def allreduce(
         unsupported dtype.
     ValueError
         On every rank for max, min, nanmax, nanmin, argmin, argmax when all shards are empty
-        (NumPy's message); on a rank given an unknown op, or on every rank if the ranks' ops
-        differ.
+        (NumPy's message); on a rank given an unknown op; on every rank if the ranks' ops
+        differ, or their ``reproducible=`` (``"reproducible= differs across ranks"``) or
+        ``correction=`` (``"correction= differs across ranks"``); the message lists each
+        rank's value.
     RankError
         On the other ranks when some rank raised.
 
@@ -369,12 +418,18 @@ def allreduce(
     try:
         plan, x = _plan(x_local, op, dtype)
         correction = core._check_correction(plan.op, correction)
-        exact = reproducible and plan.op.name in ("sum", "mean") and plan.static.in_dtype.kind == "f"
-        if exact:  # decided from (op, dtype), which the first Allreduce checks across ranks
-            # dtype= only chooses the final rounding: the exact sum of the inputs is the same.
-            partial = core.partial(x, plan.op, reproducible=True)
+        plan.reproducible, plan.correction = bool(reproducible), correction  # agreed across ranks
+        st = plan.static
+        exact = reproducible and (
+            (st.op.name == "sum" and st.result.kind == "f") or (st.op.name == "mean" and st.in_dtype.kind == "f")
+        )
+        if exact:  # decided from (op, dtype, dtype=), which the first Allreduce checks across ranks
+            # Of the elements converted as dtype= asks, as the core does.
+            partial = core.partial(x, plan.op, dtype=st.requested, reproducible=True)
         elif plan.op.kind != "fold":
             state = core.partial(x, plan.op, reproducible=reproducible)
+        elif reproducible:
+            core._needs_exact(st.in_dtype, st.op, st.result, True)  # the core's refusals (prod, nansum)
     except Exception as exc:  # agreed with the other ranks in _combine, then re-raised
         error = exc
     if exact:
@@ -391,7 +446,7 @@ def allreduce(
 
 def _combine_exact(comm, plan: _Plan, acc, error):
     """Agree, then add every rank's exact accumulator with one integer Allreduce."""
-    _agree(comm, plan.static, _meta(plan, error), error)
+    _agree(comm, plan.static, _meta(plan, error), error, options=plan.options)
     _transport_counts["host"] += 1
     # Normalized limbs are below 2**32, so up to 2**31 ranks add without overflow.
     packed = acc.normalize().to_array()
@@ -422,7 +477,8 @@ def stats(x_local: Any, *, comm=None, correction: float = 0.0) -> _stats.Stats:
         state comes from the fused GPU moments kernel.
     comm : mpi4py.MPI.Comm, optional
     correction : float, optional
-        For the variance, as in :func:`multireduce.var`.
+        For the variance, as in :func:`multireduce.var`; the same on every rank (compared
+        exactly, by value).
 
     Returns
     -------
@@ -434,8 +490,12 @@ def stats(x_local: Any, *, comm=None, correction: float = 0.0) -> _stats.Stats:
 
     Raises
     ------
+    TypeError
+        On every rank if the ranks' dtypes differ; on a rank with an unsupported dtype or a
+        ``correction`` that is not a real number.
     ValueError
-        On every rank if all shards are empty.
+        On every rank if all shards are empty, or if ``correction`` differs across ranks
+        (``"correction= differs across ranks"``, listing each rank's).
     RankError
         On the other ranks when some rank raised.
     """
@@ -444,6 +504,7 @@ def stats(x_local: Any, *, comm=None, correction: float = 0.0) -> _stats.Stats:
     try:
         plan, x = _plan(x_local, "mean", None)
         correction = core._check_correction(get_op("var"), correction)
+        plan.correction = correction  # agreed across ranks
         state = core.partial(x, "mean")
     except Exception as exc:  # agreed with the other ranks in _combine, then re-raised
         error = exc
@@ -467,7 +528,7 @@ def _combine_states(comm, plan: _Plan, state, correction: float, *, finalize: bo
     """
     st = plan.static
     empty_error = _stats.empty_stats_error if stats else (None if st.op.empty_allowed else st.op.empty_error)
-    _agree(comm, st, _meta(plan, None), None, empty_error=empty_error)
+    _agree(comm, st, _meta(plan, None), None, empty_error=empty_error, options=plan.options)
     _transport_counts["host"] += 1
     # One layout on every rank (an empty shard's arg state holds an int64 placeholder value).
     layout = (_stats.moments_dtype if st.op.kind == "moments" else _stats.arg_dtype)(st.in_dtype)
@@ -744,42 +805,75 @@ def _from_host(value: np.generic, plan: _Plan):
     return out
 
 
+#: The agreement's slots: 0 the error flag; 1-6 the codes of (input dtype, op, dtype=), each
+#: followed by its complement; 7 whether the shard is non-empty; 8 the max/min key; 9-12 the
+#: codes of reproducible= and correction= with their complements (_option_codes).
+_META_SIZE = 13
+#: The (code, ~code) pairs of the agreement, in the order they are checked: slot, the name in
+#: the error, and the error's type.
+_AGREED = (
+    (1, "input dtype", TypeError),
+    (3, "op", ValueError),
+    (5, "dtype=", TypeError),
+    (9, "reproducible=", ValueError),
+    (11, "correction=", ValueError),
+)
+
+
+def _option_codes(reproducible: bool, correction: float) -> tuple[int, int, int, int]:
+    """Slots 9-12 of the agreement: ``reproducible`` and the bits of ``correction``, with complements.
+
+    ``correction`` is compared exactly, by its bits, except that -0.0 counts as 0.0 and every
+    NaN as one NaN (they give the same results).
+    """
+    correction = float(correction) + 0.0  # -0.0 + 0.0 is +0.0
+    if correction != correction:
+        correction = float("nan")
+    bits = int(np.float64(correction).view(np.int64))
+    return int(reproducible), ~int(reproducible), bits, ~bits
+
+
+_DEFAULT_OPTION_CODES = _option_codes(False, 0.0)
+
+
 @functools.lru_cache(maxsize=256)
 def _meta_template(codes: tuple[int, int, int]) -> np.ndarray:
-    meta = np.zeros(9, dtype=np.int64)
+    meta = np.zeros(_META_SIZE, dtype=np.int64)
     for i, code in enumerate(codes):
         meta[1 + 2 * i] = code
         meta[2 + 2 * i] = ~code
+    meta[9:13] = _DEFAULT_OPTION_CODES  # the default arguments, as the per-call path has them
     return meta
 
 
 def _meta(plan: _Plan | None, error) -> np.ndarray:
     # The agreement travels as int64 under MAX: a code c and its complement ~c give both the
     # largest and (as ~max(~c)) the smallest code over ranks, so "all equal" is one Allreduce.
-    # Slot 8 carries the max/min key, which reduces with MAX too.
+    # Slot 8 carries the max/min key, which reduces with MAX too. See _META_SIZE.
     if plan is None:
-        meta = np.zeros(9, dtype=np.int64)
+        meta = np.zeros(_META_SIZE, dtype=np.int64)
     else:
         meta = _meta_template(plan.static.codes).copy()
         meta[7] = plan.count > 0
+        if plan.reproducible or plan.correction:
+            meta[9:13] = _option_codes(plan.reproducible, plan.correction)
     meta[0] = error is not None
     return meta
 
 
-def _check_agreement(comm, static: _Static, meta: np.ndarray) -> None:
-    m = meta[1:7].tolist()
-    if m[0] == ~m[1] and m[2] == ~m[3] and m[4] == ~m[5]:
+def _check_agreement(comm, static: _Static, meta: np.ndarray, options: tuple = (False, 0.0)) -> None:
+    """Raise on every rank alike if the agreed ``meta`` shows a code that differs across ranks.
+
+    ``options`` is this rank's ``(reproducible, correction)``, listed in the error.
+    """
+    m = meta.tolist()
+    if m[1] == ~m[2] and m[3] == ~m[4] and m[5] == ~m[6] and m[9] == ~m[10] and m[11] == ~m[12]:
         return  # the common case, in Python ints
-    names = ("input dtype", "op", "dtype=")
-    for i, name in enumerate(names):
-        if meta[1 + 2 * i] != ~meta[2 + 2 * i]:
-            st = static
-            local = (st.in_dtype.name, st.op.name, None if st.requested is None else st.requested.name)[i]
-            values = comm.allgather(local)
-            listing = describe_failures({r: str(v) for r, v in enumerate(values)}).replace(" failed:", ":")
-            exc_type = ValueError if name == "op" else TypeError
-            message = f"{name} differs across ranks:\n{listing}"
-            _raise_everywhere(comm, exc_type(message))
+    st = static
+    local = (st.in_dtype.name, st.op.name, None if st.requested is None else st.requested.name, *options)
+    for (slot, name, exc_type), value in zip(_AGREED, local, strict=True):
+        if m[slot] != ~m[slot + 1]:
+            _raise_mismatch(comm, name, value, exc_type)
 
 
 def _combine(comm, plan: _Plan | None, partial, error):
@@ -800,7 +894,8 @@ def _combine(comm, plan: _Plan | None, partial, error):
         meta = _meta(plan, error)
     # plan is None only where this rank failed, and then _agree raises before the empty check.
     empty_error = None if plan is None or plan.op.empty_allowed else plan.op.empty_error
-    _agree(comm, None if plan is None else plan.static, meta, error, empty_error=empty_error)
+    static, options = (None, (False, 0.0)) if plan is None else (plan.static, plan.options)
+    _agree(comm, static, meta, error, empty_error=empty_error, options=options)
     st = plan.static
     if use_device:
         return _combine_on_device(comm, plan, partial)
@@ -1017,29 +1112,65 @@ def select_device(comm=None, *, device: int | None = None) -> int:
     By default each rank takes device ``local_rank % device_count``, so that the ranks on a
     node spread over its GPUs (and share them when there are more ranks than GPUs).
     ``device=``, or else the environment variable ``MULTIREDUCE_DEVICE``, overrides it.
-    Collective (the node-local rank needs ``Split_type``), even when overridden.
+    Collective (the node-local rank needs ``Split_type``), even when overridden; the errors
+    below are raised on the rank that has them, after that collective.
 
     Raises
     ------
     RuntimeError
         If CuPy sees no GPU.
+    TypeError
+        If ``device=`` is not an integer (a bool, a float or a string is not a device ordinal).
     ValueError
-        If the requested device does not exist.
+        If ``device=`` or ``MULTIREDUCE_DEVICE`` is not a device of this node (an integer
+        from 0 to the device count - 1), or ``MULTIREDUCE_DEVICE`` is not an integer; the
+        message names which of the two was wrong.
     """
     local, _ = local_rank(comm)
-    import cupy
-
-    count = cupy.cuda.runtime.getDeviceCount()
+    count = _device_count()
     if count < 1:
         raise RuntimeError("select_device: CuPy sees no CUDA device")
-    if device is None and os.environ.get(DEVICE_ENV, "").strip():
-        device = int(os.environ[DEVICE_ENV])
+    device = _requested_device(device, count, os.environ)
     if device is None:
         device = local % count
-    if not 0 <= device < count:
-        raise ValueError(f"device {device} does not exist; this node has {count} CUDA device(s)")
-    cupy.cuda.Device(device).use()
+    _use_device(device)
     return device
+
+
+def _device_count() -> int:
+    import cupy
+
+    return cupy.cuda.runtime.getDeviceCount()
+
+
+def _use_device(device: int) -> None:
+    import cupy
+
+    cupy.cuda.Device(device).use()
+
+
+def _requested_device(device: Any, count: int, environ) -> int | None:
+    """The device that ``device=``, or else ``MULTIREDUCE_DEVICE`` in ``environ``, asks for.
+
+    ``None`` if neither does. Raises :func:`select_device`'s TypeError and ValueErrors.
+    """
+    valid = f"an integer device ordinal from 0 to {count - 1} (this node has {count} CUDA device(s))"
+    if device is not None:
+        if isinstance(device, bool) or not isinstance(device, int | np.integer):
+            raise TypeError(f"select_device: device= must be {valid}, not {device!r}")
+        source = "select_device: device="
+    else:
+        text = environ.get(DEVICE_ENV, "").strip()
+        if not text:
+            return None
+        try:
+            device = int(text)
+        except ValueError:
+            raise ValueError(f"{DEVICE_ENV}={environ[DEVICE_ENV]!r}: it must be {valid}") from None
+        source = f"{DEVICE_ENV}="
+    if not 0 <= device < count:
+        raise ValueError(f"{source}{int(device)}: device {int(device)} does not exist; it must be {valid}")
+    return int(device)
 
 
 def shard(n: int, comm=None) -> slice:
@@ -1066,26 +1197,44 @@ def read_shard(path: str | os.PathLike, *, dtype: Any = None, n: int | None = No
     dtype : dtype, optional
         Required for raw files; for ``.npy`` files it must match if given.
     n : int, optional
-        Raw files only: use the first ``n`` elements (default: the whole file).
+        Raw files only: use the first ``n`` elements (default: the whole file). Every rank
+        must split the same number of elements of the same dtype (this is checked).
 
     Raises
     ------
     FileNotFoundError
         If the file does not exist.
     TypeError
-        For a ``.npy`` of Python objects or of an unsupported dtype, or a dtype mismatch.
+        For a ``.npy`` of Python objects or of an unsupported dtype, or a dtype mismatch; on
+        every rank if the ranks' files (or ``dtype=``) give different dtypes
+        (``"read_shard: dtype differs across ranks"``, listing each rank's).
     ValueError
-        For a truncated file, or a raw file without ``dtype``.
+        For a truncated file, or a raw file without ``dtype``; on every rank if the number of
+        elements that the ranks split differs across them (their ``n=``, or the lengths of
+        their files), listing each rank's count, ``n=`` and path: the shards would overlap or
+        leave gaps.
     RankError
         On the other ranks when one rank failed.
     """
     comm = _comm(comm)
     error = None
     shard_data = None
+    dtype_code = count = 0  # what a rank that failed passes (its failure is raised first)
+    dtype_name = split = None
     try:
         layout = inspect_file(path, dtype=dtype, n=n)
+        dtype_code, count = _DTYPE_CODES[layout.dtype], layout.n
+        dtype_name, split = layout.dtype.name, f"{layout.n} (n={n!r}, {layout.path})"
         shard_data = _read_layout_shard(layout, comm.Get_rank(), comm.Get_size())
     except Exception as exc:  # agreed below, then re-raised on this rank
         error = exc
-    agree(error, comm)
+    # One Allreduce, as agree(): the failures first, then the split that every rank must share.
+    _agree_values(
+        comm,
+        error,
+        [
+            ("read_shard: dtype", dtype_code, dtype_name, TypeError),
+            ("read_shard: the number of elements to split", count, split, ValueError),
+        ],
+    )
     return shard_data

@@ -1,13 +1,16 @@
 """The MPI layer's pure parts, tested in-process without starting MPI.
 
 Sharding, file layouts, the order-independent max/min encoding, and the CUDA-aware decision
-with both answers.
+with both answers. At the end, a few two-rank jobs (marked ``mpi``): arguments that differ
+across ranks must end the call on every rank with an error that names them.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import pickle
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +20,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from mpi_scripts.launch import run
 
 from multireduce import get_op
 from multireduce._shards import inspect_file, read_shard, shard_counts, shard_range
@@ -410,6 +414,11 @@ def test_per_call_path_entry_for_every_fold_op_and_dtype(monkeypatch, op, dt, gp
     assert entry.arith == (get_op(op).mpi_name in ("SUM", "PROD"))
     assert entry.meta[7] == 1 and entry.meta[0] == 0
     assert entry.meta[1:7].tolist() == mpi._meta_template(static.codes)[1:7].tolist()
+    # The per-call path has the default reproducible= and correction=, as the general path's
+    # agreement encodes them (so that a rank on either path agrees with the other).
+    assert entry.meta[9:].tolist() == list(mpi._option_codes(False, 0.0))
+    plan = mpi._Plan(static, 3, gpu, 0 if gpu else None)
+    assert mpi._meta(plan, None)[9:].tolist() == entry.meta[9:].tolist()
     if gpu:
         assert entry.partial.dtype == static.acc and entry.host_in.dtype == static.acc
         out, box = entry.results.take(static.result)
@@ -532,3 +541,242 @@ def test_per_call_path_failure_goes_through_the_agreement(monkeypatch):
     assert list(mpi.rank_failures(info.value)) == [0]
     monkeypatch.undo()
     assert mpi.allreduce(np.ones(3), "sum") == 3.0  # and the next call works
+
+
+@pytest.mark.parametrize("reproducible", [False, True])
+def test_dtype_argument_converts_each_element_first(reproducible):
+    # As multireduce.reduce (at one rank, in process): 2049 is 2048 in float16; 2**-24 + 2**-50
+    # is 2**-24 in float32, and then 1 + 2**-24 is a tie, rounded to even.
+    mpi = pytest.importorskip("multireduce.mpi")
+    x = np.array([2049, 2049, 2049], dtype=np.int32)
+    got = mpi.allreduce(x, "sum", dtype=np.float16, reproducible=reproducible)
+    assert got.dtype == np.float16 and float(got) == 6144.0 == float(np.sum(x, dtype=np.float16))
+    y = np.array([1.0, 2.0**-24 + 2.0**-50])
+    got = mpi.allreduce(y, "sum", dtype=np.float32, reproducible=reproducible)
+    assert got.dtype == np.float32 and float(got) == 1.0
+    got = mpi.allreduce(np.arange(5), "sum", dtype=np.float32, reproducible=reproducible)  # int input
+    assert got.dtype == np.float32 and float(got) == 10.0
+
+
+def test_reproducible_refusals_match_the_core():
+    mpi = pytest.importorskip("multireduce.mpi")
+    for op in ("prod", "nansum"):
+        with pytest.raises(NotImplementedError, match=f"not available for op '{op}'"):
+            mpi.allreduce(np.arange(5.0), op, reproducible=True)
+    assert mpi.allreduce(np.arange(5), "max", reproducible=True) == 4  # order-free: unchanged
+
+
+# ------------------------------------------------------------ arguments agreed across ranks
+
+
+def test_option_codes_compare_correction_exactly():
+    # correction= is agreed by its bits (slots 9-12 of the agreement): values that give the
+    # same results share a code, any other difference does not.
+    mpi = pytest.importorskip("multireduce.mpi")
+    codes = mpi._option_codes
+    assert codes(False, -0.0) == codes(False, 0.0) == mpi._DEFAULT_OPTION_CODES
+    assert codes(False, math.nan) == codes(False, -math.nan) == codes(False, float(np.float32("nan")))
+    assert codes(False, 1.0) == codes(False, 1) == codes(False, np.float64(1.0))
+    assert codes(False, 1.0) != codes(False, np.nextafter(1.0, 2.0))
+    assert codes(False, 0.0) != codes(False, 5e-324) and codes(True, 0.0) != codes(False, 0.0)
+    for reproducible, correction in [(True, 1.0), (False, -2.5), (True, math.inf), (False, math.nan)]:
+        r, not_r, bits, not_bits = codes(reproducible, correction)
+        assert (r, bits) == (~not_r, ~not_bits)
+    plan = mpi._Plan(mpi._static(get_op("var"), np.dtype(np.float64), None), 3, False, None, True, 1.0)
+    assert mpi._meta(plan, None)[9:].tolist() == list(codes(True, 1.0))
+
+
+def _fake_devices(monkeypatch, count):
+    """select_device on a node with ``count`` GPUs, without CuPy: returns the devices it used."""
+    mpi = pytest.importorskip("multireduce.mpi")
+    used = []
+    monkeypatch.setattr(mpi, "_device_count", lambda: count)
+    monkeypatch.setattr(mpi, "_use_device", used.append)
+    monkeypatch.delenv(mpi.DEVICE_ENV, raising=False)
+    return mpi, used
+
+
+@pytest.mark.parametrize(
+    ("env", "device", "want"), [(None, None, 0), (" ", None, 0), ("1", None, 1), (" 1 ", None, 1), ("abc", 1, 1)]
+)
+def test_select_device_takes_device_or_env_or_local_rank(monkeypatch, env, device, want):
+    mpi, used = _fake_devices(monkeypatch, 2)
+    if env is not None:
+        monkeypatch.setenv(mpi.DEVICE_ENV, env)
+    assert mpi.select_device(device=device) == want  # one rank: local rank 0
+    assert used == [want]
+    assert mpi.select_device(device=np.int64(1)) == 1
+
+
+@pytest.mark.parametrize("env", ["abc", "1.0", "0x1", "one"])
+def test_select_device_names_an_unparsable_env_var(monkeypatch, env):
+    mpi, used = _fake_devices(monkeypatch, 2)
+    monkeypatch.setenv(mpi.DEVICE_ENV, env)
+    with pytest.raises(
+        ValueError, match=rf"^MULTIREDUCE_DEVICE='{env}': it must be an integer device ordinal from 0 to 1 "
+    ):
+        mpi.select_device()
+    assert not used
+
+
+@pytest.mark.parametrize("env", ["2", "-1", "99"])
+def test_select_device_names_an_env_var_out_of_range(monkeypatch, env):
+    mpi, used = _fake_devices(monkeypatch, 2)
+    monkeypatch.setenv(mpi.DEVICE_ENV, env)
+    with pytest.raises(
+        ValueError,
+        match=rf"^MULTIREDUCE_DEVICE={env}: device {env} does not exist; it must be an "
+        r"integer device ordinal from 0 to 1 \(this node has 2 CUDA device\(s\)\)$",
+    ):
+        mpi.select_device()
+    assert not used
+
+
+@pytest.mark.parametrize("device", ["1", 2.5, 1.0, True, b"1"])
+def test_select_device_refuses_a_device_that_is_not_an_integer(monkeypatch, device):
+    mpi, used = _fake_devices(monkeypatch, 2)
+    with pytest.raises(
+        TypeError,
+        match=rf"^select_device: device= must be an integer device ordinal from 0 to 1 .*"
+        rf"not {re.escape(repr(device))}$",
+    ):
+        mpi.select_device(device=device)
+    assert not used
+
+
+@pytest.mark.parametrize("device", [2, -1, np.int32(7)])
+def test_select_device_names_a_device_argument_out_of_range(monkeypatch, device):
+    mpi, used = _fake_devices(monkeypatch, 2)
+    with pytest.raises(
+        ValueError,
+        match=rf"^select_device: device={device}: device {device} does not exist; "
+        "it must be an integer device ordinal from 0 to 1",
+    ):
+        mpi.select_device(device=device)
+    assert not used
+
+
+# Run under mpiexec: ``python SCRIPT CASE TMPDIR``. Each rank calls the case's function; rank 0
+# prints ``RESULTS`` and the JSON list of every rank's outcome: the exception (type, message,
+# the ranks rank_failures names) or the value.
+_RANKS_SCRIPT = r"""
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+import multireduce
+from multireduce import mpi
+
+COMM = mpi.MPI.COMM_WORLD
+RANK, SIZE = COMM.Get_rank(), COMM.Get_size()
+FIRST = RANK == 0
+x = np.arange(6, dtype=np.float64) + 10 * RANK
+raw = Path(sys.argv[2]) / "x.raw"
+if FIRST:
+    np.arange(10, dtype=np.float64).tofile(raw)
+COMM.Barrier()
+
+
+def agreeing():
+    stats = mpi.stats(x, correction=1.0)
+    return {
+        "var1": float(mpi.allreduce(x, "var", correction=1.0)),
+        "std1": float(mpi.allreduce(x, "std", correction=1.0)),
+        "stats_var1": float(stats.var),
+        "signed_zero_var": float(mpi.allreduce(x, "var", correction=0.0 if FIRST else -0.0)),
+        "exact_sum": float(mpi.allreduce(x, "sum", reproducible=True)),
+        "exact_mean": float(mpi.allreduce(x, "mean", reproducible=True)),
+        "max": float(mpi.allreduce(x, "max", reproducible=True)),
+        "shard": mpi.read_shard(raw, dtype="float64", n=7).tolist(),
+        "shard_n_none": mpi.read_shard(raw, dtype="float64", n=None if FIRST else 10).tolist(),
+    }
+
+
+CASES = {
+    "reproducible-mean": lambda: mpi.allreduce(x, "mean", reproducible=FIRST),
+    "reproducible-sum": lambda: mpi.allreduce(x, "sum", reproducible=FIRST),
+    "reproducible-max": lambda: mpi.allreduce(x, "max", reproducible=not FIRST),
+    "correction-var": lambda: mpi.allreduce(x, "var", correction=0.0 if FIRST else 1.0),
+    "correction-std": lambda: mpi.allreduce(x, "std", correction=1.0 if FIRST else 1.5),
+    "correction-stats": lambda: mpi.stats(x, correction=0.0 if FIRST else 1.0),
+    "read_shard-n": lambda: mpi.read_shard(raw, dtype="float64", n=10 if FIRST else 6),
+    "read_shard-dtype": lambda: mpi.read_shard(raw, dtype="float64" if FIRST else "int64"),
+    "agreeing": agreeing,
+}
+
+try:
+    value = CASES[sys.argv[1]]()
+except Exception as exc:
+    failures = mpi.rank_failures(exc)
+    out = {"type": type(exc).__name__, "message": str(exc), "failures": None if failures is None else sorted(failures)}
+else:
+    out = {"value": value if isinstance(value, dict) else repr(value)}
+every = COMM.gather(out, root=0)
+if FIRST:
+    print("RESULTS", json.dumps(every), flush=True)
+"""
+
+
+def _on_two_ranks(mpiexec, tmp_path, case: str) -> list[dict]:
+    """Every rank's outcome of ``case`` in _RANKS_SCRIPT, run by two ranks; the job must end at once."""
+    script = tmp_path / "ranks.py"
+    script.write_text(_RANKS_SCRIPT)
+    done = run(mpiexec, 2, [str(script), case, str(tmp_path)], timeout=60)  # a hang fails here
+    assert done.returncode == 0, done.output
+    assert done.seconds < 30, done.output
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULTS ")]
+    assert len(lines) == 1, done.output
+    return json.loads(lines[0].removeprefix("RESULTS "))
+
+
+_DIFFERING = {
+    # The ranks take different paths here: the exact limbs' Allreduce against the moments'
+    # Allgather (this hung), the exact path against the per-call path (MPI aborted with
+    # "Message truncated"), the general path against the per-call path.
+    "reproducible-mean": (ValueError, "reproducible= differs across ranks", ["rank 0: True", "rank 1: False"]),
+    "reproducible-sum": (ValueError, "reproducible= differs across ranks", ["rank 0: True", "rank 1: False"]),
+    "reproducible-max": (ValueError, "reproducible= differs across ranks", ["rank 0: False", "rank 1: True"]),
+    # These gave each rank a different result.
+    "correction-var": (ValueError, "correction= differs across ranks", ["rank 0: 0.0", "rank 1: 1.0"]),
+    "correction-std": (ValueError, "correction= differs across ranks", ["rank 0: 1.0", "rank 1: 1.5"]),
+    "correction-stats": (ValueError, "correction= differs across ranks", ["rank 0: 0.0", "rank 1: 1.0"]),
+    # These read overlapping shards, or the same bytes as different dtypes.
+    "read_shard-n": (
+        ValueError,
+        "read_shard: the number of elements to split differs across ranks",
+        ["rank 0: 10 (n=10, {raw})", "rank 1: 6 (n=6, {raw})"],
+    ),
+    "read_shard-dtype": (TypeError, "read_shard: dtype differs across ranks", ["rank 0: float64", "rank 1: int64"]),
+}
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("case", list(_DIFFERING))
+def test_arguments_that_differ_across_ranks_raise_on_every_rank(mpiexec, tmp_path, case):
+    exc_type, headline, listing = _DIFFERING[case]
+    listing = [line.format(raw=tmp_path / "x.raw") for line in listing]
+    outcomes = _on_two_ranks(mpiexec, tmp_path, case)
+    assert len(outcomes) == 2
+    for got in outcomes:
+        assert got.get("type") == exc_type.__name__, outcomes
+        assert got["message"].splitlines() == [f"{headline}:", *listing], outcomes
+        assert got["failures"] == [0, 1], outcomes  # agreed: every rank raised it (rank_failures)
+
+
+@pytest.mark.mpi
+def test_arguments_that_agree_across_ranks_still_work(mpiexec, tmp_path):
+    everything = np.concatenate([np.arange(6, dtype=np.float64) + 10 * r for r in range(2)])
+    outcomes = _on_two_ranks(mpiexec, tmp_path, "agreeing")
+    assert all("value" in got for got in outcomes), outcomes
+    first, second = (got["value"] for got in outcomes)
+    assert first.pop("shard") == [0, 1, 2, 3] and second.pop("shard") == [4, 5, 6]
+    assert first.pop("shard_n_none") == [0, 1, 2, 3, 4] and second.pop("shard_n_none") == [5, 6, 7, 8, 9]
+    assert first == second
+    assert first["var1"] == pytest.approx(np.var(everything, ddof=1), rel=1e-12)
+    assert first["std1"] == pytest.approx(np.std(everything, ddof=1), rel=1e-12)
+    assert first["stats_var1"] == first["var1"]
+    assert first["signed_zero_var"] == pytest.approx(np.var(everything), rel=1e-12)
+    assert first["exact_sum"] == everything.sum() and first["exact_mean"] == everything.mean()
+    assert first["max"] == everything.max()
