@@ -7,7 +7,7 @@ Run with ``mpirun -n 1|2 python scripts/diag_combine.py``. For each shard length
 synchronized, all ranks meet in a ``Barrier``, then each rank times
 
 ``sync``        an (idle) stream synchronization, as the layer's staging does
-``agree``       the agreement ``Allreduce`` (9 x int64, MAX)
+``agree``       the agreement ``Allreduce`` (``mpi._META_SIZE`` x int64, MAX)
 ``value``       the value ``Allreduce`` (1 x float64, SUM)
 ``upload``      the result's 0-d device array and its copy from pinned memory (no wait)
 ``done``        the stream synchronization that waits for that copy
@@ -43,7 +43,7 @@ def main() -> int:
     rank, size = comm.Get_rank(), comm.Get_size()
     mpi.select_device(comm)
     stream = cupy.cuda.get_current_stream()
-    meta = np.zeros(9, dtype=np.int64)
+    meta = np.zeros(mpi._META_SIZE, dtype=np.int64)
     value = np.zeros(1, dtype=np.float64)
 
     def one(x, idle: float) -> list[float]:

@@ -29,7 +29,7 @@ GPU followed by a stream synchronization:
 ``allreduce mean``     ``multireduce.mpi.allreduce(x, "mean")``
 ``local argmax (state)`` ``core.partial(x, "argmax")``: the arg kernel, its state on the host
 ``allreduce argmax``   ``multireduce.mpi.allreduce(x, "argmax")``
-``Allreduce 8B/72B``   ``comm.Allreduce`` of a host buffer alone (MPI's floor)
+``Allreduce 8B/104B``  ``comm.Allreduce`` of a host buffer alone (MPI's floor; 104 B is the agreement's size)
 
 Rank 0 then prints a cProfile (by own time) of each of :data:`PROFILED`.
 
@@ -275,9 +275,9 @@ def main() -> int:
     cases["allreduce mean"] = mean_call
     cases["local argmax (state)"] = lambda: core.partial(x, "argmax")
     cases["allreduce argmax"] = argmax_call
-    buf8, buf72 = np.zeros(1), np.zeros(9, dtype=np.int64)
+    buf8, agreement = np.zeros(1), np.zeros(mpi._META_SIZE, dtype=np.int64)
     cases["Allreduce 8B"] = lambda: comm.Allreduce(MPI.IN_PLACE, buf8, op=MPI.SUM)
-    cases["Allreduce 72B"] = lambda: comm.Allreduce(MPI.IN_PLACE, buf72, op=MPI.MAX)
+    cases[f"Allreduce {agreement.nbytes}B"] = lambda: comm.Allreduce(MPI.IN_PLACE, agreement, op=MPI.MAX)
 
     for fn in cases.values():  # warm up: compile, connect
         for _ in range(50):
