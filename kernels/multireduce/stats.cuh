@@ -85,6 +85,36 @@ __device__ __forceinline__ typename Seen<T>::type seen(T x) { return x; }
 template <>
 __device__ __forceinline__ float seen<__half>(__half x) { return __half2float(x); }
 
+// An element narrower than a word rebuilt from its bits (the low sizeof(T) bytes of b).
+template <class T> struct FromBits {
+    static __device__ __forceinline__ T apply(unsigned int b) { return static_cast<T>(b); }
+};
+template <> struct FromBits<bool> {
+    static __device__ __forceinline__ bool apply(unsigned int b) { return (b & 0xffu) != 0; }
+};
+template <> struct FromBits<__half> {
+    static __device__ __forceinline__ __half apply(unsigned int b) {
+        return __ushort_as_half(static_cast<unsigned short>(b));
+    }
+};
+
+// Element j (a constant once unrolled) of the 16-byte vector v. Elements narrower than a
+// word are taken out of v's registers with shifts: reading them through a T pointer into v
+// made NVRTC 13.5 keep v in local memory in arg_rows_kernel<uint8> (a 96-byte stack frame
+// and 184 bytes of spill loads; 13.0 did not). Word-sized and larger elements are read as
+// before (with shifts, float64 took 54 registers instead of 40 under 13.0).
+template <class T>
+__device__ __forceinline__ T vector_lane(const uint4& v, int j) {
+    if constexpr (sizeof(T) >= 4) {
+        return reinterpret_cast<const T*>(&v)[j];
+    } else {
+        constexpr int PER_WORD = 4 / static_cast<int>(sizeof(T));
+        const int word = j / PER_WORD;
+        const unsigned int w = word == 0 ? v.x : (word == 1 ? v.y : (word == 2 ? v.z : v.w));
+        return FromBits<T>::apply(w >> (8 * static_cast<int>(sizeof(T)) * (j % PER_WORD)));
+    }
+}
+
 template <class V>
 __device__ __forceinline__ bool is_finite_value(V x) {
     if constexpr (IsFloating<V>::value) {
@@ -519,12 +549,11 @@ arg_rows_kernel(const T* __restrict__ in, long long rows, long long length, ArgP
             for (int u = 0; u < UNROLL; ++u) raw[u] = load16<0>(body + i + u * nthreads);
 #pragma unroll
             for (int u = 0; u < UNROLL; ++u) {
-                const T* e = reinterpret_cast<const T*>(&raw[u]);
-                K vk = arg_key<LARGEST>(e[0]);
+                K vk = arg_key<LARGEST>(vector_lane<T>(raw[u], 0));
                 int vj = 0;
 #pragma unroll
                 for (int j = 1; j < VEC; ++j) {
-                    const K k = arg_key<LARGEST>(e[j]);
+                    const K k = arg_key<LARGEST>(vector_lane<T>(raw[u], j));
                     if (k > vk) {
                         vk = k;
                         vj = j;
@@ -538,12 +567,11 @@ arg_rows_kernel(const T* __restrict__ in, long long rows, long long length, ArgP
         }
         for (; i < nvec; i += nthreads) {
             const uint4 raw = load16<0>(body + i);
-            const T* e = reinterpret_cast<const T*>(&raw);
-            K vk = arg_key<LARGEST>(e[0]);
+            K vk = arg_key<LARGEST>(vector_lane<T>(raw, 0));
             int vj = 0;
 #pragma unroll
             for (int j = 1; j < VEC; ++j) {
-                const K k = arg_key<LARGEST>(e[j]);
+                const K k = arg_key<LARGEST>(vector_lane<T>(raw, j));
                 if (k > vk) {
                     vk = k;
                     vj = j;
