@@ -89,23 +89,26 @@ __device__ __forceinline__ float seen<__half>(__half x) { return __half2float(x)
 template <class T> struct FromBits {
     static __device__ __forceinline__ T apply(unsigned int b) { return static_cast<T>(b); }
 };
-template <> struct FromBits<bool> {
-    static __device__ __forceinline__ bool apply(unsigned int b) { return (b & 0xffu) != 0; }
-};
 template <> struct FromBits<__half> {
     static __device__ __forceinline__ __half apply(unsigned int b) {
         return __ushort_as_half(static_cast<unsigned short>(b));
     }
 };
 
-// Element j (a constant once unrolled) of the 16-byte vector v. Elements narrower than a
-// word are taken out of v's registers with shifts: reading them through a T pointer into v
-// made NVRTC 13.5 keep v in local memory in arg_rows_kernel<uint8> (a 96-byte stack frame
-// and 184 bytes of spill loads; 13.0 did not). Word-sized and larger elements are read as
-// before (with shifts, float64 took 54 registers instead of 40 under 13.0).
+// Whether vector_lane takes T out of the vector with shifts (see there).
+template <class T> struct LaneByShifts { static constexpr bool value = sizeof(T) < 4; };
+template <> struct LaneByShifts<bool> { static constexpr bool value = false; };
+
+// Element j (a constant once unrolled) of the 16-byte vector v. 1- and 2-byte integers and
+// __half are taken out of v's registers with shifts: reading them through a T pointer into v
+// made NVRTC 13.5 keep v in local memory in arg_rows_kernel<uint8> (a 96-byte stack frame and
+// 184 bytes of spill loads; 13.0 did not), and under 13.0 argmax of 4 GiB of int8/uint8 took
+// 22-38% less time this way on the H200 (bench/results/h200_7f067d7, the old code's host round
+// trip taken off). bool (1.2x slower with shifts there) and word-sized and larger elements are
+// read through the pointer as before (with shifts, float64 took 54 registers instead of 40).
 template <class T>
 __device__ __forceinline__ T vector_lane(const uint4& v, int j) {
-    if constexpr (sizeof(T) >= 4) {
+    if constexpr (!LaneByShifts<T>::value) {
         return reinterpret_cast<const T*>(&v)[j];
     } else {
         constexpr int PER_WORD = 4 / static_cast<int>(sizeof(T));
