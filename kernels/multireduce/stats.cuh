@@ -102,10 +102,11 @@ template <> struct LaneByShifts<bool> { static constexpr bool value = false; };
 // Element j (a constant once unrolled) of the 16-byte vector v. 1- and 2-byte integers and
 // __half are taken out of v's registers with shifts: reading them through a T pointer into v
 // made NVRTC 13.5 keep v in local memory in arg_rows_kernel<uint8> (a 96-byte stack frame and
-// 184 bytes of spill loads; 13.0 did not), and under 13.0 argmax of 4 GiB of int8/uint8 took
-// 22-38% less time this way on the H200 (bench/results/h200_7f067d7, the old code's host round
-// trip taken off). bool (1.2x slower with shifts there) and word-sized and larger elements are
-// read through the pointer as before (with shifts, float64 took 54 registers instead of 40).
+// 184 bytes of spill loads; 13.0 did not), and under 13.0 argmax of 4 GiB of int8 took 22-39%
+// and of uint8 14-25% less time this way on the H200 (bench/results/h200_7f067d7 and the next
+// run, the older code's host round trip taken off). bool (1.5x slower with shifts there) and
+// word-sized and larger elements are read through the pointer as before (with shifts, float64
+// took 54 registers instead of 40).
 template <class T>
 __device__ __forceinline__ T vector_lane(const uint4& v, int j) {
     if constexpr (!LaneByShifts<T>::value) {
