@@ -104,7 +104,7 @@ template <> struct LaneByShifts<bool> { static constexpr bool value = false; };
 // made NVRTC 13.5 keep v in local memory in arg_rows_kernel<uint8> (a 96-byte stack frame and
 // 184 bytes of spill loads; 13.0 did not), and under 13.0 argmax of 4 GiB of int8 took 22-39%
 // and of uint8 14-25% less time this way on the H200 (bench/results/h200_7f067d7 and the next
-// run, the older code's host round trip taken off). bool (1.5x slower with shifts there) and
+// run, the older code's host round trip taken off). bool (1.2-1.5x slower with shifts) and
 // word-sized and larger elements are read through the pointer as before (with shifts, float64
 // took 54 registers instead of 40).
 template <class T>
