@@ -214,6 +214,12 @@ def moments_finalize_kernel_name(dtype: np.dtype, op: str, result: np.dtype | No
 
 
 @functools.cache  # called on every launch: the name is formatted once per dtype
+def mean_from_sum_kernel_name(result: np.dtype) -> str:
+    """The C++ name of ``mean_from_sum_kernel`` writing means of dtype ``result``."""
+    return f"multireduce::mean_from_sum_kernel<{CTYPES[np.dtype(result)]}>"
+
+
+@functools.cache  # called on every launch: the name is formatted once per dtype
 def stats_finalize_kernel_name(dtype: np.dtype) -> str:
     """The C++ name of ``stats_finalize_kernel`` for ``dtype`` input (``multireduce.stats`` on the GPU).
 
@@ -265,8 +271,8 @@ def default_kernel_names(
 
     Without ``dtype=``: each op that has a kernel, on each supported dtype, to its result and
     to its accumulator, as a full (grid-stride and tiled), a row and a column reduction; the exact-sum kernel of
-    each float dtype; and the moments, stats-finalize, argmin and argmax kernels of each
-    supported dtype.
+    each float dtype; the moments, stats-finalize, argmin and argmax kernels of each
+    supported dtype; and the float64 sums and the division of the GPU mean.
     The nvcc and NVRTC build tests compile exactly these.
     """
     names = set()
@@ -289,6 +295,13 @@ def default_kernel_names(
         names.add(stats_finalize_kernel_name(dt))
         for name in MOMENTS_FINALIZE_OPS:
             names.add(moments_finalize_kernel_name(dt, name))
+        # The GPU mean: float64 sums of every dtype (full, tiled, rows, columns), then the division.
+        f64, add = np.dtype(np.float64), OPS["sum"]
+        names.add(kernel_name(add, dt, f64, f64, block, unroll, load))
+        names.add(kernel_name(add, dt, f64, f64, block, unroll, (load & 3) | (TILED_TILING << 2)))
+        names.add(kernel_name(add, dt, f64, f64, block, unroll, load, kernel="reduce_rows_kernel"))
+        names.add(cols_kernel_name(add, dt, f64, f64, *cols_config(add, dt, f64)))
+        names.add(mean_from_sum_kernel_name(OPS["mean"].result_dtype(dt)))
         names.add(arg_kernel_name(dt, largest=True))
         names.add(arg_kernel_name(dt, largest=False))
     return sorted(names)

@@ -702,4 +702,17 @@ __global__ void moments_finalize_kernel(const MomentState<S, E>* __restrict__ st
     }
 }
 
+// The mean on the GPU: the fold kernel's float64 sums (each element converted to float64,
+// NaN and infinities propagating as in a sum), each divided by the count n >= 1 of the
+// elements it reduced and rounded once to Out. The moments kernel also forms M2, which the
+// mean does not need and which costs it bandwidth (0.95x cupy.mean for float32, 0.4-0.5x the
+// sum for 1-byte elements, on the H200).
+template <class Out>
+__global__ void mean_from_sum_kernel(const double* __restrict__ sums, long long rows, double n, Out* __restrict__ out) {
+    for (long long r = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; r < rows;
+         r += static_cast<long long>(gridDim.x) * blockDim.x) {
+        out[r] = Convert<Out, double>::apply(sums[r] / n);
+    }
+}
+
 }  // namespace multireduce

@@ -27,6 +27,7 @@ from .. import _kernels, _partials, _stats
 from .._axes import axis_layout
 from ..ops import OPS, Op
 from .cupy import _MAX_GRID_Y, _counters, _dense_base, _kernel, _launch_kernel, copy_to_c_order, launch_args
+from .cupy import reduce as _fold
 
 __all__ = ["arg", "arg_index", "launch_moments", "moments", "moments_result", "state_dtype", "stats"]
 
@@ -278,14 +279,39 @@ def stats(x: cupy.ndarray, axes: tuple[int, ...], correction: float) -> _stats.S
     return _stats.Stats(*fields)
 
 
+_SUM = OPS["sum"]
+_F64 = np.dtype(np.float64)
+
+
+def _mean(x: cupy.ndarray, axes: tuple[int, ...], result: np.dtype) -> cupy.ndarray:
+    """The mean of the non-empty ``x`` over ``axes``: float64 sums, divided and rounded once.
+
+    The fold kernels sum the elements converted to float64 (any axis set, as
+    :func:`multireduce._backend.cupy.reduce`), and ``mean_from_sum_kernel`` divides each sum by
+    the count and rounds it once to ``result``: the definition of the moments' mean (their
+    float64 sum over the count), up to the order of the additions, at the sum's bandwidth.
+    Nothing waits for the device.
+    """
+    count = math.prod(x.shape[a] for a in axes)
+    with x.device:
+        sums = _fold(x, _SUM, _F64, _F64, axes)
+        out = cupy.empty(sums.shape, dtype=result)
+        kernel, max_grid = _kernel(x.data.device_id, _kernels.mean_from_sum_kernel_name(result), _FINALIZE_BLOCK)
+        grid = min(max_grid, -(-sums.size // _FINALIZE_BLOCK))  # x is not empty: sums.size >= 1
+        kernel((grid,), (_FINALIZE_BLOCK,), (sums, np.int64(sums.size), np.float64(count), out))
+    return out
+
+
 def moments_result(x: cupy.ndarray, axes: tuple[int, ...], op: Op, result: np.dtype, correction: float):
     """mean, var or std of the non-empty ``x`` over ``axes`` as a CuPy array of ``result`` on ``x``'s device.
 
-    One pass of ``moments_rows_kernel``, then ``moments_finalize_kernel`` turns the states into
-    the op's values by the rules of :func:`multireduce._stats.finalize_moments` (the caller
-    emits its warnings, which depend on the shape alone). Nothing waits for the device.
-    Other axis sets are copied first (:func:`_rows_view`).
+    var and std: one pass of ``moments_rows_kernel``, then ``moments_finalize_kernel`` turns the
+    states into the op's values by the rules of :func:`multireduce._stats.finalize_moments` (the
+    caller emits its warnings, which depend on the shape alone); other axis sets are copied
+    first (:func:`_rows_view`). mean: float64 sums (:func:`_mean`). Nothing waits for the device.
     """
+    if op.name == "mean":
+        return _mean(x, axes, result)
     kshape = tuple(n for i, n in enumerate(x.shape) if i not in axes)
     with x.device:
         data, rows, length = _rows_view(x, axes, op.name, order_free=True)
