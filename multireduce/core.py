@@ -251,9 +251,9 @@ def reduce(
     the end. max/min propagate NaN as NumPy does and follow IEEE 754-2019 for signed zeros
     (+0.0 is larger than -0.0), so that the result does not depend on element order; nanmax
     and nanmin ignore NaN and return NaN only where every element is NaN. Sums of zeros are
-    +0.0. mean, var and std accumulate in float64 from one pass (Chan et al.'s update); the
-    mean of zero elements is NaN, and var/std are NaN where ``N - correction <= 0`` (the
-    standard's rule; NumPy gives inf there). argmin/argmax return the first index of the
+    +0.0. mean, var and std accumulate in float64 from one pass (Chan et al.'s update; a GPU
+    mean is the float64 sum over the count); the mean of zero elements is NaN, and var/std
+    are NaN where ``N - correction <= 0`` (the standard's rule; NumPy gives inf there). argmin/argmax return the first index of the
     extreme in the same order as min/max, NaN first.
 
     Examples
