@@ -7,8 +7,10 @@ them with ``comm=`` conveniences.
 
 from __future__ import annotations
 
+import errno
 import math
 import os
+import stat
 import tokenize
 from dataclasses import dataclass
 from pathlib import Path
@@ -128,6 +130,24 @@ def _npy_header(fh) -> tuple[tuple[int, ...], np.dtype, int]:
     return shape, dtype, fh.tell()
 
 
+def _regular_size(path: Path) -> int:
+    """The size of ``path``, which must be a regular file (checked before it is opened).
+
+    Shards are read by offset and length, so a pipe (whose open would wait for a writer), a
+    device (``/dev/zero`` has size 0) or a socket is refused rather than read as an empty or
+    endless array. A directory raises :class:`IsADirectoryError`, as opening it would.
+    """
+    st = os.stat(path)
+    if stat.S_ISDIR(st.st_mode):
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
+    if not stat.S_ISREG(st.st_mode):
+        raise ValueError(
+            f"{path} is not a regular file (a pipe, device or socket); multireduce reads input files "
+            "by offset and size: save the data to a .npy or raw file first"
+        )
+    return st.st_size
+
+
 def _npy_layout(path: Path, fh, size: int, dtype) -> FileLayout:
     """Check the header of the ``.npy`` file open as ``fh`` (at its start) against its size."""
     try:
@@ -189,8 +209,8 @@ def inspect_npy(path: str | os.PathLike, dtype=None) -> FileLayout:
         negative dimension included), or it is shorter than its header says.
     """
     path = Path(path)
+    size = _regular_size(path)
     with open(path, "rb") as fh:
-        size = os.fstat(fh.fileno()).st_size
         head = fh.read(len(_NPY_MAGIC))
         fh.seek(0)
         if head == _NPY_MAGIC:
@@ -233,8 +253,8 @@ def inspect_file(path: str | os.PathLike, dtype=None, n: int | None = None) -> F
         or if a raw file comes without ``dtype``.
     """
     path = Path(path)
+    size = _regular_size(path)
     with open(path, "rb") as fh:
-        size = os.fstat(fh.fileno()).st_size
         head = fh.read(len(_NPY_MAGIC))
         fh.seek(0)
         if head == _NPY_MAGIC:

@@ -253,8 +253,9 @@ def reduce(
     and nanmin ignore NaN and return NaN only where every element is NaN. Sums of zeros are
     +0.0. mean, var and std accumulate in float64 from one pass (Chan et al.'s update; a GPU
     mean is the float64 sum over the count); the mean of zero elements is NaN, and var/std
-    are NaN where ``N - correction <= 0`` (the standard's rule; NumPy gives inf there). argmin/argmax return the first index of the
-    extreme in the same order as min/max, NaN first.
+    are NaN where ``N - correction <= 0`` (the standard's rule; NumPy gives inf there).
+    argmin/argmax return the first index of the extreme in the same order as min/max, NaN
+    first.
 
     Examples
     --------

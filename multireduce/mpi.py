@@ -228,6 +228,9 @@ def agree(error: BaseException | None, comm=None) -> None:
     ... else:
     ...     agree(None)
     """
+    if error is not None and not isinstance(error, BaseException):
+        # Still agreed (the other ranks must not wait), as the caller's mistake.
+        error = TypeError(f"agree takes an exception or None, not {type(error).__name__}: {error!r}")
     comm = _comm(comm)
     flag = np.array([error is not None], dtype=np.int64)
     comm.Allreduce(MPI.IN_PLACE, flag, op=MPI.MAX)
@@ -1138,8 +1141,13 @@ def select_device(comm=None, *, device: int | None = None) -> int:
 
 
 def _device_count() -> int:
-    import cupy
-
+    try:
+        import cupy
+    except ImportError as exc:
+        raise ModuleNotFoundError(
+            "select_device needs CuPy to see the GPUs: install multireduce[gpu] (cupy-cuda13x) or "
+            "cupy-cuda12x for a CUDA 12 driver"
+        ) from exc
     return cupy.cuda.runtime.getDeviceCount()
 
 

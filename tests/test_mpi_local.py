@@ -558,6 +558,21 @@ def test_dtype_argument_converts_each_element_first(reproducible):
     assert got.dtype == np.float32 and float(got) == 10.0
 
 
+def test_agree_with_something_that_is_not_an_exception():
+    # Still agreed (other ranks must not wait), as a TypeError naming the mistake.
+    mpi = pytest.importorskip("multireduce.mpi")
+    with pytest.raises(TypeError, match="agree takes an exception or None, not str: 'oops'") as info:
+        mpi.agree("oops")
+    assert list(mpi.rank_failures(info.value)) == [0]
+
+
+def test_select_device_without_cupy_says_what_to_install(monkeypatch):
+    mpi = pytest.importorskip("multireduce.mpi")
+    monkeypatch.setitem(sys.modules, "cupy", None)  # import cupy raises ImportError
+    with pytest.raises(ModuleNotFoundError, match=r"select_device needs CuPy .* multireduce\[gpu\]"):
+        mpi._device_count()
+
+
 def test_reproducible_refusals_match_the_core():
     mpi = pytest.importorskip("multireduce.mpi")
     for op in ("prod", "nansum"):

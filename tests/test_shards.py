@@ -8,6 +8,7 @@ ValueError that names the file, never NumPy's or the tokenizer's bare exception.
 
 from __future__ import annotations
 
+import os
 import random
 import re
 
@@ -139,3 +140,17 @@ def test_inspect_npy_needs_a_npy_file(tmp_path):
     np.save(tmp_path / "f8.npy", np.arange(3.0))
     with pytest.raises(TypeError, match="holds float64, but dtype float32 was requested"):
         inspect_npy(tmp_path / "f8.npy", dtype="float32")
+
+
+@pytest.mark.parametrize("inspect", [lambda p: inspect_file(p, dtype="float32"), inspect_npy])
+def test_files_that_are_not_regular_are_refused(tmp_path, inspect):
+    # A FIFO would block the open until a writer came; /dev/zero has size 0 and never ends.
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    for path in (fifo, "/dev/zero"):
+        if not os.path.exists(path):
+            continue
+        with pytest.raises(ValueError, match=r"is not a regular file \(a pipe, device or socket\)"):
+            inspect(path)
+    with pytest.raises(IsADirectoryError):
+        inspect(tmp_path)
