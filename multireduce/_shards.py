@@ -181,6 +181,18 @@ def _npy_layout(path: Path, fh, size: int, dtype) -> FileLayout:
     return FileLayout(path, "npy", file_dtype, count, offset)
 
 
+def _probe(path: Path, dtype) -> tuple[FileLayout | None, bytes, int]:
+    """Open the regular file ``path`` once: its checked ``.npy`` layout, its first bytes, its size.
+
+    The layout is None for a file without the NumPy magic.
+    """
+    size = _regular_size(path)
+    with open(path, "rb") as fh:
+        head = fh.read(len(_NPY_MAGIC))
+        fh.seek(0)
+        return (_npy_layout(path, fh, size, dtype) if head == _NPY_MAGIC else None), head, size
+
+
 def inspect_npy(path: str | os.PathLike, dtype=None) -> FileLayout:
     """Read and check the layout of a ``.npy`` file without reading its data.
 
@@ -209,12 +221,9 @@ def inspect_npy(path: str | os.PathLike, dtype=None) -> FileLayout:
         negative dimension included), or it is shorter than its header says.
     """
     path = Path(path)
-    size = _regular_size(path)
-    with open(path, "rb") as fh:
-        head = fh.read(len(_NPY_MAGIC))
-        fh.seek(0)
-        if head == _NPY_MAGIC:
-            return _npy_layout(path, fh, size, dtype)
+    layout, head, _ = _probe(path, dtype)
+    if layout is not None:
+        return layout
     if head.startswith(_ZIP_MAGICS):
         raise TypeError(f"{path} is an .npz archive (a zip of arrays), not a .npy file; pass one array or a .npy file")
     raise ValueError(f"{path} is not a .npy file (no NumPy magic)")
@@ -253,15 +262,11 @@ def inspect_file(path: str | os.PathLike, dtype=None, n: int | None = None) -> F
         or if a raw file comes without ``dtype``.
     """
     path = Path(path)
-    size = _regular_size(path)
-    with open(path, "rb") as fh:
-        head = fh.read(len(_NPY_MAGIC))
-        fh.seek(0)
-        if head == _NPY_MAGIC:
-            layout = _npy_layout(path, fh, size, dtype)
-            if n is not None:
-                raise ValueError(f"{path} is a .npy file, which knows its length; n applies to raw files only")
-            return layout
+    layout, _, size = _probe(path, dtype)
+    if layout is not None:
+        if n is not None:
+            raise ValueError(f"{path} is a .npy file, which knows its length; n applies to raw files only")
+        return layout
     if dtype is None:
         raise ValueError(f"{path} is not a .npy file; give the dtype of its raw binary data (--dtype)")
     dt = check_dtype(dtype)

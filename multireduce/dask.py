@@ -451,12 +451,10 @@ def treereduce(
     axes = _normalized_axes(axis, x.ndim)
     op, result, acc = _plan(x, resolved, dtype, axes)
     correction = core._check_correction(op, correction)
-    # Exact partials, as in the core: float sums (of the elements converted as dtype= asks) and
-    # means of float input; core._needs_exact below refuses the rest.
-    exact = (op.name == "sum" and result.kind == "f") or (op.name == "mean" and x.dtype.kind == "f")
-    if reproducible and exact:
-        if len(axes) != x.ndim:
-            raise NotImplementedError("reproducible=True supports full reductions only (axis=None or every axis)")
+    # Exact partials where the core forms them (float sums of the elements converted as dtype=
+    # asks, means of float input); core._needs_exact raises the core's refusals (var, prod,
+    # partial axes, ...) and passes the order-free ops unchanged.
+    if reproducible and core._needs_exact(x.dtype, op, result, len(axes) == x.ndim):
         return da.reduction(
             x,
             chunk=functools.partial(_exact_chunk, dtype=dtype, expected=x.dtype),
@@ -469,9 +467,6 @@ def treereduce(
             name=f"treereduce-exact-{op.name}",
             concatenate=False,  # partials are ExactSum objects, merged by the steps themselves
         )
-    if reproducible:
-        # Order-free ops pass unchanged; the rest get the core's refusals (var, prod, ...).
-        core._needs_exact(x.dtype, op, result, len(axes) == x.ndim)
     if op.kind != "fold":
         return _composite_reduction(x, op, result, axes, keepdims, split_every, correction)
     if len(axes) == x.ndim:

@@ -423,16 +423,13 @@ def allreduce(
         correction = core._check_correction(plan.op, correction)
         plan.reproducible, plan.correction = bool(reproducible), correction  # agreed across ranks
         st = plan.static
-        exact = reproducible and (
-            (st.op.name == "sum" and st.result.kind == "f") or (st.op.name == "mean" and st.in_dtype.kind == "f")
-        )
-        if exact:  # decided from (op, dtype, dtype=), which the first Allreduce checks across ranks
-            # Of the elements converted as dtype= asks, as the core does.
+        # Decided from (op, dtype, dtype=), which the first Allreduce checks across ranks; the
+        # core's refusals (var, prod, nansum, ...) are raised here, agreed below.
+        exact = reproducible and core._needs_exact(st.in_dtype, st.op, st.result, True)
+        if exact:  # of the elements converted as dtype= asks, as the core does
             partial = core.partial(x, plan.op, dtype=st.requested, reproducible=True)
         elif plan.op.kind != "fold":
-            state = core.partial(x, plan.op, reproducible=reproducible)
-        elif reproducible:
-            core._needs_exact(st.in_dtype, st.op, st.result, True)  # the core's refusals (prod, nansum)
+            state = core.partial(x, plan.op)
     except Exception as exc:  # agreed with the other ranks in _combine, then re-raised
         error = exc
     if exact:
