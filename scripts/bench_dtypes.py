@@ -6,7 +6,8 @@ depends on the element size (the arg kernel's ``vector_lane`` in
 times multireduce's op, interleaved with the same CuPy function on the same array, with
 CUDA events (median of ``--repeat`` rounds after ``--warmup``), checks the result against
 CuPy's (argmax, max, min: equal; sum, mean: within one unit in the last place of the result
-of CuPy's float64-accumulated value), and writes a JSON (``--out``) with the git commit and
+of CuPy's float64-accumulated value; var, std: the same, or 1e-9 relative for float64
+results), and writes a JSON (``--out``) with the git commit and
 the GPU name.
 
 Not collected by pytest; run on a GPU machine::
@@ -31,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeat", type=int, default=10)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--dtypes", default=",".join(DTYPES))
-    p.add_argument("--ops", default="argmax", help="comma-separated, of argmax, sum, max, min, mean")
+    p.add_argument("--ops", default="argmax", help="comma-separated, of argmax, sum, max, min, mean, var, std")
     p.add_argument("--out", type=Path, default=None)
     opts = p.parse_args(argv)
 
@@ -62,14 +63,15 @@ def main(argv: list[str] | None = None) -> int:
         for op in opts.ops.split(","):
             ours, theirs = getattr(mr, op), getattr(cp, op)
             got = ours(x)
-            if op in ("sum", "mean"):
+            if op in ("sum", "mean", "var", "std"):
                 # Against CuPy's with a float64 accumulator, rounded to the result dtype: equal
                 # within one unit in the last place of the result (float16 sums round coarsely).
                 ref = float(theirs(x, dtype=cp.float64))
                 with np.errstate(over="ignore"):  # a float16 sum beyond 65504 rounds to inf
                     rounded = np.asarray(ref).astype(np.dtype(str(got.dtype)))
                     if np.isfinite(rounded):
-                        ok = abs(float(got) - ref) <= max(1e-6 * abs(ref), float(np.spacing(np.abs(rounded))))
+                        rtol = 1e-9 if op in ("var", "std") else 1e-6
+                        ok = abs(float(got) - ref) <= max(rtol * abs(ref), float(np.spacing(np.abs(rounded))))
                     else:
                         ok = float(got) == float(rounded)
             else:

@@ -246,6 +246,52 @@ def test_moments_large_offset_accuracy():
     assert math.isclose(got, host.var(), rel_tol=1e-9), (got, host.var())
 
 
+SMALL_INTEGERS = ["int8", "uint8", "int16", "uint16", "bool"]
+
+
+@pytest.mark.parametrize("dtype", SMALL_INTEGERS)
+def test_small_integer_extremes_in_every_lane(dtype):
+    # 1- and 2-byte elements are folded a 16-byte vector at a time, their extremes in packed
+    # 16-bit lanes (even and odd bytes apart): a single minimum or maximum at each position
+    # of the first vectors, of the head (offset views) and of the tail must be found.
+    dt = np.dtype(dtype)
+    n = 4096 + 77
+    rng = np.random.default_rng(21)
+    if dt.kind == "b":
+        low, high, background = False, True, None
+    else:
+        info = np.iinfo(dt)
+        low, high = info.min, info.max
+        background = rng.integers(info.min + 1, info.max, n + 3, dtype=dt)  # never an extreme
+    for pos in [*range(48), *range(n - 48, n)]:  # the first and the last 48 elements
+        for offset in (0, 1, 3):
+            for value, fill in ((low, high), (high, low)):
+                host = np.full(n + 3, fill, dtype=dt) if background is None else background.copy()
+                host[offset + pos] = value
+                view = host[offset : offset + n]
+                assert_moments_match(view)
+                s = multireduce.stats(cupy.asarray(view))
+                ref = view.astype(np.int64)
+                assert int(s.min) == ref.min() and int(s.max) == ref.max(), (pos, offset, s.min, s.max)
+
+
+@pytest.mark.parametrize("dtype", SMALL_INTEGERS)
+@pytest.mark.parametrize("n", [1, 15, 16, 17, 4097, 2**26 + 5])
+def test_small_integer_constant_arrays_have_exact_moments(dtype, n):
+    # The largest magnitudes fill the packed sums (dp4a, uint16 squares of 2**32 - 2**17); a
+    # constant array's variance is exactly 0 and its sum and mean exact.
+    dt = np.dtype(dtype)
+    values = [False, True] if dt.kind == "b" else [np.iinfo(dt).min, np.iinfo(dt).max]
+    for value in values:
+        x = cupy.full(n, value, dtype=dt)
+        assert float(multireduce.var(x)) == 0.0
+        assert float(multireduce.std(x, correction=1 if n > 1 else 0)) == 0.0
+        assert float(multireduce.mean(x)) == float(int(value))
+        s = multireduce.stats(x)
+        assert int(s.sum) == n * int(value) and float(s.var) == 0.0
+        assert int(s.min) == int(value) == int(s.max)
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float64", "int16", "uint8", "int64", "bool"])
 @pytest.mark.parametrize("shape", [(5, 7), (3, 1000), (1000, 3), (64, 4099), (2, 3, 4, 5), (1, 2**20 + 3), (7, 1, 5)])
 def test_moments_rows(dtype, shape):

@@ -14,11 +14,13 @@
  *
  *   1. Per thread, per element: NaN test and count (floats), the shifted sums
  *      s1 += x - c and s2 += (x - c)**2 around a per-thread constant c (the thread's first
- *      element if finite, else 0; NaN elements add 0) in float64 (exact int64 for 1- and
- *      2-byte integers and bool), lo/hi with NaN ignored and -0.0 < +0.0, and for 4- and
- *      8-byte integers the exact sum in the int64/uint64 sum accumulator (wrapping as
- *      NumPy's). The count is not accumulated: it follows from the thread's index range
- *      minus its NaN count. ACC independent float64 (s1, s2) pairs per thread.
+ *      element if finite, else 0; NaN elements add 0) in float64, lo/hi with NaN ignored and
+ *      -0.0 < +0.0, and for 4- and 8-byte integers the exact sum in the int64/uint64 sum
+ *      accumulator (wrapping as NumPy's). 1- and 2-byte integers and bool instead take
+ *      whole 16-byte vectors at a time: the exact sums of x and x**2 (dp4a for bytes) and
+ *      packed 16x2 lo/hi lanes (PackedLanes), from which the thread derives the exact
+ *      int64 s1 and s2 once. The count is not accumulated: it follows from the thread's
+ *      index range minus its NaN count. ACC independent float64 (s1, s2) pairs per thread.
  *   2. Once per thread: n = count - NaN, mean = c + s1/n, M2 = s2 - s1*(s1/n) (clamped at
  *      0; NaN stays), and for floats total = s1 + n*c (in float64, rounded once to the sum
  *      accumulator; exact in int64/uint64 for small integers). An infinite element makes s1 infinite, so mean is +-inf (NaN for +inf
@@ -231,26 +233,110 @@ __device__ __forceinline__ State block_merge(State v, const State& empty, State*
     return v;
 }
 
+// Packed per-lane extremes and sums of 1- and 2-byte integers and bool: the moments kernel
+// folds its 16-byte vectors a word at a time. The extremes are kept in two 16-bit lanes
+// (1-byte elements are widened into them, even and odd bytes apart, with one prmt each) and
+// folded with the three-input 16x2 min/max (one instruction per word and direction on
+// sm_90); the lanes are combined once per thread. Signed lanes for signed T, unsigned for
+// unsigned T and bool.
+template <class T> struct PackedLanes {
+    static constexpr bool SIGNED = static_cast<T>(-1) < static_cast<T>(0);
+    static constexpr bool BYTES = sizeof(T) == 1;
+
+    // The two 16-bit lanes of w as elements: the even and the odd bytes of w (BYTES, widened
+    // with sign or zero), else w itself.
+    static __device__ __forceinline__ unsigned int even(unsigned int w) {
+        if constexpr (BYTES) {
+            return prmt(w, SIGNED ? 0xA280u : 0x4240u);
+        } else {
+            return w;
+        }
+    }
+    static __device__ __forceinline__ unsigned int odd(unsigned int w) { return prmt(w, SIGNED ? 0xB391u : 0x4341u); }
+    // prmt.b32 of w and 0: a selector nibble with its top bit set replicates the sign of the
+    // byte its low bits select; nibble 4 selects a zero byte.
+    static __device__ __forceinline__ unsigned int prmt(unsigned int w, unsigned int selector) {
+        unsigned int r;
+        asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(w), "r"(0u), "r"(selector));
+        return r;
+    }
+
+    static __device__ __forceinline__ unsigned int lo3(unsigned int a, unsigned int b, unsigned int c) {
+        return SIGNED ? __vimin3_s16x2(a, b, c) : __vimin3_u16x2(a, b, c);
+    }
+    static __device__ __forceinline__ unsigned int hi3(unsigned int a, unsigned int b, unsigned int c) {
+        return SIGNED ? __vimax3_s16x2(a, b, c) : __vimax3_u16x2(a, b, c);
+    }
+
+    // The packed extremes lo and hi take in the elements of w.
+    static __device__ __forceinline__ void extremes(unsigned int w, unsigned int& lo, unsigned int& hi) {
+        if constexpr (BYTES) {
+            const unsigned int e = even(w), o = odd(w);
+            lo = lo3(lo, e, o);
+            hi = hi3(hi, e, o);
+        } else {
+            lo = SIGNED ? __vmins2(lo, w) : __vminu2(lo, w);
+            hi = SIGNED ? __vmaxs2(hi, w) : __vmaxu2(hi, w);
+        }
+    }
+
+    // Both 16-bit lanes set to the element value v (widened as even() and odd() do).
+    static __device__ __forceinline__ unsigned int splat(T v) {
+        return (static_cast<unsigned int>(static_cast<int>(v)) & 0xffffu) * 0x00010001u;
+    }
+    // 16-bit lane j of w as an int (sign-extended for signed T).
+    static __device__ __forceinline__ int lane(unsigned int w, int j) {
+        const unsigned int b = w >> (16 * j);
+        return SIGNED ? static_cast<int>(static_cast<short>(b)) : static_cast<int>(b & 0xffffu);
+    }
+
+    // Sum and sum of squares of the elements of w, added to s and q. 1-byte elements: two
+    // dp4a; 2-byte: each square widened (a uint16 square needs all 32 bits).
+    static __device__ __forceinline__ void sums(unsigned int w, int& s, unsigned long long& q) {
+        if constexpr (BYTES) {
+            if constexpr (SIGNED) {
+                s = __dp4a(static_cast<int>(w), 0x01010101, s);
+                q += static_cast<unsigned int>(__dp4a(static_cast<int>(w), static_cast<int>(w), 0));
+            } else {
+                s = static_cast<int>(__dp4a(w, 0x01010101u, static_cast<unsigned int>(s)));
+                q += __dp4a(w, w, 0u);
+            }
+        } else {
+            const int a = lane(w, 0), b = lane(w, 1);
+            s += a + b;
+            const unsigned int ua = static_cast<unsigned int>(a), ub = static_cast<unsigned int>(b);
+            q += static_cast<unsigned long long>(ua * ua);
+            q += static_cast<unsigned long long>(ub * ub);
+        }
+    }
+};
+
 // One thread's accumulators of the moments kernel. Three kinds of element:
 //   floats: NaN count and float64 shifted sums (the sum is derived from them);
-//   integers of 1 or 2 bytes and bool: exact int64 shifted sums (d*d < 2**32, so s2 holds
-//     2**31 elements per thread), and the exact sum n*c + s1;
+//   integers of 1 or 2 bytes and bool: the exact raw sums of x and x**2 (int64 and uint64,
+//     modulo 2**64), folded a 16-byte vector at a time with packed-lane instructions
+//     (PackedLanes), and once per thread the exact shifted sums s1 = sum(x - c) and
+//     s2 = sum((x - c)**2) from them (d*d < 2**32, so s2 holds 2**31 elements per thread;
+//     the modular arithmetic is exact because s1 and s2 fit), and the exact sum;
 //   integers of 4 and 8 bytes: float64 shifted sums of x converted to float64 (as the CPU's
 //     astype(float64)) and the exact sum in the sum accumulator.
 template <class T, class S, class E, int ACC>
 struct MomentAcc {
     using V = typename Seen<T>::type;
+    using Lanes = PackedLanes<T>;
     static constexpr bool FLOAT = IsFloatElement<T>::value;
     static constexpr bool SMALL = !FLOAT && sizeof(T) <= 2;
 
-    V cv;              // the shift, as an element value (finite)
-    double c;          // the shift
-    double s1[ACC];    // sum of (x - c) over non-NaN x (floats, wide integers)
-    double s2[ACC];    // sum of (x - c)**2
-    long long i1;      // sum of (x - c) (small integers)
-    long long i2;      // sum of (x - c)**2
-    unsigned int nan;  // NaN elements (floats)
-    S total;           // exact sum (wide integers)
+    V cv;                   // the shift, as an element value (finite)
+    double c;               // the shift
+    double s1[ACC];         // sum of (x - c) over non-NaN x (floats, wide integers)
+    double s2[ACC];         // sum of (x - c)**2
+    long long r1;           // sum of x (small integers)
+    unsigned long long r2;  // sum of x**2, modulo 2**64 (small integers)
+    unsigned int lo_w;      // packed lane extremes (small integers)
+    unsigned int hi_w;
+    unsigned int nan;       // NaN elements (floats)
+    S total;                // exact sum (wide integers)
     E lo, hi;
 
     __device__ __forceinline__ void init(T first, bool has_first, E lo_init, E hi_init) {
@@ -259,11 +345,17 @@ struct MomentAcc {
         c = static_cast<double>(cv);
 #pragma unroll
         for (int k = 0; k < ACC; ++k) s1[k] = s2[k] = 0.0;
-        i1 = i2 = 0;
+        r1 = 0;
+        r2 = 0ull;
         nan = 0u;
         total = S(0);
         lo = lo_init;
         hi = hi_init;
+        if constexpr (SMALL) {
+            // The first element is one of the thread's own (a thread without one has no
+            // elements, and state() ignores its lanes), so starting at it changes no extreme.
+            lo_w = hi_w = Lanes::splat(first);
+        }
     }
 
     __device__ __forceinline__ void add(T element, int k) {
@@ -279,9 +371,10 @@ struct MomentAcc {
             lo = (e < lo || (e == lo && sign_bit(e))) ? e : lo;
             hi = (e > hi || (e == hi && !sign_bit(e))) ? e : hi;
         } else if constexpr (SMALL) {
-            const int d = static_cast<int>(x) - static_cast<int>(cv);
-            i1 += d;
-            i2 += static_cast<long long>(d) * d;
+            const int v = static_cast<int>(x);
+            const unsigned int u = static_cast<unsigned int>(v);
+            r1 += v;
+            r2 += static_cast<unsigned long long>(u * u);
             lo = Min::combine(lo, static_cast<E>(x));
             hi = Max::combine(hi, static_cast<E>(x));
         } else {
@@ -294,11 +387,46 @@ struct MomentAcc {
         }
     }
 
+    // The 16 / sizeof(T) elements of one loaded vector, in order.
+    __device__ __forceinline__ void add_vector(const uint4& raw) {
+        if constexpr (SMALL) {
+            int s = 0;  // at most 16 * 255 or 8 * 65535 in magnitude
+            unsigned long long q = 0ull;
+            const unsigned int w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                Lanes::sums(w[k], s, q);
+                Lanes::extremes(w[k], lo_w, hi_w);
+            }
+            r1 += s;
+            r2 += q;
+        } else {
+            constexpr int VEC = 16 / sizeof(T);
+            const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) add(e[j], j % ACC);
+        }
+    }
+
     __device__ __forceinline__ MomentState<S, E> state(long long count) const {
         double a, b;
+        E lo_all = lo, hi_all = hi;
         if constexpr (SMALL) {
+            // s1 = r1 - n*c and s2 = r2 - 2*c*r1 + n*c*c, modulo 2**64: exact, as both fit.
+            const unsigned long long n = static_cast<unsigned long long>(count);
+            const unsigned long long cu = static_cast<unsigned long long>(static_cast<long long>(static_cast<int>(cv)));
+            const unsigned long long u1 = static_cast<unsigned long long>(r1);
+            const long long i1 = static_cast<long long>(u1 - n * cu);
+            const long long i2 = static_cast<long long>(r2 - 2ull * cu * u1 + n * cu * cu);
             a = static_cast<double>(i1);  // exact: |i1| < 2**47
             b = static_cast<double>(i2);
+            if (count > 0) {  // else the lanes hold no element (and the state must be empty)
+#pragma unroll
+                for (int j = 0; j < 2; ++j) {
+                    lo_all = Min::combine(lo_all, static_cast<E>(Lanes::lane(lo_w, j)));
+                    hi_all = Max::combine(hi_all, static_cast<E>(Lanes::lane(hi_w, j)));
+                }
+            }
         } else {
             a = s1[0];
             b = s2[0];
@@ -311,8 +439,8 @@ struct MomentAcc {
         MomentState<S, E> r;
         r.nan = static_cast<long long>(nan);
         r.n = count - r.nan;
-        r.lo = lo;
-        r.hi = hi;
+        r.lo = lo_all;
+        r.hi = hi_all;
         if (r.n > 0) {
             const double nf = static_cast<double>(r.n);
             const double q = a / nf;
@@ -326,8 +454,7 @@ struct MomentAcc {
         if constexpr (FLOAT) {
             r.total = r.n > 0 ? static_cast<S>(fma(static_cast<double>(r.n), c, a)) : S(0);
         } else if constexpr (SMALL) {
-            // Exact; for uint64 the signed i1 wraps to the right non-negative total.
-            r.total = static_cast<S>(r.n) * static_cast<S>(static_cast<int>(cv)) + static_cast<S>(i1);
+            r.total = static_cast<S>(r1);  // exact; modulo 2**64 for the unsigned accumulator
         } else {
             r.total = total;
         }
@@ -384,17 +511,10 @@ moments_rows_kernel(const T* __restrict__ in, long long rows, long long length, 
 #pragma unroll
             for (int u = 0; u < UNROLL; ++u) raw[u] = load16<0>(body + i + u * nthreads);
 #pragma unroll
-            for (int u = 0; u < UNROLL; ++u) {
-                const T* e = reinterpret_cast<const T*>(&raw[u]);
-#pragma unroll
-                for (int j = 0; j < VEC; ++j) acc.add(e[j], j % ACC);
-            }
+            for (int u = 0; u < UNROLL; ++u) acc.add_vector(raw[u]);
         }
         for (; i < nvec; i += nthreads) {
-            const uint4 raw = load16<0>(body + i);
-            const T* e = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-            for (int j = 0; j < VEC; ++j) acc.add(e[j], j % ACC);
+            acc.add_vector(load16<0>(body + i));
         }
         if (tid < tail) acc.add(x[tail_start + tid], ACC - 1);
 
