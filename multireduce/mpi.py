@@ -66,6 +66,12 @@ DEVICE_ENV = "MULTIREDUCE_DEVICE"
 
 _FAILURES_ATTR = "_multireduce_rank_failures"
 _OP_CODES = {name: i + 1 for i, name in enumerate(OPS)}
+#: What stats() agrees as in the op's slot, and lists for its rank: a call of its own. Its
+#: moments travel as allreduce(x, "mean")'s do, so with mean's code a rank in stats() paired
+#: with one in allreduce(x, "mean") unnoticed: each returned a different thing, and for an
+#: all-empty global array the stats ranks raised while the others waited in the Allgather.
+_STATS_CALL = "mpi.stats()"
+_OP_CODES[_STATS_CALL] = len(OPS) + 1
 _DTYPE_CODES = {dt: i + 1 for i, dt in enumerate(SUPPORTED_DTYPES)}
 _CODE_DTYPES = {code: dt for dt, code in _DTYPE_CODES.items()}
 
@@ -255,20 +261,24 @@ class _Static:
     wire: np.dtype  # sums only
     positive: bool  # max (True) or min (False)
     codes: tuple[int, int, int]
+    call: str  # what the agreement compares and lists for the op: the op's name, or _STATS_CALL
 
 
 @functools.lru_cache(maxsize=256)
-def _static(op: Op, in_dtype: np.dtype, requested: np.dtype | None) -> _Static:
+def _static(op: Op, in_dtype: np.dtype, requested: np.dtype | None, call: str | None = None) -> _Static:
     # Cached because the dtype rules cost more than the MPI call for a scalar partial.
-    # Errors (unsupported dtypes) are raised, not cached.
+    # Errors (unsupported dtypes) are raised, not cached. ``call`` (stats() passes
+    # _STATS_CALL) replaces the op's name in the agreement.
     result = op.result_dtype(in_dtype, requested)
     acc = op.accumulator_dtype(result)
+    call = op.name if call is None else call
     codes = (
         _DTYPE_CODES[np.dtype(in_dtype)],
-        _OP_CODES[op.name],
+        _OP_CODES[call],
         0 if requested is None else _DTYPE_CODES[requested],
     )
-    return _Static(op, np.dtype(in_dtype), requested, result, acc, sum_wire_dtype(acc), op.mpi_name == "MAX", codes)
+    positive = op.mpi_name == "MAX"
+    return _Static(op, np.dtype(in_dtype), requested, result, acc, sum_wire_dtype(acc), positive, codes, call)
 
 
 # Fold ops whose partials travel as numbers; the others (MAX/MIN) travel as ordered keys.
@@ -298,12 +308,12 @@ class _Plan:
         return self.reproducible, self.correction
 
 
-def _plan(x: Any, op, dtype) -> tuple[_Plan, Any]:
+def _plan(x: Any, op, dtype, call: str | None = None) -> tuple[_Plan, Any]:
     op = get_op(op)
     on_gpu = _is_cupy(x)
     if not (on_gpu or isinstance(x, np.ndarray)):
         x = np.asarray(x)
-    static = _static(op, x.dtype, None if dtype is None else np.dtype(dtype))
+    static = _static(op, x.dtype, None if dtype is None else np.dtype(dtype), call)
     return _Plan(static, x.size, on_gpu, x.data.device_id if on_gpu else None), x
 
 
@@ -377,9 +387,10 @@ def allreduce(
     ValueError
         On every rank for max, min, nanmax, nanmin, argmin, argmax when all shards are empty
         (NumPy's message); on a rank given an unknown op; on every rank if the ranks' ops
-        differ, or their ``reproducible=`` (``"reproducible= differs across ranks"``) or
-        ``correction=`` (``"correction= differs across ranks"``); the message lists each
-        rank's value.
+        differ (``"op differs across ranks"``; a rank in :func:`stats` lists
+        ``mpi.stats()``), or their ``reproducible=`` (``"reproducible= differs across
+        ranks"``) or ``correction=`` (``"correction= differs across ranks"``); the message
+        lists each rank's value.
     RankError
         On the other ranks when some rank raised.
 
@@ -495,14 +506,17 @@ def stats(x_local: Any, *, comm=None, correction: float = 0.0) -> _stats.Stats:
         ``correction`` that is not a real number.
     ValueError
         On every rank if all shards are empty, or if ``correction`` differs across ranks
-        (``"correction= differs across ranks"``, listing each rank's).
+        (``"correction= differs across ranks"``, listing each rank's), or if another rank is
+        in :func:`allreduce` (``"op differs across ranks"``, listing ``mpi.stats()`` for the
+        ranks here and the op for the others; ``"mean"`` too, whose moments stats exchanges).
     RankError
         On the other ranks when some rank raised.
     """
     comm = _comm(comm)
     plan = state = error = None
     try:
-        plan, x = _plan(x_local, "mean", None)
+        # The moments of "mean", agreed as a call of their own (_STATS_CALL).
+        plan, x = _plan(x_local, "mean", None, _STATS_CALL)
         correction = core._check_correction(get_op("var"), correction)
         plan.correction = correction  # agreed across ranks
         state = core.partial(x, "mean")
@@ -806,8 +820,9 @@ def _from_host(value: np.generic, plan: _Plan):
 
 
 #: The agreement's slots: 0 the error flag; 1-6 the codes of (input dtype, op, dtype=), each
-#: followed by its complement; 7 whether the shard is non-empty; 8 the max/min key; 9-12 the
-#: codes of reproducible= and correction= with their complements (_option_codes).
+#: followed by its complement (stats() has an op code of its own, _STATS_CALL); 7 whether the
+#: shard is non-empty; 8 the max/min key; 9-12 the codes of reproducible= and correction= with
+#: their complements (_option_codes).
 _META_SIZE = 13
 #: The (code, ~code) pairs of the agreement, in the order they are checked: slot, the name in
 #: the error, and the error's type.
@@ -870,7 +885,7 @@ def _check_agreement(comm, static: _Static, meta: np.ndarray, options: tuple = (
     if m[1] == ~m[2] and m[3] == ~m[4] and m[5] == ~m[6] and m[9] == ~m[10] and m[11] == ~m[12]:
         return  # the common case, in Python ints
     st = static
-    local = (st.in_dtype.name, st.op.name, None if st.requested is None else st.requested.name, *options)
+    local = (st.in_dtype.name, st.call, None if st.requested is None else st.requested.name, *options)
     for (slot, name, exc_type), value in zip(_AGREED, local, strict=True):
         if m[slot] != ~m[slot + 1]:
             _raise_mismatch(comm, name, value, exc_type)

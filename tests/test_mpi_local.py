@@ -601,6 +601,20 @@ def test_option_codes_compare_correction_exactly():
     assert mpi._meta(plan, None)[9:].tolist() == list(codes(True, 1.0))
 
 
+def test_every_call_has_its_own_op_code():
+    # The op's slot of the agreement tells every allreduce op and stats() apart: stats()
+    # exchanges mean's moments, but must not pair with a rank in allreduce(x, "mean").
+    mpi = pytest.importorskip("multireduce.mpi")
+    codes = list(mpi._OP_CODES.values())
+    assert len(set(codes)) == len(codes) == len(OPS) + 1 and 0 not in codes
+    f64 = np.dtype(np.float64)
+    mean = mpi._static(get_op("mean"), f64, None)
+    stats, _ = mpi._plan(np.ones(3), "mean", None, mpi._STATS_CALL)
+    assert stats.op is mean.op and stats.static.result == mean.result  # the same moments
+    assert stats.static.codes[1] != mean.codes[1] and stats.static.call == "mpi.stats()"
+    assert mpi._meta(stats, None)[3:5].tolist() != mpi._meta(mpi._Plan(mean, 3, False, None), None)[3:5].tolist()
+
+
 def _fake_devices(monkeypatch, count):
     """select_device on a node with ``count`` GPUs, without CuPy: returns the devices it used."""
     mpi = pytest.importorskip("multireduce.mpi")
@@ -716,6 +730,9 @@ CASES = {
     "correction-var": lambda: mpi.allreduce(x, "var", correction=0.0 if FIRST else 1.0),
     "correction-std": lambda: mpi.allreduce(x, "std", correction=1.0 if FIRST else 1.5),
     "correction-stats": lambda: mpi.stats(x, correction=0.0 if FIRST else 1.0),
+    "stats-mean": lambda: mpi.stats(x) if FIRST else mpi.allreduce(x, "mean"),
+    "stats-mean-empty": lambda: mpi.stats(x[:0]) if FIRST else mpi.allreduce(x[:0], "mean"),
+    "var-stats": lambda: mpi.allreduce(x, "var", correction=1.0) if FIRST else mpi.stats(x, correction=1.0),
     "read_shard-n": lambda: mpi.read_shard(raw, dtype="float64", n=10 if FIRST else 6),
     "read_shard-dtype": lambda: mpi.read_shard(raw, dtype="float64" if FIRST else "int64"),
     "agreeing": agreeing,
@@ -757,6 +774,14 @@ _DIFFERING = {
     "correction-var": (ValueError, "correction= differs across ranks", ["rank 0: 0.0", "rank 1: 1.0"]),
     "correction-std": (ValueError, "correction= differs across ranks", ["rank 0: 1.0", "rank 1: 1.5"]),
     "correction-stats": (ValueError, "correction= differs across ranks", ["rank 0: 0.0", "rank 1: 1.0"]),
+    # stats() against allreduce(x, "mean"): both agreed as the op "mean" and exchanged the same
+    # moments, so each rank returned a different thing (a Stats, a mean) without an error, and
+    # for an all-empty global array the stats rank raised while the other waited in the
+    # Allgather (a hang). stats() is now a call of its own in the op's slot.
+    "stats-mean": (ValueError, "op differs across ranks", ["rank 0: mpi.stats()", "rank 1: mean"]),
+    "stats-mean-empty": (ValueError, "op differs across ranks", ["rank 0: mpi.stats()", "rank 1: mean"]),
+    # This was caught, but listed the stats rank's op as "mean".
+    "var-stats": (ValueError, "op differs across ranks", ["rank 0: var", "rank 1: mpi.stats()"]),
     # These read overlapping shards, or the same bytes as different dtypes.
     "read_shard-n": (
         ValueError,

@@ -369,6 +369,9 @@ def check_errors() -> None:
         expect_everywhere(lambda: mpi.allreduce(mixed, "sum"), TypeError, "input dtype differs across ranks")
         op = "max" if RANK == 0 else "sum"
         expect_everywhere(lambda: mpi.allreduce(ones, op), ValueError, "op differs across ranks")
+        # stats() is agreed as a call of its own, not as the "mean" whose moments it exchanges.
+        call = (lambda: mpi.stats(ones)) if RANK == 0 else (lambda: mpi.allreduce(ones, "mean"))
+        expect_everywhere(call, ValueError, "op differs across ranks:\nrank 0: mpi.stats()\n")
         dt = np.float32 if RANK == 0 else np.float64
         expect_everywhere(lambda: mpi.allreduce(ones, "sum", dtype=dt), TypeError, "dtype= differs across ranks")
     bad = SIZE - 1
