@@ -32,6 +32,7 @@ from typing import Any
 import dask
 import dask.array as da
 import numpy as np
+from dask.base import tokenize
 from dask.tokenize import normalize_token
 from numpy.lib.array_utils import normalize_axis_tuple
 
@@ -302,6 +303,9 @@ def _arg_finalize(states, *, op: Op):
 
 def _composite_reduction(x, op: Op, result, axes, keepdims, split_every, correction) -> da.Array:
     name = f"treereduce-{op.name}"
+    # Layers named here (not by Dask's reduction, which tokenizes its own) carry a token of the
+    # input and every parameter: two calls share a key only when they compute the same thing.
+    token = tokenize(x, op.name, axes, keepdims, split_every, correction)
     if op.kind == "moments":
         return da.reduction(
             x,
@@ -331,7 +335,7 @@ def _composite_reduction(x, op: Op, result, axes, keepdims, split_every, correct
         dtype=sdt,
         chunks=tuple(tuple(1 for _ in c) if i in axes else c for i, c in enumerate(x.chunks)),
         meta=np.empty((0,) * x.ndim, dtype=sdt),
-        name=f"{name}-chunk",
+        name=f"{name}-chunk-{token}",
     )
     merged = da.reduction(
         states,
@@ -346,7 +350,7 @@ def _composite_reduction(x, op: Op, result, axes, keepdims, split_every, correct
         concatenate=False,
     )
     return merged.map_blocks(
-        _arg_finalize, op=op, dtype=np.int64, meta=np.empty((0,) * merged.ndim, np.int64), name=name
+        _arg_finalize, op=op, dtype=np.int64, meta=np.empty((0,) * merged.ndim, np.int64), name=f"{name}-{token}"
     )
 
 
@@ -578,7 +582,10 @@ def stats(x: da.Array, *, axis: Any = None, correction: float = 0.0, split_every
         name="treereduce-stats",
         concatenate=False,
     )
-    return dask.delayed(_finalize_stats)(states, dtype, correction, kshape)
+    # A key from the states' (tokenized) name and the finalize's arguments: deterministic, as
+    # every other key here (dask.delayed's default is a random one).
+    key = f"treereduce-stats-finalize-{tokenize(states, dtype, correction, kshape)}"
+    return dask.delayed(_finalize_stats)(states, dtype, correction, kshape, dask_key_name=key)
 
 
 def _finalize_stats(states: np.ndarray, dtype: np.dtype, correction: float, kshape: tuple[int, ...]) -> _stats.Stats:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import os
 import pickle
+import re
 import signal
 import subprocess
 import sys
@@ -313,6 +314,56 @@ def test_default_split_every_values(n_chunks):
     assert di.treereduce("max").compute() == np.max(i)
 
 
+_TOKENIZED = re.compile(r"-[0-9a-f]{32}$")
+
+
+def _layer_names(lazy) -> list[str]:
+    return [name for name in lazy.__dask_graph__().layers if not name.startswith("array-")]
+
+
+def test_every_key_carries_a_token_of_the_input_and_every_parameter():
+    # Two calls share keys only when they compute the same thing: argmin/argmax named two of
+    # their layers without a token, so two arrays' argmax computed together gave one answer.
+    x = da.from_array(np.array([5.0, 1.0, 9.0, 3.0]), chunks=2)
+    y = da.from_array(np.array([0.0, 7.0, 2.0, 1.0]), chunks=2)
+    assert dask.compute(x.treereduce("argmax"), y.treereduce("argmax"), scheduler="sync") == (2, 1)
+    assert dask.compute(x.treereduce("argmin"), x.treereduce("argmax"), scheduler="sync") == (1, 2)
+    z = da.from_array(np.arange(12.0).reshape(3, 4) % 5, chunks=2)
+    variants = [
+        (z, "argmax", {}),
+        (z, "argmax", {"axis": 0}),
+        (z, "argmax", {"axis": 1}),
+        (z, "argmax", {"axis": 1, "keepdims": True}),
+        (z, "argmax", {"axis": 1, "split_every": 2}),
+        (z, "argmin", {"axis": 1}),
+        (z.T, "argmax", {"axis": 1}),
+        (z, "var", {"axis": 1}),
+        (z, "var", {"axis": 1, "correction": 1}),
+        (z, "std", {"axis": 1}),
+        (z, "mean", {}),
+        (z, "sum", {}),
+        (z, "sum", {"dtype": np.float32}),
+        (z, "sum", {"axis": 0}),
+        (z, "sum", {"reproducible": True}),
+    ]
+    lazies = [a.treereduce(op, **kw) for a, op, kw in variants]
+    for lazy in lazies:
+        for name in _layer_names(lazy):
+            assert _TOKENIZED.search(name), name
+    assert len({lazy.name for lazy in lazies}) == len(lazies)
+    # The same call gives the same keys (deterministic: distributed reuses them).
+    assert [a.treereduce(op, **kw).name for a, op, kw in variants] == [lazy.name for lazy in lazies]
+    got = dask.compute(*lazies, scheduler="sync")
+    for (a, op, kw), value in zip(variants, got, strict=True):
+        want = multireduce.reduce(a.compute(), op, **{k: v for k, v in kw.items() if k != "split_every"})
+        np.testing.assert_allclose(np.asarray(value), np.asarray(want), rtol=1e-12)
+        assert np.shape(value) == np.shape(want)
+    stats = [mdask.stats(z, axis=1), mdask.stats(z, axis=0), mdask.stats(z, axis=0, correction=1), mdask.stats(z.T)]
+    keys = [s.key for s in stats]
+    assert len(set(keys)) == len(keys) and all(_TOKENIZED.search(k) for k in keys)
+    assert mdask.stats(z, axis=1).key == keys[0]
+
+
 def test_same_chunking_gives_the_same_bits_on_every_scheduler():
     x = make_data("float32", 100_000, np.random.default_rng(9))
     d = da.from_array(x, chunks=3000)
@@ -408,6 +459,16 @@ def test_local_cluster(thread_client, op):
     got = thread_client.compute(d.treereduce(op, split_every=3)).result(timeout=60)
     check(x, op, got)
     assert got == d.treereduce(op, split_every=3).compute(scheduler="sync")
+
+
+def test_local_cluster_argmax_of_two_arrays_at_once(thread_client):
+    # Distributed refused the shared keys ("Detected different run_spec") or mixed the results.
+    x = np.arange(24.0).reshape(4, 6) % 7
+    y = x[::-1, ::-1].copy()
+    dx, dy = da.from_array(x, chunks=(2, 4)), da.from_array(y, chunks=(3, 2))
+    futures = thread_client.compute([dx.treereduce("argmax", axis=1), dy.treereduce("argmax", axis=1)])
+    got = [f.result(timeout=60) for f in futures]
+    assert got[0].tolist() == np.argmax(x, axis=1).tolist() and got[1].tolist() == np.argmax(y, axis=1).tolist()
 
 
 def test_local_cluster_progress(thread_client, capsys):
