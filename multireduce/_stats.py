@@ -585,9 +585,15 @@ class ArgState:
         return ArgState(func(self.value), func(self.index))
 
 
-def empty_arg_state(acc: np.dtype, shape: tuple[int, ...] = ()) -> ArgState:
-    """The state of zero elements: the neutral element of :func:`arg_merge`."""
-    return ArgState(np.zeros(shape, acc), np.full(shape, -1, np.int64))
+def empty_arg_state(dtype: np.dtype, shape: tuple[int, ...] = ()) -> ArgState:
+    """The state of zero elements of input ``dtype``: the neutral element of :func:`arg_merge`.
+
+    Its value has the dtype of a non-empty state's (``_extreme_acc(dtype)``, the ``value``
+    field of :func:`arg_dtype`; given that dtype itself, the same), so that merging it with
+    one keeps that dtype: a placeholder of another dtype made ``numpy.where`` promote uint64
+    and int64 values to float64, which rounds large values and mixes up their keys.
+    """
+    return ArgState(np.zeros(shape, _extreme_acc(np.dtype(dtype))), np.full(shape, -1, np.int64))
 
 
 def _arg_keys(value: np.ndarray, largest: bool) -> np.ndarray:

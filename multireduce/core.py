@@ -451,7 +451,7 @@ def partial(
         state = backend.moments(arr, axes, op)
     elif math.prod(arr.shape[a] for a in axes) == 0:
         kshape = tuple(n for i, n in enumerate(arr.shape) if i not in axes)
-        state = _stats.empty_arg_state(acc, kshape)
+        state = _stats.empty_arg_state(arr.dtype, kshape)  # the value in the input's extreme dtype
     else:
         state = backend.arg(arr, None if full and (axis is None or ndim <= 1) else axes[0], op)
     if keepdims:

@@ -260,8 +260,7 @@ def _arg_block(block, *, op: Op, axis: int | None, shape: tuple[int, ...], expec
     axes = tuple(range(block.ndim)) if axis is None else (axis,)
     if math.prod(block.shape[a] for a in axes) == 0:
         kshape = tuple(1 if i in axes else n for i, n in enumerate(block.shape))
-        acc = op.accumulator_dtype(op.result_dtype(block.dtype))
-        return _stats.to_structured(_stats.empty_arg_state(acc, kshape))
+        return _stats.to_structured(_stats.empty_arg_state(block.dtype, kshape))
     state = core.partial(block, op, axis=axis, keepdims=True)
     if axis is None:
         # The chunk's flat index -> the global C-order flat index, in int64 throughout.
@@ -324,8 +323,7 @@ def _composite_reduction(x, op: Op, result, axes, keepdims, split_every, correct
     if len(axes) not in (1, x.ndim):
         raise TypeError(f"{op.name} takes axis=None or a single int, not {axes!r}")
     axis = None if len(axes) == x.ndim and x.ndim != 1 else axes[0]
-    acc = op.accumulator_dtype(result)
-    sdt = np.dtype([("value", acc), ("index", np.int64)])
+    sdt = _stats.arg_dtype(x.dtype)  # (the input's extreme value, int64 index)
     states = x.map_blocks(
         _arg_block,
         op=op,

@@ -309,8 +309,9 @@ class Op:
     def accumulator_dtype(self, result: np.dtype) -> np.dtype:
         """The dtype in which partials are formed and combined, for a given result dtype.
 
-        For moments ops this is float64 (the dtype of the mean and of M2); for arg ops it is
-        the dtype in which the extreme value travels next to its int64 index.
+        For moments ops this is float64 (the dtype of the mean and of M2). For arg ops, whose
+        result is always int64, it says nothing about the extreme value that travels next to
+        the index: that value's dtype depends on the input (``_stats.arg_dtype(input dtype)``).
         """
         return self._accumulator(np.dtype(result))
 

@@ -196,6 +196,25 @@ def test_partial_is_in_accumulator_dtype(xp):
     assert to_host(xp, multireduce.partial(to_device(xp, np.array([3], np.uint8)), "sum")).dtype == np.uint64
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_empty_arg_partial_has_the_value_dtype_of_a_non_empty_one(xp, dtype):
+    # The empty state's value had the int64 "accumulator" of the arg ops' int64 result, so
+    # merging it with a uint64 state promoted the values to float64 (the Dask layer's argmax
+    # of uint64 with an empty chunk answered 0 for [3, 5]; the MPI layer merges these too).
+    from multireduce import _stats
+
+    layout = _stats.arg_dtype(np.dtype(dtype))
+    for op in ("argmax", "argmin"):
+        empty = multireduce.partial(to_device(xp, np.zeros(0, dtype=dtype)), op)
+        full = multireduce.partial(to_device(xp, np.ones(3, dtype=dtype)), op)
+        assert np.asarray(empty.value).dtype == np.asarray(full.value).dtype == layout["value"], (op, dtype)
+        assert int(empty.index) == -1
+        assert _stats.to_structured(empty).dtype == _stats.to_structured(full).dtype == layout
+        rows = multireduce.partial(to_device(xp, np.zeros((3, 0), dtype=dtype)), op, axis=1)
+        assert rows.value.shape == (3,) and rows.value.dtype == layout["value"]
+        assert rows.index.tolist() == [-1, -1, -1]
+
+
 @pytest.mark.parametrize("n", [0, 1, 33, 257, 2**20 + 1])
 @pytest.mark.parametrize("op", OPS)
 def test_partial_into_out(xp, op, n):

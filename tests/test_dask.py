@@ -174,6 +174,29 @@ def test_empty_chunks_contribute_the_identity(op):
     assert float(dn.treereduce("max").compute()) == -1.0
 
 
+@pytest.mark.parametrize("dtype", [dt.name for dt in multireduce.ops.SUPPORTED_DTYPES])
+def test_arg_ops_with_empty_chunks_keep_the_value_dtype(dtype):
+    # An empty chunk's state had an int64 value: merged with uint64 values, np.where made them
+    # float64 (argmax of uint64 [3, 5] with an empty first chunk gave 0).
+    a = np.array([3, 5], dtype=np.uint64)
+    assert da.from_array(a, chunks=((0, 1, 1),)).treereduce("argmax").compute() == 1
+    rng = np.random.default_rng(zlib.crc32(dtype.encode()))
+    if dtype == "bool":
+        x = np.zeros((5, 7), dtype=bool)
+        x[3, 2] = x[1, 5] = True
+    else:
+        # Distinct values (no ties, no signed zeros): np.argmax is the reference.
+        top = 2**64 - 1 if dtype == "uint64" else (2**63 - 1 if dtype == "int64" else 35)
+        x = np.array([top - int(k) for k in rng.permutation(35)], dtype=dtype).reshape(5, 7)
+    d = da.from_array(x, chunks=((0, 2, 0, 3), (3, 0, 4, 0)))
+    for op, ref in (("argmax", np.argmax), ("argmin", np.argmin)):
+        got = d.treereduce(op).compute(scheduler="sync")
+        assert got == ref(x), (op, dtype)
+        for axis in (0, 1):
+            got = d.treereduce(op, axis=axis, split_every=2).compute(scheduler="sync")
+            assert got.dtype == np.int64 and got.tolist() == ref(x, axis=axis).tolist(), (op, axis, dtype)
+
+
 def test_empty_array():
     d = da.zeros((0, 4), dtype=np.float32, chunks=2)
     got = d.treereduce("sum").compute()

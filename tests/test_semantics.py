@@ -746,6 +746,30 @@ def test_arg_merge_pairs_equals_arg_merge_all(dtype):
         _stats.arg_merge_pairs([], True)
 
 
+def test_empty_uint64_arg_state_merges_without_losing_the_value():
+    # The core's state of an empty shard or chunk, merged with non-empty ones as the Dask
+    # layer (arg_merge_all) and the MPI layer (arg_merge_pairs over arg_dtype records) merge
+    # them. 2**64 - 2 and 2**64 - 1 are one float64: the empty state's int64 placeholder made
+    # the array merge promote the values to float64 and pick the wrong index.
+    big = np.array([2**64 - 2, 7, 2**64 - 1, 2**64 - 1], dtype=np.uint64)
+    empty = multireduce.partial(np.zeros(0, np.uint64), "argmax")
+    first = multireduce.partial(big[:2], "argmax")
+    second = _stats.ArgState(*(np.asarray(a) for a in (multireduce.partial(big[2:], "argmax").value, 2)))
+    for order in itertools.permutations([empty, first, second]):
+        merged = _stats.arg_merge_all(order, largest=True)
+        assert merged.value.dtype == np.uint64 and int(merged.value) == 2**64 - 1 and int(merged.index) == 2
+    layout = _stats.arg_dtype(np.uint64)
+    records = np.concatenate([_stats.to_structured(s).reshape(1) for s in (empty, first, second)])
+    assert records.dtype == layout  # one layout for empty and non-empty states
+    pairs = [(r["value"], int(r["index"])) for r in records]
+    for order in itertools.permutations(pairs):
+        merged = _stats.arg_merge_pairs(list(order), largest=True)
+        assert np.asarray(merged.value).dtype == np.uint64 and int(merged.value) == 2**64 - 1
+        assert int(merged.index) == 2
+    smallest = _stats.arg_merge_all([empty, multireduce.partial(big, "argmin")], largest=False)
+    assert smallest.value.dtype == np.uint64 and int(smallest.value) == 7 and int(smallest.index) == 1
+
+
 def test_arg_merge_is_order_independent():
     x = np.array([3.0, -0.0, 7.0, 0.0, 7.0, np.nan, 1.0, np.nan])
     for largest in (True, False):
