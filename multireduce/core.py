@@ -139,21 +139,45 @@ def _converts(dtype: np.dtype, result: np.dtype, acc: np.dtype, exact: bool = Fa
     Array API standard and NumPy do). A reduction straight to the result converts on the fly
     (the kernels' and the CPU path's loads); a partial, accumulated and returned in the wider
     accumulator dtype ``acc`` (float16 sums in float32, float32 in float64), converts to
-    ``acc`` instead, which differs where the cast to the result rounds; the exact accumulator
-    (``exact``) takes float elements only.
+    ``acc`` instead, which differs where the cast to the result is not the cast to ``acc``
+    followed by the final cast to the result; the exact accumulator (``exact``) takes float
+    elements only.
+
+    * A result that is the accumulator dtype (int64, uint64, float64): accumulating in it
+      converts each element to it on the way in.
+    * Narrower integer results of integer or bool elements: the conversion wraps modulo
+      2**bits, which commutes with adding and multiplying in the 64-bit accumulator.
+    * Narrower integer results of float elements: each element is truncated (an infinity,
+      a NaN or a value out of range becomes whatever the cast makes of it), which does not
+      commute: ``[inf, 1.0]`` summed as int32 is -2147483647 in NumPy, not 1.
+    * Narrower float results: where the cast to them rounds (int32 or float64 elements to
+      float32 or float16).
     """
     if dtype == result:
         return False
     if exact:  # float elements only; a widening float conversion changes no value
         return not (dtype.kind == "f" and np.can_cast(dtype, result, "safe"))
-    # Integer results wrap modulo 2**bits, which commutes with adding and multiplying in the
-    # wider accumulator: only a float result narrower than the accumulator can differ.
-    return result.kind == "f" and result != acc and not np.can_cast(dtype, result, "safe")
+    if result == acc:
+        return False
+    if result.kind in "iu":
+        return dtype.kind == "f"
+    return not np.can_cast(dtype, result, "safe")
 
 
-def _converted(arr, result: np.dtype, acc: np.dtype, exact: bool):
-    """``arr`` with each element converted to ``result`` where :func:`_converts` says so (a copy)."""
-    return arr.astype(result) if _converts(arr.dtype, result, acc, exact) else arr
+def _converted(arr, op: Op, result: np.dtype, acc: np.dtype, exact: bool):
+    """``arr`` with each element converted to ``result`` where :func:`_converts` says so (a copy).
+
+    As the backends' reductions with ``dtype=`` convert: nansum drops NaN (as 0) before an
+    integer conversion, and a NaN, an infinity or a value out of range converts without a
+    warning (whatever the cast gives, as NumPy's reduction gives).
+    """
+    if not _converts(arr.dtype, result, acc, exact):
+        return arr
+    if op.name == "nansum" and arr.dtype.kind == "f" and result.kind in "iu":
+        xp = sys.modules["cupy"] if _is_cupy_array(arr) else np
+        arr = xp.where(xp.isnan(arr), arr.dtype.type(0), arr)
+    with np.errstate(invalid="ignore", over="ignore"):
+        return arr.astype(result)
 
 
 def _check_correction(op: Op, correction: Any) -> float:
@@ -306,7 +330,7 @@ def _reduce(x: Any, op: str | Op, axis: Any, keepdims: bool, dtype: Any, correct
         # The exact sum is formed where the data lives, and rounded once: a GPU sum by
         # exact_sum_rounded (see its ROUND_ON_DEVICE), a mean or a CPU sum on the host.
         if dtype is not None:
-            arr = _converted(arr, result, acc, exact=True)
+            arr = _converted(arr, op, result, acc, exact=True)
         if backend is _cupy_backend and op.name == "sum" and arr.dtype.kind == "f" and result.kind == "f":
             value = backend.exact_sum_rounded(arr, result)
         else:
@@ -423,7 +447,7 @@ def partial(
     op, result, acc = _plan(arr, op, dtype)
     if dtype is not None:
         exact = reproducible and op.name == "sum" and result.kind == "f"
-        arr = _converted(arr, result, acc, exact=exact)
+        arr = _converted(arr, op, result, acc, exact=exact)
     if out is not None:
         return _partial_into(backend, arr, op, acc, axis, keepdims, reproducible, out)
     ndim = arr.ndim

@@ -120,6 +120,30 @@ def test_dtype_argument_converts_each_element_first(chunks, reproducible):
         assert cols.compute().tolist() == [6144.0, 6144.0]
 
 
+@pytest.mark.parametrize(("op", "reproducible"), [("sum", False), ("sum", True), ("prod", False), ("nansum", False)])
+def test_dtype_argument_converts_float_elements_to_integers_first(op, reproducible):
+    # Each chunk's partial skipped the conversion for integer results: [inf, 1.0] summed as
+    # int32 gave 1 (NumPy and the core: -2147483647), [3e9, 1.0, -5e9, 2.5] gave -1999999997
+    # (NumPy: 3). The reference is NumPy's own reduction with dtype= (its casts of inf, NaN
+    # and out-of-range values are this CPU's), and the core on the whole array.
+    ref = {"sum": np.sum, "prod": np.prod, "nansum": np.nansum}[op]
+    for values in ([np.inf, 1.0], [3e9, 1.0, -5e9, 2.5], [1.7, np.nan, 2.7, -0.5, 3e9, -np.inf]):
+        x = np.array(values)
+        for requested in (np.int32, np.uint16, np.int8):
+            with np.errstate(invalid="ignore", over="ignore"):
+                want = ref(x, dtype=requested)
+            assert multireduce.reduce(x, op, dtype=requested) == want
+            for chunks in (1, 2, x.size):
+                d = da.from_array(x, chunks=chunks)
+                got = d.treereduce(op, dtype=requested, reproducible=reproducible).compute(scheduler="sync")
+                assert got.dtype == np.dtype(requested) and got == want, (values, requested, chunks)
+    x = np.array([[np.inf, 1.0, 3e9], [2.5, -5e9, 1.0]])
+    with np.errstate(invalid="ignore", over="ignore"):
+        want = ref(x, axis=0, dtype=np.int32)
+    got = da.from_array(x, chunks=1).treereduce(op, axis=0, dtype=np.int32).compute(scheduler="sync")
+    assert got.dtype == np.int32 and got.tolist() == want.tolist()
+
+
 @pytest.mark.parametrize(
     ("op", "kwargs"),
     [("sum", {}), ("max", {}), ("sum", {"axis": 0}), ("mean", {}), ("argmax", {}), ("sum", {"reproducible": True})],
