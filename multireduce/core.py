@@ -58,11 +58,39 @@ def _is_cupy_array(x: Any) -> bool:
 _cupy_backend = None  # the CuPy backend module, once a CuPy array has been seen
 
 
+def _refused_subclass(x: np.ndarray, what: str = "a {}", fill: str = "x.filled(v)") -> TypeError | None:
+    """The error for an ndarray subclass whose reductions mean something else, or None.
+
+    ``numpy.ma.MaskedArray``: its mask would be ignored (every element reduced).
+    ``numpy.matrix``: NumPy's reductions of it keep two dimensions (an axis reduction of it
+    is a 1xN or Nx1 matrix), which ndarray results would silently change. Other subclasses
+    (``numpy.memmap``, a ``numpy.recarray`` of a supported dtype) hold plain elements and
+    are reduced as ndarrays. ``what`` names the input (``{}``: the type), ``fill`` how to
+    fill a masked one.
+    """
+    ma = sys.modules.get("numpy.ma")  # imported wherever a masked array exists
+    if ma is not None and isinstance(x, ma.MaskedArray):
+        return TypeError(
+            f"cannot reduce {what.format('numpy.ma.MaskedArray')}: multireduce reduces every element "
+            f"and would ignore the mask. Fill the masked elements with a value v neutral for the op "
+            f"first ({fill}), or use the masked array's own reductions"
+        )
+    if isinstance(x, np.matrix):
+        return TypeError(
+            f"cannot reduce {what.format('numpy.matrix')}: NumPy's reductions of a matrix keep two "
+            "dimensions (numpy.sum(m, axis=0) is a 1xN matrix), which multireduce's results would "
+            "not; convert with numpy.asarray first"
+        )
+    return None
+
+
 def _backend_and_array(x: Any):
     global _cupy_backend
     if _cupy_backend is not None and type(x) is _cupy_backend.cupy.ndarray:
         return _cupy_backend, x  # the first test, so that tiny GPU reductions pay least
     if isinstance(x, np.ndarray):
+        if type(x) is not np.ndarray and (error := _refused_subclass(x)) is not None:
+            raise error
         from ._backend import numpy as backend
 
         return backend, x
@@ -225,7 +253,10 @@ def reduce(
     x : numpy.ndarray or cupy.ndarray
         Input of any shape (0-d included) and layout (views, offsets and negative strides are
         fine). Python lists and scalars are converted with ``numpy.asarray``. Supported
-        dtypes: bool, int8-int64, uint8-uint64, float16, float32, float64.
+        dtypes: bool, int8-int64, uint8-uint64, float16, float32, float64. ndarray
+        subclasses such as ``numpy.memmap`` are reduced as ndarrays, except
+        ``numpy.ma.MaskedArray`` (the mask would be ignored) and ``numpy.matrix`` (its
+        reductions keep two dimensions), which are refused.
     op : str or Op
         One of ``multireduce.OPS``: sum, prod, max, min, mean, var, std, count_nonzero, any,
         all, argmin, argmax, nansum, nanmax, nanmin, nanmean.
@@ -257,8 +288,9 @@ def reduce(
     Raises
     ------
     TypeError
-        For an unsupported input type or dtype, ``dtype=`` given to an op that does not take
-        it, ``correction=`` given to an op other than var/std, or a tuple axis for argmin/argmax.
+        For an unsupported input type (a masked array or a matrix included) or dtype,
+        ``dtype=`` given to an op that does not take it, ``correction=`` given to an op other
+        than var/std, or a tuple axis for argmin/argmax.
     ValueError
         For an unknown op, a repeated axis, or max, min, nanmax, nanmin, argmin, argmax over
         zero elements (NumPy's messages).

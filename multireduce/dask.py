@@ -127,12 +127,24 @@ def _normalized_axes(axis: Any, ndim: int) -> tuple[int, ...]:
     return tuple(range(ndim)) if axis is None else tuple(sorted(normalize_axis_tuple(axis, ndim)))
 
 
-def _plan(x: Any, op: str | Op, dtype: Any, axes: tuple[int, ...] | None = None) -> tuple[Op, np.dtype, np.dtype]:
+def _check_array(x: Any) -> None:
+    """Raise unless ``x`` is a Dask array whose chunks (as its ``_meta`` says) multireduce reduces."""
     if not isinstance(x, da.Array):
         raise TypeError(
             f"treereduce takes a dask.array.Array, not {type(x).__module__}.{type(x).__qualname__}; "
             "use multireduce.reduce for NumPy and CuPy arrays"
         )
+    meta = x._meta
+    if isinstance(meta, np.ndarray) and type(meta) is not np.ndarray:
+        # Masked chunks would be reduced with their masks ignored (the core refuses them too,
+        # when computed; here it is known at once).
+        error = core._refused_subclass(meta, "a Dask array of {} chunks", "dask.array.ma.filled(x, v)")
+        if error is not None:
+            raise error
+
+
+def _plan(x: Any, op: str | Op, dtype: Any, axes: tuple[int, ...] | None = None) -> tuple[Op, np.dtype, np.dtype]:
+    _check_array(x)
     op = get_op(op)
     result = op.result_dtype(x.dtype, dtype)
     acc = op.accumulator_dtype(result)
@@ -559,8 +571,7 @@ def stats(x: da.Array, *, axis: Any = None, correction: float = 0.0, split_every
     """
     import dask
 
-    if not isinstance(x, da.Array):
-        _plan(x, "sum", None)  # raises the TypeError
+    _check_array(x)
     dtype = check_dtype(x.dtype)
     correction = core._check_correction(get_op("var"), correction)
     axes = _normalized_axes(axis, x.ndim)

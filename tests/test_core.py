@@ -323,6 +323,36 @@ def test_bad_arguments():
         multireduce.sum(np.ones(3, dtype=">f8"))
 
 
+@pytest.mark.filterwarnings("ignore:the matrix subclass:PendingDeprecationWarning")
+def test_masked_arrays_and_matrices_are_refused_memmaps_reduced(tmp_path):
+    # A masked array's mask was ignored: its sum counted the masked 1000.0 (NumPy: 3.0).
+    masked = np.ma.masked_array([1.0, 2.0, 1000.0], mask=[0, 0, 1])
+    calls = [
+        lambda x: multireduce.sum(x),
+        lambda x: multireduce.reduce(x, "max", axis=0),
+        lambda x: multireduce.mean(x),
+        lambda x: multireduce.argmax(x),
+        lambda x: multireduce.partial(x, "sum"),
+        lambda x: multireduce.partial(x, "var", axis=0),
+        lambda x: multireduce.stats(x),
+    ]
+    for call in calls:
+        for x in (masked, np.ma.masked_array(np.ones((2, 3)), mask=False)):  # no element masked: still refused
+            with pytest.raises(TypeError, match=r"cannot reduce a numpy\.ma\.MaskedArray: .* ignore the mask"):
+                call(x)
+        # A matrix's reductions keep two dimensions in NumPy (np.sum(m, axis=0) is 1xN).
+        with pytest.raises(TypeError, match=r"cannot reduce a numpy\.matrix: .*numpy\.asarray"):
+            call(np.matrix([[1.0, 2.0], [3.0, 4.0]]))
+    # Other ndarray subclasses hold plain elements: a memmap is reduced as its data.
+    path = tmp_path / "data.bin"
+    data = np.arange(1, 11, dtype=np.float32) / 4
+    data.tofile(path)
+    mapped = np.memmap(path, dtype=np.float32, mode="r")
+    assert float(multireduce.sum(mapped)) == math.fsum(data.astype(np.float64).tolist()) == 13.75
+    assert multireduce.argmax(mapped) == 9 and multireduce.stats(mapped).count == 10
+    assert multireduce.reduce(mapped.reshape(2, 5), "max", axis=1).tolist() == [1.25, 2.5]
+
+
 def test_python_inputs_are_converted():
     assert multireduce.sum([1, 2, 3]) == 6
     assert multireduce.max((1.5, -2.0)) == 1.5

@@ -266,6 +266,29 @@ def test_errors():
         d.treereduce("median")
 
 
+def test_masked_chunks_are_refused_when_the_graph_is_built(tmp_path):
+    # Masked chunks were reduced with their masks ignored: a sum of 1003.0 for NumPy's 3.0.
+    m = np.ma.masked_array([1.0, 2.0, 1000.0], mask=[0, 0, 1])
+    xm = da.ma.masked_array(da.from_array(m.data, chunks=2), mask=m.mask)
+    assert float(xm.sum().compute()) == float(np.sum(m)) == 3.0  # Dask's own masked sum
+    message = r"cannot reduce a Dask array of numpy\.ma\.MaskedArray chunks: .* ignore the mask"
+    for op, kw in (("sum", {}), ("max", {"axis": 0}), ("mean", {}), ("argmax", {}), ("sum", {"reproducible": True})):
+        with pytest.raises(TypeError, match=message):
+            xm.treereduce(op, **kw)
+    with pytest.raises(TypeError, match=message):
+        mdask.stats(xm)
+    # Chunks that turn out masked under a plain meta: the core refuses each one when computed.
+    lying = da.from_array(m.data, chunks=2).map_blocks(
+        lambda b: np.ma.masked_array(b, mask=b > 100), meta=np.empty((0,), np.float64)
+    )
+    with pytest.raises(TypeError, match=r"cannot reduce a numpy\.ma\.MaskedArray"):
+        lying.treereduce("sum").compute(scheduler="sync")
+    # Memmap chunks (an ndarray subclass of plain elements) are reduced as before.
+    np.arange(10.0).tofile(tmp_path / "data.bin")
+    mapped = da.from_array(np.memmap(tmp_path / "data.bin", dtype=np.float64, mode="r"), chunks=3, asarray=False)
+    assert mapped.treereduce("sum").compute() == 45.0 and mapped.treereduce("argmax").compute() == 9
+
+
 def test_importing_multireduce_does_not_import_dask_and_the_import_registers_the_method():
     code = (
         "import sys, multireduce, multireduce.stream; assert 'dask' not in sys.modules and 'cupy' not in sys.modules;"
