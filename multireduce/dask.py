@@ -334,6 +334,15 @@ def _composite_reduction(x, op: Op, result, axes, keepdims, split_every, correct
     # position; map_blocks knows it (block_info), a reduction's chunk function does not.
     if len(axes) not in (1, x.ndim):
         raise TypeError(f"{op.name} takes axis=None or a single int, not {axes!r}")
+    unknown = [a for a in axes if any(math.isnan(c) for c in x.chunks[a])]
+    if unknown:
+        # The offsets of the chunks along a reduced axis are unknown until the chunks exist,
+        # and a global index needs them (Dask's own argmax refuses these too).
+        raise ValueError(
+            f"{op.name} over axis {unknown[0]} of an array with unknown chunk sizes ({x.chunks[unknown[0]]!r} "
+            "along it, e.g. after boolean indexing): the global index needs each chunk's offset. "
+            "Compute them first: x.compute_chunk_sizes()"
+        )
     axis = None if len(axes) == x.ndim and x.ndim != 1 else axes[0]
     sdt = _stats.arg_dtype(x.dtype)  # (the input's extreme value, int64 index)
     states = x.map_blocks(
@@ -432,7 +441,9 @@ def treereduce(
         If ``x`` is not a Dask array, for an unsupported dtype, or ``dtype=`` given to max/min.
     ValueError
         For an unknown op, or max/min of an array with no elements: at once when the size is
-        known, else when computed (as NumPy).
+        known, else when computed (as NumPy). argmin/argmax over an axis whose chunk sizes
+        are unknown (NaN, e.g. after boolean indexing), at once: the global index needs the
+        chunks' offsets (``x.compute_chunk_sizes()`` first).
     NotImplementedError
         When computed: CuPy chunks of one array on several GPUs of one process.
 
@@ -578,7 +589,6 @@ def stats(x: da.Array, *, axis: Any = None, correction: float = 0.0, split_every
     reduced = math.prod(x.shape[a] for a in axes)
     if not math.isnan(reduced) and reduced == 0:
         raise _stats.empty_stats_error()
-    kshape = tuple(n for i, n in enumerate(x.shape) if i not in axes)
     states = da.reduction(
         x,
         chunk=functools.partial(_moments_chunk, op=get_op("mean"), expected=x.dtype),
@@ -593,11 +603,13 @@ def stats(x: da.Array, *, axis: Any = None, correction: float = 0.0, split_every
     )
     # A key from the states' (tokenized) name and the finalize's arguments: deterministic, as
     # every other key here (dask.delayed's default is a random one).
-    key = f"treereduce-stats-finalize-{tokenize(states, dtype, correction, kshape)}"
-    return dask.delayed(_finalize_stats)(states, dtype, correction, kshape, dask_key_name=key)
+    key = f"treereduce-stats-finalize-{tokenize(states, dtype, correction, axes)}"
+    return dask.delayed(_finalize_stats)(states, dtype, correction, axes, dask_key_name=key)
 
 
-def _finalize_stats(states: np.ndarray, dtype: np.dtype, correction: float, kshape: tuple[int, ...]) -> _stats.Stats:
+def _finalize_stats(states: np.ndarray, dtype: np.dtype, correction: float, axes: tuple[int, ...]) -> _stats.Stats:
+    # The kept shape from the states themselves (kept axes of unknown size are known now).
+    kshape = tuple(n for i, n in enumerate(states.shape) if i not in axes)
     state = _stats.moments_from_structured(states).map(lambda a: a.reshape(kshape))
     return _stats.finalize_stats(state, dtype, correction)
 

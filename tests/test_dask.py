@@ -243,6 +243,46 @@ def test_unknown_chunk_sizes_empty_raises_when_computed():
     assert some.treereduce("sum").compute() == sum(range(13, 20))
 
 
+def test_unknown_chunk_sizes_arg_ops_refused_at_build_time_stats_work():
+    # argmin/argmax over an axis of unknown chunk sizes failed when computed ("cannot convert
+    # float NaN to integer", a TypeError for axis=None); stats over a kept axis of unknown
+    # size failed in its final reshape. The global index needs the chunks' offsets: refused
+    # at once, naming the remedy; everything else works.
+    x = np.arange(24.0).reshape(6, 4) % 7
+    d = da.from_array(x, chunks=2)
+    rows = d[d[:, 0] > 1]  # shape (nan, 4)
+    y = x[x[:, 0] > 1]
+    assert math.isnan(rows.shape[0])
+    for op in ("argmax", "argmin"):
+        for axis in (None, 0, -2):
+            with pytest.raises(ValueError, match=r"unknown chunk sizes .*x\.compute_chunk_sizes\(\)"):
+                rows.treereduce(op, axis=axis)
+        ref = getattr(np, op)
+        # Along the known axis the offsets are known: per-row indices.
+        got = rows.treereduce(op, axis=1).compute(scheduler="sync")
+        assert got.dtype == np.int64 and got.tolist() == ref(y, axis=1).tolist()
+        known = d[d[:, 0] > 1].compute_chunk_sizes()  # (in place: a new array, not rows)
+        assert known.treereduce(op).compute() == ref(y)
+        assert known.treereduce(op, axis=0).compute().tolist() == ref(y, axis=0).tolist()
+    for axis in (None, 0, 1, (0, 1)):
+        got = mdask.stats(rows, axis=axis, correction=1).compute(scheduler="sync")
+        with np.errstate(all="ignore"):
+            want = {
+                "count": np.sum(np.ones_like(y), axis=axis).astype(np.int64),
+                "sum": np.sum(y, axis=axis),
+                "min": np.min(y, axis=axis),
+                "max": np.max(y, axis=axis),
+                "mean": np.mean(y, axis=axis),
+                "var": np.var(y, axis=axis, ddof=1),
+            }
+        for name, value in want.items():
+            assert np.shape(getattr(got, name)) == np.shape(value), (axis, name)
+            np.testing.assert_allclose(getattr(got, name), value, rtol=1e-12, err_msg=f"{axis} {name}")
+    np.testing.assert_allclose(rows.treereduce("var", axis=1).compute(), np.var(y, axis=1), rtol=1e-12)
+    with pytest.raises(ValueError, match="zero-size array to stats"):  # all rows dropped: as the core
+        mdask.stats(d[d[:, 0] > 100], axis=0).compute(scheduler="sync")
+
+
 # -- errors --------------------------------------------------------------------------------
 
 
