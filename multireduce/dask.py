@@ -149,8 +149,8 @@ def _plan(x: Any, op: str | Op, dtype: Any, axes: tuple[int, ...] | None = None)
     result = op.result_dtype(x.dtype, dtype)
     acc = op.accumulator_dtype(result)
     axes = tuple(range(x.ndim)) if axes is None else axes
-    reduced = math.prod(x.shape[a] for a in axes)
-    if not op.empty_allowed and not math.isnan(reduced) and reduced == 0:
+    # A reduced axis known to be empty: at once (others of unknown size do not matter).
+    if not op.empty_allowed and any(x.shape[a] == 0 for a in axes):
         raise op.empty_error()
     return op, result, acc
 
@@ -212,6 +212,42 @@ def _fold_aggregate(x, axis, keepdims, *, op: Op, result: np.dtype, computing_me
     if _partials._is_cupy(value):  # CuPy chunks: the result stays on their device
         return value.astype(result)
     return np.asarray(value).astype(result)
+
+
+# -- counted partial-axis fold ops: max/min-type ops over axes of unknown size ---------------
+#
+# The reduced axes' size is known only when the chunks exist, and max, min, nanmax and nanmin
+# of zero elements must raise (an empty chunk contributes the identity). Only there the
+# partials carry their element count (multireduce._partials.Partial), so that the aggregate
+# knows whether anything was reduced; axes of known size take the plain arrays above.
+
+
+def _counted_chunk(x, axis, keepdims, *, op: Op, expected: np.dtype, computing_meta: bool = False):
+    if computing_meta:
+        return x
+    _check_chunk(x, expected)
+    count = math.prod(x.shape[a] for a in axis)  # per output element; one for the whole chunk
+    return _partials.wrap(core.partial(x, op, axis=axis, keepdims=True), count)
+
+
+def _counted_combine(parts, axis, keepdims, *, op: Op, computing_meta: bool = False):
+    if computing_meta:
+        return parts
+    # The partials of one task share their kept block: stacked along a new first axis.
+    value, n = _partials._gathered(_partials.flatten(parts), lambda s: core.partial(s, op.combiner, axis=0))
+    return _partials.wrap(value, n)
+
+
+def _counted_aggregate(parts, axis, keepdims, *, op: Op, result: np.dtype, computing_meta: bool = False):
+    if computing_meta:
+        return parts
+    parts = _partials.flatten(parts)
+    if sum(p.n for p in parts) == 0:  # the reduced axes turned out empty, as NumPy raises
+        raise op.empty_error()
+    value, _ = _partials._gathered(parts, lambda s: _partials._as_dtype(core.reduce(s, op.combiner, axis=0), result))
+    if not keepdims:
+        value = value.reshape(tuple(n for i, n in enumerate(value.shape) if i not in axis))
+    return value
 
 
 # -- moments and arg ops: partials are the structured-array form of their _stats state ------
@@ -440,8 +476,8 @@ def treereduce(
     TypeError
         If ``x`` is not a Dask array, for an unsupported dtype, or ``dtype=`` given to max/min.
     ValueError
-        For an unknown op, or max/min of an array with no elements: at once when the size is
-        known, else when computed (as NumPy). argmin/argmax over an axis whose chunk sizes
+        For an unknown op, or max, min, nanmax, nanmin over zero elements (as NumPy): at once
+        when a reduced axis is known to be empty, else (chunk sizes unknown, NaN) when computed. argmin/argmax over an axis whose chunk sizes
         are unknown (NaN, e.g. after boolean indexing), at once: the global index needs the
         chunks' offsets (``x.compute_chunk_sizes()`` first).
     NotImplementedError
@@ -498,6 +534,19 @@ def treereduce(
         chunk = functools.partial(_chunk, op=op, dtype=dtype, expected=x.dtype)
         name = f"treereduce-{op.name}"
         return _reduction(x, op, result, chunk, axis=axes, keepdims=keepdims, split_every=split_every, name=name)
+    if not op.empty_allowed and any(math.isnan(c) for a in axes for c in x.chunks[a]):
+        return da.reduction(
+            x,
+            chunk=functools.partial(_counted_chunk, op=op, expected=x.dtype),
+            combine=functools.partial(_counted_combine, op=op),
+            aggregate=functools.partial(_counted_aggregate, op=op, result=result),
+            axis=axes,
+            keepdims=keepdims,
+            dtype=result,
+            split_every=split_every,
+            name=f"treereduce-{op.name}",
+            concatenate=False,  # Partial objects, stacked by the steps themselves
+        )
     return da.reduction(
         x,
         chunk=functools.partial(_fold_chunk, op=op, dtype=dtype, expected=x.dtype),
@@ -586,8 +635,7 @@ def stats(x: da.Array, *, axis: Any = None, correction: float = 0.0, split_every
     dtype = check_dtype(x.dtype)
     correction = core._check_correction(get_op("var"), correction)
     axes = _normalized_axes(axis, x.ndim)
-    reduced = math.prod(x.shape[a] for a in axes)
-    if not math.isnan(reduced) and reduced == 0:
+    if any(x.shape[a] == 0 for a in axes):  # NaN (unknown) is not 0: then when computed
         raise _stats.empty_stats_error()
     states = da.reduction(
         x,

@@ -243,6 +243,46 @@ def test_unknown_chunk_sizes_empty_raises_when_computed():
     assert some.treereduce("sum").compute() == sum(range(13, 20))
 
 
+@pytest.mark.parametrize(
+    ("op", "name"), [("max", "maximum"), ("min", "minimum"), ("nanmax", "fmax"), ("nanmin", "fmin")]
+)
+def test_max_min_over_an_axis_of_unknown_size_raise_when_it_turns_out_empty(op, name):
+    # The reduced axis' size is known only when computed; when it turned out empty the
+    # result was the identity (-9223372036854775808 for max of int64) instead of NumPy's
+    # error. axis=None raised already.
+    message = f"zero-size array to reduction operation {name} which has no identity"
+    z = da.from_array(np.arange(6).reshape(2, 3), chunks=1)
+    empty = z[z[:, 0] > 100]  # shape (nan, 3): no row left
+    for keepdims in (False, True):
+        for split_every in (None, 2):
+            lazy = empty.treereduce(op, axis=0, keepdims=keepdims, split_every=split_every)
+            with pytest.raises(ValueError, match=message):
+                lazy.compute(scheduler="sync")
+    with pytest.raises(ValueError, match=message):
+        empty.treereduce(op).compute(scheduler="sync")
+    # Rows of unknown count that are there: NumPy's values, over one and two axes.
+    x = np.random.default_rng(3).permutation(120).reshape(4, 6, 5).astype(np.float32) - 60
+    x[1, 2, 3] = np.nan
+    d = da.from_array(x, chunks=(1, 4, 2))
+    keep = np.array([True, False, True, True])
+    some = d[da.from_array(keep, chunks=1)]  # shape (nan, 6, 5)
+    y = x[keep]
+    ref = getattr(np, op)
+    for axis in (0, (0, 2), (0, 1), 1, (1, 2)):
+        for keepdims in (False, True):
+            got = some.treereduce(op, axis=axis, keepdims=keepdims, split_every=2).compute(scheduler="sync")
+            want = ref(y, axis=axis, keepdims=keepdims)
+            assert got.dtype == np.float32 and got.shape == want.shape, (axis, keepdims)
+            assert np.array_equal(got, want, equal_nan=True), (axis, keepdims)
+    none = d[da.from_array(np.zeros(4, bool), chunks=1)]
+    with pytest.raises(ValueError, match=message):
+        none.treereduce(op, axis=(0, 2)).compute(scheduler="sync")
+    assert none.treereduce(op, axis=(1, 2)).compute(scheduler="sync").shape == (0,)  # nothing reduced over 0
+    # A reduced axis known to be empty next to one of unknown size: at once.
+    with pytest.raises(ValueError, match=message):
+        some[:, :0].treereduce(op, axis=(0, 1))
+
+
 def test_unknown_chunk_sizes_arg_ops_refused_at_build_time_stats_work():
     # argmin/argmax over an axis of unknown chunk sizes failed when computed ("cannot convert
     # float NaN to integer", a TypeError for axis=None); stats over a kept axis of unknown
@@ -682,6 +722,24 @@ def test_gpu_cupy_nan_empty_chunks_and_keepdims():
     empty = da.from_array(cupy.zeros(0, dtype=cupy.float32), chunks=1, asarray=False)
     with pytest.raises(ValueError):
         empty.treereduce("max")
+
+
+@pytest.mark.gpu
+def test_gpu_cupy_chunks_max_over_an_axis_of_unknown_size():
+    # The counted path of max/min over axes of unknown size: partials stay on the GPU.
+    cupy = _cupy()
+    x = np.random.default_rng(5).permutation(60).reshape(6, 10).astype(np.float32)
+    d = da.from_array(cupy.asarray(x), chunks=(2, 4), asarray=False)
+    keep = np.array([True, False, True, True, False, True])
+    some = d[da.from_array(cupy.asarray(keep), chunks=2, asarray=False)]
+    assert math.isnan(some.shape[0])
+    for op in ("max", "nanmin"):
+        got = some.treereduce(op, axis=0).compute(scheduler="threads")
+        assert isinstance(got, cupy.ndarray)
+        assert cupy.asnumpy(got).tolist() == getattr(np, op)(x[keep], axis=0).tolist()
+    none = d[da.from_array(cupy.zeros(6, dtype=bool), chunks=2, asarray=False)]
+    with pytest.raises(ValueError, match="zero-size array to reduction operation maximum"):
+        none.treereduce("max", axis=0).compute(scheduler="threads")
 
 
 @pytest.mark.gpu
