@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
 from collections.abc import Callable
 from typing import Any
 
@@ -34,7 +35,7 @@ import dask.array as da
 import numpy as np
 from dask.base import tokenize
 from dask.tokenize import normalize_token
-from numpy.lib.array_utils import normalize_axis_tuple
+from numpy.lib.array_utils import normalize_axis_index, normalize_axis_tuple
 
 from . import _exact, _partials, _stats, core
 from .ops import OPS, Op, check_dtype, get_op
@@ -44,6 +45,11 @@ __all__ = ["stats", "treereduce"]
 # Default fan-in of the combine and aggregate steps of full reductions: at most this many
 # partials per task (see _default_split_every).
 FULL_SPLIT_EVERY = 64
+# Dask's default fan-in (dask.array.reduction without split_every or the config key), kept
+# for axis reductions.
+DASK_SPLIT_EVERY = 4
+
+_SPLIT_EVERY_ACCEPTED = "None, an int >= 2, or a dict mapping axes of x (negative allowed) to ints >= 2"
 
 
 @normalize_token.register(Op)
@@ -59,35 +65,83 @@ def _normalize_op(op: Op):
     return normalize_token.dispatch(object)(op)
 
 
-def _default_split_every(split_every: Any, x: da.Array, axes: tuple[int, ...]) -> Any:
-    """The ``split_every`` given to ``dask.array.reduction`` (``None``: Dask's default).
+def _fan_in(value: Any, rule: str) -> int:
+    # bool is an int to Python, not a fan-in here; NumPy integers are ints.
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{rule}; got {value!r}")
+    if value < 2:
+        raise ValueError(f"{rule}; got {value!r} (a combine step takes at least 2 partials)")
+    return int(value)
 
-    The caller's, else the ``dask.config`` key ``split_every`` where set, else, for full
-    reductions, :data:`FULL_SPLIT_EVERY`. A full reduction's partials are scalars or small
-    fixed-size states: a task that combines 64 of them takes tens of microseconds on the host
-    (37 µs for 64 NumPy partials, 8 µs for 4), less than one extra task costs the threaded
-    scheduler (about 0.1 ms), and every combine level adds latency. Up to 64 chunks (along
-    all axes together), one aggregate takes every partial; beyond that Dask's integer rule
-    applies (64 partials per task along one axis, ``int(64 ** (1 / ndim))`` per axis along
-    several).
 
-    Axis reductions (``None`` here) keep Dask's default (4): their partials are arrays of the
-    kept shape, so a wide fan-in multiplies the memory that one task holds and the data it
-    concatenates, and narrower trees overlap combining with the chunks still running.
+def _check_split_every(value: Any, ndim: int, what: str = "split_every") -> int | dict[int, int] | None:
+    """``value`` validated: None, an int >= 2, or a dict of non-negative axes to ints >= 2.
+
+    Dask's own reduction takes anything here: a fan-in of 1 leaves partials uncombined (a
+    wrong sum), an axis key out of range is ignored, a negative int fails with an error
+    about complex numbers. ``what`` names the value in the messages.
+
+    Raises
+    ------
+    TypeError
+        For a value, key or fan-in of another type (bool included).
+    ValueError
+        For a fan-in below 2, or two keys naming one axis.
+    numpy.exceptions.AxisError
+        For a key that is not an axis of x (a ValueError).
     """
-    if split_every:
-        return split_every
-    configured = dask.config.get("split_every", None)
-    if configured:
-        return configured
-    if len(axes) != x.ndim:
+    if value is None:
         return None
+    rule = f"{what} accepts {_SPLIT_EVERY_ACCEPTED}"
+    if not isinstance(value, dict):
+        return _fan_in(value, rule)
+    out: dict[int, int] = {}
+    for key, fan_in in value.items():
+        if isinstance(key, bool) or not isinstance(key, numbers.Integral):
+            raise TypeError(f"{rule}; got the key {key!r}")
+        if not -ndim <= key < ndim:
+            raise np.exceptions.AxisError(f"{what} has the key {key!r}, not an axis of x (ndim {ndim}); {rule}")
+        axis = normalize_axis_index(int(key), ndim)
+        if axis in out:
+            raise ValueError(f"{what} names axis {axis} twice ({value!r}); {rule}")
+        out[axis] = _fan_in(fan_in, f"{what}[{key!r}] must be an int >= 2 ({rule})")
+    return out
+
+
+def _default_split_every(split_every: Any, x: da.Array, axes: tuple[int, ...]) -> int | dict[int, int]:
+    """The ``split_every`` given to ``dask.array.reduction``, validated (:func:`_check_split_every`).
+
+    The caller's, else the ``dask.config`` key ``split_every`` where set, else
+    :data:`FULL_SPLIT_EVERY` for full reductions and Dask's default
+    (:data:`DASK_SPLIT_EVERY`) for axis reductions. A dict is Dask's per-axis fan-in (a
+    reduced axis it leaves out takes 2). An int ``n`` is the most partials one task takes:
+    where the chunks along the reduced axes number at most ``n`` in all, one aggregate takes
+    every partial, with no combine level (Dask's own rule would split ``n`` into
+    ``int(n ** (1 / len(axes)))`` per axis, and blocks (2, 8) with ``n = 16`` would get a
+    combine level); beyond that Dask's rule applies.
+
+    Full reductions default to 64: their partials are scalars or small fixed-size states,
+    and a task that combines 64 of them takes tens of microseconds on the host (37 µs for
+    64 NumPy partials, 8 µs for 4), less than one extra task costs the threaded scheduler
+    (about 0.1 ms), and every combine level adds latency. Axis reductions keep Dask's 4:
+    their partials are arrays of the kept shape, so a wide fan-in multiplies the memory that
+    one task holds and the data it concatenates, and narrower trees overlap combining with
+    the chunks still running.
+    """
+    if split_every is not None:
+        value = _check_split_every(split_every, x.ndim)
+    else:
+        value = _check_split_every(dask.config.get("split_every", None), x.ndim, "the dask.config key 'split_every'")
+    if isinstance(value, dict):
+        return value
+    if value is None:
+        value = FULL_SPLIT_EVERY if len(axes) == x.ndim else DASK_SPLIT_EVERY
     blocks = x.numblocks
-    if math.prod(blocks[a] for a in axes) <= FULL_SPLIT_EVERY:
-        # One aggregate: a fan-in of at least the block count along every axis (at least 2,
-        # the smallest fan-in Dask's depth rule takes).
+    if math.prod(blocks[a] for a in axes) <= value:
+        # One aggregate: a fan-in of at least the block count along every reduced axis (at
+        # least 2, the smallest fan-in Dask's depth rule takes).
         return {a: max(blocks[a], 2) for a in axes}
-    return FULL_SPLIT_EVERY
+    return value
 
 
 def _check_chunk(x, expected: np.dtype) -> None:
@@ -447,14 +501,20 @@ def treereduce(
         If true, the reduced axes stay as axes of length one.
     dtype : dtype, optional
         Result dtype, for sum, prod and nansum only (as ``numpy.sum``).
-    split_every : int or dict, optional
-        How many partials one combine step takes, as in ``dask.array.reduction``: with at least
-        as many as there are chunks, no combine step runs and one aggregate takes every partial.
-        ``None`` uses the ``dask.config`` key ``split_every`` where set, else: for full
-        reductions (partials are scalars or small states) 64, so that up to 64 chunks are
-        reduced by one aggregate with no combine level (a combine task costs a scheduler
-        round trip, more than combining 64 scalars at once); for axis reductions (partials
-        are arrays of the kept shape) Dask's default, 4.
+    split_every : int, dict or None, optional
+        How many partials one combine or aggregate task takes. An int (at least 2) is the
+        most per task: where the chunks along the reduced axes number at most that many in
+        all, no combine step runs and one aggregate takes every partial (for any number of
+        reduced axes); beyond that, Dask's rule (``int(n ** (1 / len(axes)))`` per reduced
+        axis). A dict maps axes of ``x`` (negative allowed) to ints of at least 2, as in
+        ``dask.array.reduction`` (a reduced axis it leaves out takes 2; keys of kept axes
+        are ignored). Anything else raises when the graph is built (TypeError for another
+        type, ValueError for a fan-in below 2 or a key that is not an axis of ``x``).
+        ``None`` uses the ``dask.config`` key ``split_every`` where set (validated the same
+        way), else: for full reductions (partials are scalars or small states) 64, so that
+        up to 64 chunks are reduced by one aggregate with no combine level (a combine task
+        costs a scheduler round trip, more than combining 64 scalars at once); for axis
+        reductions (partials are arrays of the kept shape) Dask's default, 4.
     correction : float, optional
         For var and std, as in :func:`multireduce.var`.
     reproducible : bool, optional
@@ -474,12 +534,15 @@ def treereduce(
     Raises
     ------
     TypeError
-        If ``x`` is not a Dask array, for an unsupported dtype, or ``dtype=`` given to max/min.
+        If ``x`` is not a Dask array, for an unsupported dtype or chunk type (masked arrays),
+        ``dtype=`` given to max/min, or a ``split_every`` of another type than above.
     ValueError
         For an unknown op, or max, min, nanmax, nanmin over zero elements (as NumPy): at once
-        when a reduced axis is known to be empty, else (chunk sizes unknown, NaN) when computed. argmin/argmax over an axis whose chunk sizes
-        are unknown (NaN, e.g. after boolean indexing), at once: the global index needs the
-        chunks' offsets (``x.compute_chunk_sizes()`` first).
+        when a reduced axis is known to be empty, else (chunk sizes unknown, NaN) when
+        computed. argmin/argmax over an axis whose chunk sizes are unknown (NaN, e.g. after
+        boolean indexing), at once: the global index needs the chunks' offsets
+        (``x.compute_chunk_sizes()`` first). A ``split_every`` below 2, or with a key that is
+        not an axis of ``x`` (``numpy.exceptions.AxisError``).
     NotImplementedError
         When computed: CuPy chunks of one array on several GPUs of one process.
 
@@ -543,7 +606,7 @@ def treereduce(
             axis=axes,
             keepdims=keepdims,
             dtype=result,
-            split_every=split_every,
+            split_every=_default_split_every(split_every, x, axes),
             name=f"treereduce-{op.name}",
             concatenate=False,  # Partial objects, stacked by the steps themselves
         )
@@ -555,7 +618,7 @@ def treereduce(
         axis=axes,
         keepdims=keepdims,
         dtype=result,
-        split_every=split_every,
+        split_every=_default_split_every(split_every, x, axes),
         name=f"treereduce-{op.name}",
     )
 
@@ -606,8 +669,8 @@ def stats(x: da.Array, *, axis: Any = None, correction: float = 0.0, split_every
     axis : None, int or tuple of int, optional
     correction : float, optional
         For the variance, as in :func:`multireduce.var`.
-    split_every : int or dict, optional
-        As in :func:`treereduce`.
+    split_every : int, dict or None, optional
+        As in :func:`treereduce` (validated when the graph is built).
 
     Returns
     -------

@@ -402,6 +402,61 @@ def _tree_shape(lazy):
     return sum("-partial-" in k for k in keys), sum("-aggregate-" in k for k in keys)
 
 
+def _fan_ins(lazy) -> list[int]:
+    """The number of partials each combine and aggregate task of a treereduce result takes."""
+
+    def count(arg) -> int:
+        if isinstance(arg, list):
+            return sum(count(a) for a in arg)
+        return 1  # a key
+
+    out = []
+    for key, task in dict(lazy.__dask_graph__()).items():
+        name = key[0] if isinstance(key, tuple) else key
+        if name.startswith("treereduce-") and ("-partial-" in name or "-aggregate-" in name):
+            out.append(count(task[1]))
+    return out
+
+
+@pytest.mark.parametrize(
+    ("shape", "chunks", "axis", "n", "tree"),
+    [
+        ((2, 16), (1, 2), None, 16, (0, 1)),  # blocks (2, 8): Dask's rule gave 4 per axis
+        ((2, 16), (1, 2), None, 15, None),
+        ((2, 3, 4), 1, None, 24, (0, 1)),
+        ((2, 3, 4), 1, None, 23, None),
+        ((4, 6, 10), (1, 2, 5), (0, 1), 12, (0, 2)),  # 12 partials for each of 2 kept blocks
+        ((4, 6, 10), (1, 2, 5), (0, 1), 11, None),
+        ((4, 6, 10), (1, 2, 5), (1, 2), 6, (0, 4)),
+        ((4, 6, 10), (1, 2, 5), 2, None, (0, 12)),  # the default of axis reductions, 4
+        ((4, 6, 10), (1, 2, 5), (1, 2), None, None),  # 6 partials each: more than 4
+    ],
+)
+def test_an_int_split_every_of_at_least_the_reduced_chunks_takes_one_aggregate(shape, chunks, axis, n, tree):
+    # An int n is the most partials one task takes; where the chunks along the reduced axes
+    # number at most n, one aggregate takes them all (Dask's own rule splits n into
+    # int(n ** (1 / len(axes))) per axis and added a combine level). Beyond, Dask's rule.
+    x = np.arange(math.prod(shape), dtype=np.int64).reshape(shape)
+    d = da.from_array(x, chunks=chunks)
+    limit = n or mdask.DASK_SPLIT_EVERY
+    for op in ("sum", "max", "mean", "argmax"):
+        if op == "argmax" and isinstance(axis, tuple):
+            continue
+        lazy = d.treereduce(op, axis=axis, split_every=n)
+        combines, aggregates = _tree_shape(lazy)
+        if tree is not None:
+            assert (combines, aggregates) == tree, op
+        else:
+            assert combines > 0, op
+        assert max(_fan_ins(lazy)) <= limit, op
+        want = multireduce.reduce(x, op, axis=axis)
+        assert np.array_equal(lazy.compute(scheduler="sync"), want), op
+    if n is not None:  # the dask.config key is read the same way
+        given = _tree_shape(d.treereduce("sum", axis=axis, split_every=n))
+        with dask.config.set(split_every=n):
+            assert _tree_shape(d.treereduce("sum", axis=axis)) == given
+
+
 # chunks -> combine tasks with the default fan-in of full reductions (64 partials per task)
 DEFAULT_FULL_TREE = {1: 0, 15: 0, 16: 0, 17: 0, 64: 0, 65: 2, 200: 4}
 
@@ -768,6 +823,59 @@ def test_gpu_local_cluster_cupy_chunks(thread_client):
     d = da.from_array(cupy.asarray(x), chunks=20_000, asarray=False)
     got = thread_client.compute(d.treereduce("sum")).result(timeout=120)
     check(x, "sum", cupy.asnumpy(got)[()])
+
+
+BAD_SPLIT_EVERY = [
+    ({0: 1, 1: 1}, ValueError, r"split_every\[0\] must be an int >= 2"),  # 45.0: partials left uncombined
+    ({0: 1}, ValueError, r"split_every\[0\] must be an int >= 2"),  # 123.0
+    ({7: 2}, np.exceptions.AxisError, "split_every has the key 7, not an axis of x"),  # ignored
+    ({-3: 2}, np.exceptions.AxisError, "split_every has the key -3"),
+    ({0: 2, -2: 3}, ValueError, "split_every names axis 0 twice"),
+    (-1, ValueError, "got -1 .*at least 2 partials"),  # an error about complex numbers
+    (0, ValueError, "got 0"),
+    (1, ValueError, "got 1"),
+    (True, TypeError, "got True"),
+    (2.0, TypeError, "got 2.0"),
+    ("4", TypeError, "got '4'"),
+    ([2, 2], TypeError, r"got \[2, 2\]"),
+    ({0: True}, TypeError, r"split_every\[0\] must be an int >= 2"),
+    ({0: 2.5}, TypeError, "got 2.5"),
+    ({"a": 2}, TypeError, "got the key 'a'"),
+]
+
+
+@pytest.mark.parametrize(("split_every", "error", "match"), BAD_SPLIT_EVERY)
+def test_split_every_is_validated_when_the_graph_is_built(split_every, error, match):
+    d = da.from_array(np.arange(24.0).reshape(4, 6), chunks=(1, 2))  # sum 276
+    accepted = r"accepts None, an int >= 2, or a dict mapping axes of x \(negative allowed\) to ints >= 2"
+    calls = [
+        lambda **kw: d.treereduce("sum", **kw),
+        lambda **kw: d.treereduce("sum", axis=0, **kw),
+        lambda **kw: d.treereduce("max", axis=(0, 1), **kw),
+        lambda **kw: d.treereduce("var", **kw),
+        lambda **kw: d.treereduce("argmin", axis=1, **kw),
+        lambda **kw: d.treereduce("sum", reproducible=True, **kw),
+        lambda **kw: mdask.stats(d, axis=1, **kw),
+    ]
+    for call in calls:
+        with pytest.raises(error, match=match) as info:
+            call(split_every=split_every)
+        assert re.search(accepted, str(info.value))
+    if not isinstance(split_every, dict):  # the dask.config key, named as such
+        with dask.config.set(split_every=split_every), pytest.raises(error, match="the dask.config key 'split_every'"):
+            d.treereduce("sum")
+
+
+def test_valid_split_every_values():
+    x = np.arange(24.0).reshape(4, 6)
+    d = da.from_array(x, chunks=(1, 2))
+    for split_every in ({-1: 3}, {0: 2}, {0: 2, 1: 2}, 3, np.int64(5), {0: np.int32(2), -1: 2}, 100):
+        assert d.treereduce("sum", split_every=split_every).compute() == 276.0, split_every
+        assert d.treereduce("argmax", split_every=split_every).compute() == 23, split_every
+        got = d.treereduce("sum", axis=0, split_every=split_every).compute()
+        assert got.tolist() == x.sum(axis=0).tolist(), split_every
+    # A key of an axis that is not reduced is a valid axis: Dask ignores it.
+    assert d.treereduce("sum", axis=0, split_every={1: 2}).compute().tolist() == x.sum(axis=0).tolist()
 
 
 def test_dask_config_split_every_is_honoured():
