@@ -691,7 +691,7 @@ def stats(x: Any, *, axis: Any = None, correction: float = 0.0) -> _stats.Stats:
     Notes
     -----
     The state behind it (:class:`multireduce._stats.Moments`) is the one the MPI layer
-    (``multireduce.mpi.stats``) and the Dask layer (``treereduce(x, "stats")``) merge.
+    (``multireduce.mpi.stats``) and the Dask layer (``multireduce.dask.stats``) merge.
 
     Examples
     --------

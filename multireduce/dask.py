@@ -35,7 +35,7 @@ import dask.array as da
 import numpy as np
 from dask.base import tokenize
 from dask.tokenize import normalize_token
-from numpy.lib.array_utils import normalize_axis_index, normalize_axis_tuple
+from numpy.lib.array_utils import normalize_axis_index
 
 from . import _exact, _partials, _stats, core
 from .ops import OPS, Op, check_dtype, get_op
@@ -178,7 +178,7 @@ def _aggregate(parts, axis, keepdims, *, op: Op, result: np.dtype, computing_met
 
 
 def _normalized_axes(axis: Any, ndim: int) -> tuple[int, ...]:
-    return tuple(range(ndim)) if axis is None else tuple(sorted(normalize_axis_tuple(axis, ndim)))
+    return core.normalize_axes(axis, ndim)  # the core's rule, errors and messages
 
 
 def _check_array(x: Any) -> None:
@@ -570,9 +570,11 @@ def treereduce(
     if not isinstance(x, da.Array):
         _plan(x, op, dtype)  # raises the TypeError
     resolved = get_op(op)
-    if resolved.kind == "arg" and isinstance(axis, tuple | list):
-        raise TypeError(f"{resolved.name} takes axis=None or a single int (as numpy.{resolved.name}), not {axis!r}")
-    axes = _normalized_axes(axis, x.ndim)
+    if resolved.kind == "arg":  # None or one int, normalized (and refused) as the core does
+        arg_axis = core._arg_axis(axis, x.ndim, resolved)
+        axes = tuple(range(x.ndim)) if arg_axis is None else (arg_axis,)
+    else:
+        axes = _normalized_axes(axis, x.ndim)
     op, result, acc = _plan(x, resolved, dtype, axes)
     correction = core._check_correction(op, correction)
     # Exact partials where the core forms them (float sums of the elements converted as dtype=

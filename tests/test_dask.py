@@ -369,6 +369,35 @@ def test_masked_chunks_are_refused_when_the_graph_is_built(tmp_path):
     assert mapped.treereduce("sum").compute() == 45.0 and mapped.treereduce("argmax").compute() == 9
 
 
+BAD_AXES = [1.0, 2, -3, "1", (0, 0)]
+
+
+@pytest.mark.parametrize(
+    ("op", "axis"),
+    [(op, axis) for op in ("argmax", "argmin", "sum", "max", "mean") for axis in BAD_AXES]
+    + [(op, axis) for op in ("argmax", "argmin") for axis in ((1,), [1], (0, 1))],
+)
+def test_bad_axes_raise_the_cores_errors(op, axis):
+    # argmax with axis=1.0 said "'float' object is not iterable"; the core (and NumPy) say
+    # "'float' object cannot be interpreted as an integer". Same exception, same message.
+    x = np.arange(6.0).reshape(2, 3)
+    with pytest.raises((TypeError, ValueError)) as core_error:
+        multireduce.reduce(x, op, axis=axis)
+    with pytest.raises(type(core_error.value)) as dask_error:
+        da.from_array(x, chunks=1).treereduce(op, axis=axis)
+    assert str(dask_error.value) == str(core_error.value)
+
+
+def test_the_core_stats_docstring_names_the_dask_function():
+    # It said treereduce(x, "stats"), which raises "unknown op 'stats'".
+    doc = multireduce.stats.__doc__
+    assert 'treereduce(x, "stats")' not in doc and "``multireduce.dask.stats``" in doc
+    x = np.arange(10.0)
+    assert mdask.stats(da.from_array(x, chunks=3)).compute().var == multireduce.stats(x).var == 8.25
+    with pytest.raises(ValueError, match="unknown op 'stats'"):
+        da.from_array(x, chunks=3).treereduce("stats")
+
+
 def test_importing_multireduce_does_not_import_dask_and_the_import_registers_the_method():
     code = (
         "import sys, multireduce, multireduce.stream; assert 'dask' not in sys.modules and 'cupy' not in sys.modules;"
