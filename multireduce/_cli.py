@@ -257,9 +257,11 @@ def _setup(args, comm, mpi) -> _Context:
     error = None
     try:
         # The one collective step comes first on every rank, before anything that can fail on
-        # one rank alone: a rank that failed earlier would wait in agree()'s Allreduce while
-        # the others wait in the Split_type, forever. select_device starts with that
-        # Split_type (local_rank's); CPU ranks take part in it through local_rank.
+        # one rank alone: a rank that failed earlier would be in agree() while the others are in
+        # local_rank()'s agreement, which raises the failure here, and they would then wait in
+        # agree() below for a rank that has left. select_device starts with local_rank's
+        # agreement and Split_type; CPU ranks take part in them through local_rank (one call,
+        # as the agreement counts them).
         if backend == "gpu":
             import cupy
 

@@ -7,7 +7,9 @@ alone does not. Every function that takes ``comm`` is collective over it (``None
 Errors never leave ranks waiting in a collective: each collective here first agrees, in the
 same Allreduce that carries the partial where possible, on whether any rank failed. If one
 did, every rank raises: the failing rank its own exception, the others :class:`RankError`
-naming the failing rank and its message.
+naming the failing rank and its message. That agreement is one record of one length for every
+function here, and it names the function (and for :func:`allreduce` the op): ranks in
+different functions meet in it and all raise ``ValueError("call differs across ranks")``.
 """
 
 from __future__ import annotations
@@ -72,6 +74,19 @@ _OP_CODES = {name: i + 1 for i, name in enumerate(OPS)}
 #: all-empty global array the stats ranks raised while the others waited in the Allgather.
 _STATS_CALL = "mpi.stats()"
 _OP_CODES[_STATS_CALL] = len(OPS) + 1
+#: The largest code of a reduction in the op's slot; the other calls' codes come after it.
+_LAST_REDUCTION_CODE = len(OPS) + 1
+#: What the other collective functions agree as in the op's slot (the same record: the
+#: Allreduce of a rank in one of them meets that of a rank in allreduce or stats, and each
+#: learns what the other called). local_rank and select_device share a code: both begin with
+#: the same Split_type, and the CLI's GPU ranks call select_device while its CPU ranks call
+#: local_rank.
+_CALL_CODES = {
+    "mpi.agree()": _LAST_REDUCTION_CODE + 1,
+    "mpi.read_shard()": _LAST_REDUCTION_CODE + 2,
+    "mpi.local_rank()": _LAST_REDUCTION_CODE + 3,
+    "mpi.select_device()": _LAST_REDUCTION_CODE + 3,
+}
 _DTYPE_CODES = {dt: i + 1 for i, dt in enumerate(SUPPORTED_DTYPES)}
 _CODE_DTYPES = {code: dt for dt, code in _DTYPE_CODES.items()}
 
@@ -166,25 +181,44 @@ def _raise_mismatch(comm, name: str, local: Any, exc_type: type[Exception]) -> N
     _raise_everywhere(comm, exc_type(f"{name} differs across ranks:\n{listing}"))
 
 
-def _agree_values(comm, error: BaseException | None, checks: list[tuple[str, int, Any, type[Exception]]]) -> None:
-    """:func:`agree` on ``error`` and on values that must be equal on every rank, in one Allreduce.
+#: The (code, ~code) slot pairs of the agreement record that :func:`_agree_values` fills with
+#: its checks (those that allreduce uses for the input dtype, dtype=, reproducible= and
+#: correction=).
+_VALUE_SLOTS = (1, 5, 9, 11)
 
-    ``checks`` holds ``(name, code, shown, exc_type)`` per value, as many on every rank:
-    ``code`` is an int64 that two ranks share exactly when their values are equal, ``shown``
-    what the error lists for this rank (a rank that failed may pass anything: its failure is
-    raised first). Each code travels with its complement, as in :func:`_meta`, so that MAX
-    gives both the largest and the smallest code over the ranks. The first value that differs
-    raises ``exc_type`` on every rank (:func:`_raise_mismatch`).
+
+def _agree_values(
+    comm, error: BaseException | None, call: str, checks: tuple[tuple[str, int, Any, type[Exception]], ...] = ()
+) -> None:
+    """The agreement of ``call`` (a key of :data:`_CALL_CODES`) in one Allreduce of allreduce's record.
+
+    It agrees on ``error`` (as :func:`agree`), then on the call, then on values that must be
+    equal on every rank; the record is the one that :func:`allreduce` agrees in
+    (:data:`_META_SIZE`).
+
+    ``checks`` holds ``(name, code, shown, exc_type)`` per value (at most four), as many on
+    every rank of the same call: ``code`` is an int64 that two ranks share exactly when their
+    values are equal, ``shown`` what the error lists for this rank (a rank that failed may pass
+    anything: its failure is raised first). Each code travels with its complement, as in
+    :func:`_meta`, so that MAX gives both the largest and the smallest code over the ranks.
+    A rank in another call (of allreduce, stats, or another function here) raises
+    ``ValueError("call differs across ranks")`` on every rank; then the first value that
+    differs raises ``exc_type`` on every rank (:func:`_raise_mismatch`).
     """
-    meta = np.zeros(1 + 2 * len(checks), dtype=np.int64)
+    slots = _VALUE_SLOTS[: len(checks)]  # zip(strict=True) refuses more checks than slots
+    meta = np.zeros(_META_SIZE, dtype=np.int64)
     meta[0] = error is not None
-    for i, (_, code, _, _) in enumerate(checks):
-        meta[1 + 2 * i], meta[2 + 2 * i] = code, ~code
+    code = _CALL_CODES[call]
+    meta[3], meta[4] = code, ~code
+    for slot, (_, value, _, _) in zip(slots, checks, strict=True):
+        meta[slot], meta[slot + 1] = value, ~value
     comm.Allreduce(MPI.IN_PLACE, meta, op=MPI.MAX)
     if meta[0]:
         _raise_failures(comm, error)
-    for i, (name, _, shown, exc_type) in enumerate(checks):
-        if meta[1 + 2 * i] != ~meta[2 + 2 * i]:
+    if meta[3] != ~meta[4]:
+        _raise_mismatch(comm, "call", call, ValueError)
+    for slot, (name, _, shown, exc_type) in zip(slots, checks, strict=True):
+        if meta[slot] != ~meta[slot + 1]:
             _raise_mismatch(comm, name, shown, exc_type)
 
 
@@ -224,6 +258,9 @@ def agree(error: BaseException | None, comm=None) -> None:
     RankError
         On the other ranks, if any rank passed one. Both carry the map of failures
         (:func:`rank_failures`).
+    ValueError
+        On every rank, if no rank passed an exception but some rank is in another collective
+        function of this module (``"call differs across ranks"``, listing each rank's call).
 
     Examples
     --------
@@ -237,11 +274,7 @@ def agree(error: BaseException | None, comm=None) -> None:
     if error is not None and not isinstance(error, BaseException):
         # Still agreed (the other ranks must not wait), as the caller's mistake.
         error = TypeError(f"agree takes an exception or None, not {type(error).__name__}: {error!r}")
-    comm = _comm(comm)
-    flag = np.array([error is not None], dtype=np.int64)
-    comm.Allreduce(MPI.IN_PLACE, flag, op=MPI.MAX)
-    if flag[0]:
-        _raise_failures(comm, error)
+    _agree_values(_comm(comm), error, "mpi.agree()")
 
 
 def _is_cupy(x: Any) -> bool:
@@ -340,9 +373,10 @@ def allreduce(
 
     Each rank reduces its own shard with :func:`multireduce.core.partial` (on its GPU for a
     CuPy array), and the partials are combined by one ``MPI_Allreduce`` (two for sums and
-    products, whose partials cannot share the buffer of the error agreement). The result
-    equals :func:`multireduce.reduce` of the concatenation of all shards (each flattened in
-    C order, in rank order), up to the order of floating-point additions.
+    products, whose partials cannot share the buffer of the error agreement, and for every op
+    where some rank hands MPI a device buffer, see Notes). The result equals
+    :func:`multireduce.reduce` of the concatenation of all shards (each flattened in C order,
+    in rank order), up to the order of floating-point additions.
 
     Fold ops (sum, prod, max, min, count_nonzero, any, all, nansum, nanmax, nanmin) combine
     their partials inside the Allreduce. Moments ops (mean, nanmean, var, std) and arg ops
@@ -390,7 +424,9 @@ def allreduce(
         differ (``"op differs across ranks"``; a rank in :func:`stats` lists
         ``mpi.stats()``), or their ``reproducible=`` (``"reproducible= differs across
         ranks"``) or ``correction=`` (``"correction= differs across ranks"``); the message
-        lists each rank's value.
+        lists each rank's value. On every rank if some rank is in another collective function
+        of this module (:func:`agree`, :func:`read_shard`, :func:`local_rank`,
+        :func:`select_device`): ``"call differs across ranks"``, listing each rank's call.
     RankError
         On the other ranks when some rank raised.
 
@@ -404,10 +440,13 @@ def allreduce(
     stream synchronization) if :func:`cuda_aware` says so, and staged through host memory
     otherwise (the reduction kernel writes the partial straight into pinned, device-mapped
     host memory; only ``dtype=`` partials and empty shards are copied there);
-    :func:`transport_counts` records which. A staged combine ends on the host, and its GPU
-    result is then a 0-d CuPy array over a cell of pinned host memory mapped into the device's
-    address space (the CPU stores the value; no copy is queued on the stream, and kernels read
-    the cell over the host link). Such a cell is reused only once nothing references the
+    :func:`transport_counts` records which. Ranks may mix NumPy and CuPy shards (each gets
+    its result as its shard's kind): where some rank hands MPI a device buffer, the agreement
+    says so, and for max/min-type ops every rank then combines the keys in one more Allreduce
+    (the device rank's key is not in the agreement's record). A staged combine ends on the
+    host, and its GPU result is then a 0-d CuPy array over a cell of pinned host memory mapped
+    into the device's address space (the CPU stores the value; no copy is queued on the
+    stream, and kernels read the cell over the host link). Such a cell is reused only once nothing references the
     result, and only after the stream's work queued before then has finished; work on another
     stream that reads a result must be finished before the result is dropped, as for CuPy's
     pool memory.
@@ -508,7 +547,9 @@ def stats(x_local: Any, *, comm=None, correction: float = 0.0) -> _stats.Stats:
         On every rank if all shards are empty, or if ``correction`` differs across ranks
         (``"correction= differs across ranks"``, listing each rank's), or if another rank is
         in :func:`allreduce` (``"op differs across ranks"``, listing ``mpi.stats()`` for the
-        ranks here and the op for the others; ``"mean"`` too, whose moments stats exchanges).
+        ranks here and the op for the others; ``"mean"`` too, whose moments stats exchanges),
+        or if another rank is in another collective function of this module (``"call differs
+        across ranks"``).
     RankError
         On the other ranks when some rank raised.
     """
@@ -822,8 +863,15 @@ def _from_host(value: np.generic, plan: _Plan):
 #: The agreement's slots: 0 the error flag; 1-6 the codes of (input dtype, op, dtype=), each
 #: followed by its complement (stats() has an op code of its own, _STATS_CALL); 7 whether the
 #: shard is non-empty; 8 the max/min key; 9-12 the codes of reproducible= and correction= with
-#: their complements (_option_codes).
-_META_SIZE = 13
+#: their complements (_option_codes); 13 whether the rank combines on the device (CUDA-aware
+#: MPI, CuPy shard), whose max/min key then travels in an Allreduce of its own that every rank
+#: joins. Every collective function here agrees in this record: the others (_CALL_CODES) put
+#: their code in the op's slots 3-4 and their own checks in slots 1-2, 5-6, 9-12
+#: (_agree_values).
+_META_SIZE = 14
+_DEVICE_SLOT = 13
+#: What a rank that combines on the device puts in the key's slot: MAX's identity.
+_KEY_IDENTITY = np.iinfo(np.int64).min
 #: The (code, ~code) pairs of the agreement, in the order they are checked: slot, the name in
 #: the error, and the error's type.
 _AGREED = (
@@ -885,6 +933,11 @@ def _check_agreement(comm, static: _Static, meta: np.ndarray, options: tuple = (
     if m[1] == ~m[2] and m[3] == ~m[4] and m[5] == ~m[6] and m[9] == ~m[10] and m[11] == ~m[12]:
         return  # the common case, in Python ints
     st = static
+    if m[3] != ~m[4] and m[3] > _LAST_REDUCTION_CODE:
+        # Some rank is in another function (agree, read_shard, ...): first, as _agree_values
+        # raises it there, with the call named as the others name theirs.
+        call = st.call if st.call == _STATS_CALL else f"mpi.allreduce(op={st.call!r})"
+        _raise_mismatch(comm, "call", call, ValueError)
     local = (st.in_dtype.name, st.call, None if st.requested is None else st.requested.name, *options)
     for (slot, name, exc_type), value in zip(_AGREED, local, strict=True):
         if m[slot] != ~m[slot + 1]:
@@ -899,7 +952,12 @@ def _combine(comm, plan: _Plan | None, partial, error):
         try:
             meta = _meta(plan, None)
             use_device = plan.on_gpu and cuda_aware().enabled
-            if not use_device:
+            if use_device:
+                # The other ranks must make the key's Allreduce too (_global_value), to which
+                # this rank's key goes; in the agreement it adds MAX's identity.
+                meta[_DEVICE_SLOT] = 1
+                meta[8] = _KEY_IDENTITY
+            else:
                 host = _to_host(partial, plan)
                 if not _arith(plan.static):
                     meta[8] = encode_extreme_scalar(host, plan.static.positive, plan.op.nan_wins)
@@ -923,12 +981,20 @@ def _combine(comm, plan: _Plan | None, partial, error):
 def _global_value(comm, st: _Static, host: np.generic, meta: np.ndarray, wire: np.ndarray | None = None):
     """The global value, in the accumulator dtype, once the agreement has run.
 
-    Max and min: decoded from the key that the agreement carried (``meta[8]``). Sums and
-    products: one more Allreduce of this rank's host partial, in ``wire`` if given (a
-    one-element buffer of the wire dtype, reused by the caller) or in a new one.
+    Max and min: decoded from the key that the agreement carried (``meta[8]``), unless some
+    rank combines on the device (``meta[_DEVICE_SLOT]``): its key was not in the agreement,
+    and travels in one more Allreduce (:func:`_combine_on_device`'s), which this rank joins
+    with the agreed key of the others. Sums and products: one more Allreduce of this rank's
+    host partial, in ``wire`` if given (a one-element buffer of the wire dtype, reused by the
+    caller) or in a new one; a rank that combines on the device makes the same one.
     """
     if not _arith(st):
-        return decode_extreme_scalar(int(meta[8]), st.positive, st.acc, st.op.nan_wins)
+        key = int(meta[8])
+        if meta[_DEVICE_SLOT]:
+            buf = np.array([key], dtype=np.int64)
+            comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.MAX)
+            key = int(buf[0])
+        return decode_extreme_scalar(key, st.positive, st.acc, st.op.nan_wins)
     if wire is None:
         wire = np.empty(1, dtype=st.wire)
     value = wire.view(st.acc)
@@ -938,6 +1004,12 @@ def _global_value(comm, st: _Static, host: np.generic, meta: np.ndarray, wire: n
 
 
 def _combine_on_device(comm, plan: _Plan, partial):
+    """The combine of a rank that hands MPI a device buffer, once the agreement has run.
+
+    One Allreduce of the partial (sums, products) or of its key (max, min), both of one element;
+    host ranks make the same one (:func:`_global_value`), because the agreement said that some
+    rank combines on the device.
+    """
     import cupy
 
     st = plan.static
@@ -1111,9 +1183,18 @@ def cuda_aware(*, refresh: bool = False) -> CudaAwareness:
 def local_rank(comm=None) -> tuple[int, int]:
     """Return this rank's index among the ranks of ``comm`` on its node, and their number.
 
-    Uses ``Split_type(COMM_TYPE_SHARED)``.
+    Uses ``Split_type(COMM_TYPE_SHARED)``, after the agreement that every collective function
+    here begins with: if some rank is in another of them, every rank raises
+    ``ValueError("call differs across ranks")`` (a rank in :func:`select_device` is in the same
+    call), or the failure if a rank passed one to :func:`agree`.
     """
-    comm = _comm(comm)
+    return _local_rank(_comm(comm), "mpi.local_rank()")
+
+
+def _local_rank(comm, call: str) -> tuple[int, int]:
+    # Without the agreement, a rank in the Split_type and one in another call's Allreduce
+    # waited for each other forever (MPICH).
+    _agree_values(comm, None, call)
     node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
     try:
         return node.Get_rank(), node.Get_size()
@@ -1127,8 +1208,9 @@ def select_device(comm=None, *, device: int | None = None) -> int:
     By default each rank takes device ``local_rank % device_count``, so that the ranks on a
     node spread over its GPUs (and share them when there are more ranks than GPUs).
     ``device=``, or else the environment variable ``MULTIREDUCE_DEVICE``, overrides it.
-    Collective (the node-local rank needs ``Split_type``), even when overridden; the errors
-    below are raised on the rank that has them, after that collective.
+    Collective (the node-local rank needs ``Split_type``, after :func:`local_rank`'s
+    agreement), even when overridden; the errors below are raised on the rank that has them,
+    after that collective.
 
     Raises
     ------
@@ -1141,7 +1223,7 @@ def select_device(comm=None, *, device: int | None = None) -> int:
         from 0 to the device count - 1), or ``MULTIREDUCE_DEVICE`` is not an integer; the
         message names which of the two was wrong.
     """
-    local, _ = local_rank(comm)
+    local, _ = _local_rank(_comm(comm), "mpi.select_device()")
     count = _device_count()
     if count < 1:
         raise RuntimeError("select_device: CuPy sees no CUDA device")
@@ -1232,7 +1314,8 @@ def read_shard(path: str | os.PathLike, *, dtype: Any = None, n: int | None = No
         For a truncated file, or a raw file without ``dtype``; on every rank if the number of
         elements that the ranks split differs across them (their ``n=``, or the lengths of
         their files), listing each rank's count, ``n=`` and path: the shards would overlap or
-        leave gaps.
+        leave gaps; on every rank if some rank is in another collective function of this
+        module (``"call differs across ranks"``, listing each rank's call).
     RankError
         On the other ranks when one rank failed.
     """
@@ -1248,13 +1331,15 @@ def read_shard(path: str | os.PathLike, *, dtype: Any = None, n: int | None = No
         shard_data = _read_layout_shard(layout, comm.Get_rank(), comm.Get_size())
     except Exception as exc:  # agreed below, then re-raised on this rank
         error = exc
-    # One Allreduce, as agree(): the failures first, then the split that every rank must share.
+    # One Allreduce, as agree(): the failures first, then the call, then the split that every
+    # rank must share.
     _agree_values(
         comm,
         error,
-        [
+        "mpi.read_shard()",
+        (
             ("read_shard: dtype", dtype_code, dtype_name, TypeError),
             ("read_shard: the number of elements to split", count, split, ValueError),
-        ],
+        ),
     )
     return shard_data

@@ -41,3 +41,14 @@ def test_one_rank_failing_outside_a_collective_aborts_the_job(mpiexec):
     assert done.returncode != 0
     assert done.seconds < 30
     assert done.stderr.count("rank 2 of 3 failed: RuntimeError: injected failure on rank 2") == 1, done.output
+
+
+@pytest.mark.parametrize(("ranks", "device_ranks"), [(2, "1"), (2, "0"), (3, "0,2")])
+def test_numpy_and_cupy_shards_with_a_cuda_aware_mpi(mpiexec, ranks, device_ranks):
+    # A CuPy rank with a CUDA-aware MPI sent max/min keys in a second Allreduce that a NumPy
+    # rank never made: the CuPy rank waited, the NumPy rank decoded a key without the CuPy
+    # rank's partial (0 in its slot) and went on to its next call. Without a GPU here, the
+    # device ranks run mpi.py's device path on a stand-in for CuPy (see the script).
+    done = run(mpiexec, ranks, [str(SCRIPTS / "mixed_shards.py"), device_ranks], timeout=60)
+    assert done.returncode == 0, done.output
+    assert f"PASS {ranks} 46 device ranks" in done.stdout, done.output

@@ -416,7 +416,7 @@ def test_per_call_path_entry_for_every_fold_op_and_dtype(monkeypatch, op, dt, gp
     assert entry.meta[1:7].tolist() == mpi._meta_template(static.codes)[1:7].tolist()
     # The per-call path has the default reproducible= and correction=, as the general path's
     # agreement encodes them (so that a rank on either path agrees with the other).
-    assert entry.meta[9:].tolist() == list(mpi._option_codes(False, 0.0))
+    assert entry.meta[9:13].tolist() == list(mpi._option_codes(False, 0.0))
     plan = mpi._Plan(static, 3, gpu, 0 if gpu else None)
     assert mpi._meta(plan, None)[9:].tolist() == entry.meta[9:].tolist()
     if gpu:
@@ -598,7 +598,7 @@ def test_option_codes_compare_correction_exactly():
         r, not_r, bits, not_bits = codes(reproducible, correction)
         assert (r, bits) == (~not_r, ~not_bits)
     plan = mpi._Plan(mpi._static(get_op("var"), np.dtype(np.float64), None), 3, False, None, True, 1.0)
-    assert mpi._meta(plan, None)[9:].tolist() == list(codes(True, 1.0))
+    assert mpi._meta(plan, None)[9:13].tolist() == list(codes(True, 1.0))
 
 
 def test_every_call_has_its_own_op_code():
@@ -613,6 +613,66 @@ def test_every_call_has_its_own_op_code():
     assert stats.op is mean.op and stats.static.result == mean.result  # the same moments
     assert stats.static.codes[1] != mean.codes[1] and stats.static.call == "mpi.stats()"
     assert mpi._meta(stats, None)[3:5].tolist() != mpi._meta(mpi._Plan(mean, 3, False, None), None)[3:5].tolist()
+
+
+class _Recorder:
+    """MPI.COMM_SELF that records the collectives called on it: (name, element count, dtype)."""
+
+    def __init__(self, mpi):
+        self.comm, self.calls = mpi.MPI.COMM_SELF, []
+
+    def Get_rank(self):
+        return 0
+
+    def Get_size(self):
+        return 1
+
+    def Allreduce(self, sendbuf, recvbuf, op):
+        self.calls.append(("Allreduce", recvbuf.size, recvbuf.dtype.name))
+        return self.comm.Allreduce(sendbuf, recvbuf, op=op)
+
+    def Allgather(self, sendbuf, recvbuf):
+        self.calls.append(("Allgather", sendbuf.size, sendbuf.dtype.name))
+        return self.comm.Allgather(sendbuf, recvbuf)
+
+    def allgather(self, obj):
+        self.calls.append(("allgather", 1, "object"))
+        return self.comm.allgather(obj)
+
+    def Split_type(self, split_type, key=0):
+        self.calls.append(("Split_type", 1, "int"))
+        return self.comm.Split_type(split_type, key=key)
+
+
+def test_every_entry_point_starts_with_the_same_agreement_record(monkeypatch, tmp_path):
+    # Every collective entry point's first collective is the agreement Allreduce of one record
+    # of one length, so that ranks in different entry points meet in it and learn so (two
+    # ranks: test_arguments_that_differ_across_ranks_raise_on_every_rank). agree() sent 1
+    # int64, read_shard() 5, allreduce and stats 13, and local_rank/select_device began with
+    # their Split_type.
+    mpi, _ = _fake_devices(monkeypatch, 1)
+    np.arange(4.0).tofile(tmp_path / "x.raw")
+    x = np.arange(6.0)
+    calls = {
+        "agree": lambda c: mpi.agree(None, comm=c),
+        "read_shard": lambda c: mpi.read_shard(tmp_path / "x.raw", dtype="float64", comm=c),
+        "local_rank": lambda c: mpi.local_rank(c),
+        "select_device": lambda c: mpi.select_device(c),
+        "stats": lambda c: mpi.stats(x, comm=c),
+        "exact": lambda c: mpi.allreduce(x, "sum", comm=c, reproducible=True),
+        "general": lambda c: mpi.allreduce(x, get_op("max"), comm=c),
+        "var": lambda c: mpi.allreduce(x, "var", comm=c, correction=1.0),
+        "dtype": lambda c: mpi.allreduce(x, "sum", comm=c, dtype=np.float32),
+        "empty": lambda c: mpi.allreduce(x[:0], "sum", comm=c),
+    }
+    for op in OPS:
+        calls[op] = lambda c, op=op: mpi.allreduce(x, op, comm=c)  # per-call path for fold ops
+    first = {}
+    for name, call in calls.items():
+        recorder = _Recorder(mpi)
+        call(recorder)
+        first[name] = recorder.calls[0]
+    assert set(first.values()) == {("Allreduce", mpi._META_SIZE, "int64")}, first
 
 
 def _fake_devices(monkeypatch, count):
@@ -720,7 +780,19 @@ def agreeing():
         "max": float(mpi.allreduce(x, "max", reproducible=True)),
         "shard": mpi.read_shard(raw, dtype="float64", n=7).tolist(),
         "shard_n_none": mpi.read_shard(raw, dtype="float64", n=None if FIRST else 10).tolist(),
+        "local_rank": list(mpi.local_rank()),
+        # The same Split_type: the CLI's GPU ranks call select_device, its CPU ranks local_rank.
+        "node": node(),
     }
+
+
+def node():
+    if not FIRST:
+        return list(mpi.local_rank())
+    try:
+        return mpi.select_device()
+    except (ModuleNotFoundError, RuntimeError) as exc:  # no CuPy, or no GPU: raised after the Split_type
+        return type(exc).__name__
 
 
 CASES = {
@@ -735,6 +807,22 @@ CASES = {
     "var-stats": lambda: mpi.allreduce(x, "var", correction=1.0) if FIRST else mpi.stats(x, correction=1.0),
     "read_shard-n": lambda: mpi.read_shard(raw, dtype="float64", n=10 if FIRST else 6),
     "read_shard-dtype": lambda: mpi.read_shard(raw, dtype="float64" if FIRST else "int64"),
+    # Different entry points: rank 0 calls the first, rank 1 the second.
+    "agree-sum": lambda: mpi.agree(None) if FIRST else mpi.allreduce(x, "sum"),
+    "agree-max": lambda: mpi.agree(None) if FIRST else mpi.allreduce(x, "max"),
+    "agree-mean": lambda: mpi.agree(None) if FIRST else mpi.allreduce(x, "mean"),
+    "agree-exact": lambda: mpi.agree(None) if FIRST else mpi.allreduce(x, "sum", reproducible=True),
+    "stats-agree": lambda: mpi.stats(x) if FIRST else mpi.agree(None),
+    "read_shard-sum": lambda: mpi.read_shard(raw, dtype="float64") if FIRST else mpi.allreduce(x, "sum"),
+    "argmax-read_shard": lambda: mpi.allreduce(x, "argmax") if FIRST else mpi.read_shard(raw, dtype="float64"),
+    "agree-read_shard": lambda: mpi.agree(None) if FIRST else mpi.read_shard(raw, dtype="float64"),
+    "local_rank-sum": lambda: mpi.local_rank() if FIRST else mpi.allreduce(x, "sum"),
+    "local_rank-agree": lambda: mpi.local_rank() if FIRST else mpi.agree(None),
+    "select_device-stats": lambda: mpi.select_device() if FIRST else mpi.stats(x),
+    "read_shard-local_rank": lambda: mpi.read_shard(raw, dtype="float64") if FIRST else mpi.local_rank(),
+    # A rank that failed and agrees on it while the other is in another call.
+    "agree-error-sum": lambda: mpi.agree(RuntimeError("boom")) if FIRST else mpi.allreduce(x, "sum"),
+    "agree-error-local_rank": lambda: mpi.agree(RuntimeError("boom")) if FIRST else mpi.local_rank(),
     "agreeing": agreeing,
 }
 
@@ -789,6 +877,50 @@ _DIFFERING = {
         ["rank 0: 10 (n=10, {raw})", "rank 1: 6 (n=6, {raw})"],
     ),
     "read_shard-dtype": (TypeError, "read_shard: dtype differs across ranks", ["rank 0: float64", "rank 1: int64"]),
+    # Each entry point agreed in a record of its own length: MPICH aborted the job ("Message
+    # truncated") where agree() (1 int64) or read_shard() (5) met allreduce or stats (13), or
+    # agree() met read_shard(); local_rank()'s Split_type against any of them hung. Every
+    # agreement is now one record with a code for the call.
+    "agree-sum": (ValueError, "call differs across ranks", ["rank 0: mpi.agree()", "rank 1: mpi.allreduce(op='sum')"]),
+    "agree-max": (ValueError, "call differs across ranks", ["rank 0: mpi.agree()", "rank 1: mpi.allreduce(op='max')"]),
+    "agree-mean": (
+        ValueError,
+        "call differs across ranks",
+        ["rank 0: mpi.agree()", "rank 1: mpi.allreduce(op='mean')"],
+    ),
+    "agree-exact": (
+        ValueError,
+        "call differs across ranks",
+        ["rank 0: mpi.agree()", "rank 1: mpi.allreduce(op='sum')"],
+    ),
+    "stats-agree": (ValueError, "call differs across ranks", ["rank 0: mpi.stats()", "rank 1: mpi.agree()"]),
+    "read_shard-sum": (
+        ValueError,
+        "call differs across ranks",
+        ["rank 0: mpi.read_shard()", "rank 1: mpi.allreduce(op='sum')"],
+    ),
+    "argmax-read_shard": (
+        ValueError,
+        "call differs across ranks",
+        ["rank 0: mpi.allreduce(op='argmax')", "rank 1: mpi.read_shard()"],
+    ),
+    "agree-read_shard": (ValueError, "call differs across ranks", ["rank 0: mpi.agree()", "rank 1: mpi.read_shard()"]),
+    "local_rank-sum": (
+        ValueError,
+        "call differs across ranks",
+        ["rank 0: mpi.local_rank()", "rank 1: mpi.allreduce(op='sum')"],
+    ),
+    "local_rank-agree": (ValueError, "call differs across ranks", ["rank 0: mpi.local_rank()", "rank 1: mpi.agree()"]),
+    "select_device-stats": (
+        ValueError,
+        "call differs across ranks",
+        ["rank 0: mpi.select_device()", "rank 1: mpi.stats()"],
+    ),
+    "read_shard-local_rank": (
+        ValueError,
+        "call differs across ranks",
+        ["rank 0: mpi.read_shard()", "rank 1: mpi.local_rank()"],
+    ),
 }
 
 
@@ -806,6 +938,16 @@ def test_arguments_that_differ_across_ranks_raise_on_every_rank(mpiexec, tmp_pat
 
 
 @pytest.mark.mpi
+@pytest.mark.parametrize("case", ["agree-error-sum", "agree-error-local_rank"])
+def test_a_failure_agreed_while_another_rank_is_in_another_call(mpiexec, tmp_path, case):
+    # The failure comes first, as in every agreement: rank 0 raises its own exception and
+    # rank 1 RankError, whatever rank 1 called (before, MPICH aborted the job, or it hung).
+    first, second = _on_two_ranks(mpiexec, tmp_path, case)
+    assert first == {"type": "RuntimeError", "message": "boom", "failures": [0]}
+    assert second == {"type": "RankError", "message": "rank 0 of 2 failed: RuntimeError: boom", "failures": [0]}
+
+
+@pytest.mark.mpi
 def test_arguments_that_agree_across_ranks_still_work(mpiexec, tmp_path):
     everything = np.concatenate([np.arange(6, dtype=np.float64) + 10 * r for r in range(2)])
     outcomes = _on_two_ranks(mpiexec, tmp_path, "agreeing")
@@ -813,6 +955,8 @@ def test_arguments_that_agree_across_ranks_still_work(mpiexec, tmp_path):
     first, second = (got["value"] for got in outcomes)
     assert first.pop("shard") == [0, 1, 2, 3] and second.pop("shard") == [4, 5, 6]
     assert first.pop("shard_n_none") == [0, 1, 2, 3, 4] and second.pop("shard_n_none") == [5, 6, 7, 8, 9]
+    assert first.pop("local_rank") == [0, 2] and second.pop("local_rank") == [1, 2]
+    assert first.pop("node") in ("ModuleNotFoundError", "RuntimeError", 0) and second.pop("node") == [1, 2]
     assert first == second
     assert first["var1"] == pytest.approx(np.var(everything, ddof=1), rel=1e-12)
     assert first["std1"] == pytest.approx(np.std(everything, ddof=1), rel=1e-12)
