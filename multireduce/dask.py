@@ -4,11 +4,27 @@ Importing this module registers :func:`treereduce` as a method of every Dask arr
 ``x.treereduce(op, ...)``; ``import multireduce`` alone does not import Dask.
 
 Each chunk is reduced by :func:`multireduce.core.partial` (NumPy chunks on the CPU, CuPy chunks
-on their GPU with multireduce's kernel) to a partial in the op's accumulator dtype; ``combine``
-and ``aggregate`` reduce stacked partials with the core again. Partials of CuPy chunks stay on
-the GPU until the final aggregate, whose result is a 0-d CuPy array: nothing here synchronizes
-the host with the GPU when all work runs on one CUDA stream (CuPy's default stream in every
-Dask thread, which is CuPy's default).
+on their GPU with multireduce's kernels); ``combine`` and ``aggregate`` merge the partials. A
+computed result has the chunks' type, as the Dask array's meta says: NumPy values for NumPy
+chunks, a CuPy array on the chunks' GPU for CuPy chunks (0-d for a full reduction), for every op.
+
+Where the host waits for the GPU, with CuPy chunks:
+
+* Fold ops (sum, prod, max, min, count_nonzero, any, all, nansum, nanmax, nanmin): a partial
+  is the chunk's value in the accumulator dtype, on its GPU, and stays there through every
+  combine to the final aggregate. Nothing here synchronizes the host with the GPU when all
+  work runs on one CUDA stream (CuPy's default stream in every Dask thread, which is CuPy's
+  default); a step that reads partials made on other streams synchronizes its own stream
+  (:mod:`multireduce._partials`).
+* Moments ops (mean, nanmean, var, std, and :func:`stats`) and argmin/argmax: a partial is
+  a small state that is merged on the host, so each chunk's task waits for its own kernel
+  (:mod:`multireduce._backend._cupy_stats`): a full reduction's kernel writes its state into
+  mapped host memory and the task synchronizes the stream before reading it
+  (``_launch_moments_full(...).synchronize()``, ``_launch_arg_full(...).synchronize()``); an
+  axis reduction copies its states back (``.get()``). The merged value goes back to the
+  chunks' GPU at the end (one small upload); :func:`stats` gives host values.
+* ``reproducible=True`` sums and means: each chunk's exact accumulator comes back to the host
+  (``exact_sum``'s copy), and the rounded result goes back to the GPU at the end.
 
 Progress of long reductions is Dask's own business::
 
@@ -305,35 +321,114 @@ def _counted_aggregate(parts, axis, keepdims, *, op: Op, result: np.dtype, compu
 
 
 # -- moments and arg ops: partials are the structured-array form of their _stats state ------
+#
+# These states are merged on the host: a CuPy chunk's state comes back from the GPU kernel
+# (multireduce._backend._cupy_stats). Each travels as a _HostState that remembers the GPU of
+# its chunk, so that the final value goes back there: a computed result has the chunks' type,
+# as the Dask array's meta says (the core's CuPy results stay on the device too).
 
 
-def _leaves(parts) -> list:
+class _HostState:
+    """A partial state on the host, and the GPU of the chunks it came from (None: NumPy chunks).
+
+    The state is a structured array of a :mod:`multireduce._stats` state, or an
+    :class:`multireduce._exact.ExactSum`; the device a frozenset where the chunks merged into
+    it lived in several places (see :func:`_common_device`).
+    """
+
+    __slots__ = ("device", "state")
+
+    def __init__(self, state: Any, device: int | None | frozenset) -> None:
+        self.state = state
+        self.device = device
+
+    def __reduce__(self):
+        return (_HostState, (self.state, self.device))
+
+    def __repr__(self) -> str:
+        return f"_HostState({type(self.state).__name__}, device={self.device})"
+
+
+def _device_of(x) -> int | None:
+    """The GPU of the CuPy chunk ``x``; None for a NumPy chunk."""
+    return x.device.id if _partials._is_cupy(x) else None
+
+
+def _leaves(parts) -> list[_HostState]:
     out = []
     stack = [parts]
     while stack:
         item = stack.pop()
         if isinstance(item, list | tuple):
             stack.extend(reversed(item))
-        else:
+        elif isinstance(item, _HostState):
             out.append(item)
+        else:
+            kind = f"{type(item).__module__}.{type(item).__qualname__}"
+            raise TypeError(f"expected multireduce partial states, got {kind}")
     return out
+
+
+def _common_device(leaves: list[_HostState]) -> int | None | frozenset:
+    """The GPU (None: the host) of the chunks behind ``leaves``; a frozenset of them if they differ.
+
+    Host states merge whatever their chunks' devices; only the final upload needs one
+    (:func:`_to_chunks_device` refuses a mixture, as the fold ops refuse to combine one).
+    """
+    devices: set = set()
+    for leaf in leaves:
+        devices |= leaf.device if isinstance(leaf.device, frozenset) else {leaf.device}
+    return devices.pop() if len(devices) == 1 else frozenset(devices)
+
+
+def _to_chunks_device(value, device: int | None | frozenset, dtype: np.dtype):
+    """A final host value as the chunks' type: itself for NumPy chunks, else a CuPy array.
+
+    The CuPy array is on the chunks' GPU: one small upload, bit for bit (0-d for a full
+    reduction).
+
+    Raises
+    ------
+    TypeError
+        For NumPy and CuPy chunks in one array.
+    NotImplementedError
+        For CuPy chunks on several GPUs (the fold ops' rule, :mod:`multireduce._partials`).
+    """
+    if device is None:
+        return value
+    if isinstance(device, frozenset):
+        if None in device:
+            raise TypeError(
+                "cannot combine NumPy and CuPy partials; all chunks of one array must live on the host or all on GPUs"
+            )
+        raise NotImplementedError(
+            f"partials live on GPUs {sorted(device)}; combining across GPUs in one process is not supported. "
+            "Use one GPU per process (dask_cuda.LocalCUDACluster starts one worker per GPU)."
+        )
+    from ._backend import cupy as backend
+
+    with backend.cupy.cuda.Device(device):
+        return backend.from_host(value, dtype)
 
 
 def _moments_chunk(x, axis, keepdims, *, op: Op, expected: np.dtype, computing_meta: bool = False):
     if computing_meta:
         return x
     _check_chunk(x, expected)
-    return _stats.to_structured(core.partial(x, op, axis=axis, keepdims=True))
+    return _HostState(_stats.to_structured(core.partial(x, op, axis=axis, keepdims=True)), _device_of(x))
 
 
-def _moments_merged(parts) -> _stats.Moments:
-    return _stats.merge_all([_stats.moments_from_structured(p) for p in _leaves(parts)])
+def _moments_merged(parts) -> tuple[_stats.Moments, int | None | frozenset]:
+    leaves = _leaves(parts)
+    device = _common_device(leaves)
+    return _stats.merge_all([_stats.moments_from_structured(p.state) for p in leaves]), device
 
 
 def _moments_combine(parts, axis, keepdims, *, computing_meta: bool = False):
     if computing_meta:
         return parts
-    return _stats.to_structured(_moments_merged(parts))
+    merged, device = _moments_merged(parts)
+    return _HostState(_stats.to_structured(merged), device)
 
 
 def _kept(value, shape: tuple[int, ...], keepdims: bool):
@@ -348,21 +443,22 @@ def _moments_aggregate(
 ):
     if computing_meta:
         return parts
-    merged = _moments_merged(parts)
-    if op is None:  # stats: the merged state itself, finalized by stats()
+    merged, device = _moments_merged(parts)
+    if op is None:  # stats: the merged state itself (host values), finalized by stats()
         return _stats.to_structured(merged)
     value = _stats.finalize_moments(merged, op, result, correction)
     kshape = tuple(n for i, n in enumerate(merged.shape) if i not in axis)
-    return _kept(value, kshape, keepdims)
+    return _to_chunks_device(_kept(value, kshape, keepdims), device, result)
 
 
 def _arg_block(block, *, op: Op, axis: int | None, shape: tuple[int, ...], expected: np.dtype, block_info=None):
     _check_chunk(block, expected)
     location = block_info[0]["array-location"]
     axes = tuple(range(block.ndim)) if axis is None else (axis,)
+    device = _device_of(block)
     if math.prod(block.shape[a] for a in axes) == 0:
         kshape = tuple(1 if i in axes else n for i, n in enumerate(block.shape))
-        return _stats.to_structured(_stats.empty_arg_state(block.dtype, kshape))
+        return _HostState(_stats.to_structured(_stats.empty_arg_state(block.dtype, kshape)), device)
     state = core.partial(block, op, axis=axis, keepdims=True)
     if axis is None:
         # The chunk's flat index -> the global C-order flat index, in int64 throughout.
@@ -371,35 +467,40 @@ def _arg_block(block, *, op: Op, axis: int | None, shape: tuple[int, ...], expec
         state = _stats.ArgState(state.value, np.full(state.index.shape, index, np.int64))
     else:
         state = _stats.ArgState(state.value, state.index + np.int64(location[axis][0]))
-    return _stats.to_structured(state)
+    return _HostState(_stats.to_structured(state), device)
 
 
 def _arg_chunk(x, axis, keepdims, computing_meta: bool = False):
     return x
 
 
-def _arg_merged(parts, op: Op) -> _stats.ArgState:
-    states = [_stats.arg_from_structured(p) for p in _leaves(parts)]
-    return _stats.arg_merge_all(states, largest=op.name == "argmax")
+def _arg_merged(parts, op: Op) -> tuple[_stats.ArgState, int | None | frozenset]:
+    leaves = _leaves(parts)
+    device = _common_device(leaves)
+    states = [_stats.arg_from_structured(p.state) for p in leaves]
+    return _stats.arg_merge_all(states, largest=op.name == "argmax"), device
 
 
 def _arg_combine(parts, axis, keepdims, *, op: Op, computing_meta: bool = False):
     if computing_meta:
         return parts
-    return _stats.to_structured(_arg_merged(parts, op))
+    merged, device = _arg_merged(parts, op)
+    return _HostState(_stats.to_structured(merged), device)
 
 
 def _arg_aggregate(parts, axis, keepdims, *, op: Op, computing_meta: bool = False):
     if computing_meta:
         return parts
-    merged = _arg_merged(parts, op)
-    kshape = tuple(n for i, n in enumerate(merged.index.shape) if i not in axis)
-    return _kept(_stats.to_structured(merged), kshape, keepdims)
+    merged, device = _arg_merged(parts, op)
+    if not keepdims:
+        merged = merged.map(lambda a: a.reshape(tuple(n for i, n in enumerate(a.shape) if i not in axis)))
+    return _HostState(_stats.to_structured(merged), device)
 
 
-def _arg_finalize(states, *, op: Op):
+def _arg_finalize(states: _HostState, *, op: Op):
     # Dask's reduction keeps the states' dtype up to here; this step turns them into indices.
-    return _stats.arg_finalize(_stats.arg_from_structured(np.asarray(states)), op)
+    index = _stats.arg_finalize(_stats.arg_from_structured(states.state), op)
+    return _to_chunks_device(index, states.device, np.dtype(np.int64))
 
 
 def _composite_reduction(x, op: Op, result, axes, keepdims, split_every, correction) -> da.Array:
@@ -458,9 +559,9 @@ def _composite_reduction(x, op: Op, result, axes, keepdims, split_every, correct
         name=f"{name}-merge",
         concatenate=False,
     )
-    return merged.map_blocks(
-        _arg_finalize, op=op, dtype=np.int64, meta=np.empty((0,) * merged.ndim, np.int64), name=f"{name}-{token}"
-    )
+    # The indices come back as the chunks' type (CuPy chunks: a CuPy array on their GPU).
+    meta = da.utils.meta_from_array(x._meta, ndim=merged.ndim, dtype=np.int64)
+    return merged.map_blocks(_arg_finalize, op=op, dtype=np.int64, meta=meta, name=f"{name}-{token}")
 
 
 def treereduce(
@@ -528,8 +629,11 @@ def treereduce(
     Returns
     -------
     dask.array.Array
-        A lazy array with the kept axes (0-d for a full reduction). A computed full reduction
-        is a NumPy scalar (NumPy chunks) or a 0-d CuPy array on the chunks' GPU (CuPy chunks).
+        A lazy array with the kept axes (0-d for a full reduction). Computed, for every op: a
+        NumPy scalar (full reduction) or array for NumPy chunks; a CuPy array on the chunks'
+        GPU (0-d for a full reduction) for CuPy chunks (moments, arg and reproducible results
+        are merged on the host and uploaded once at the end; see the module docstring for
+        where the host waits for the GPU).
 
     Raises
     ------
@@ -555,7 +659,7 @@ def treereduce(
     step that runs on another CUDA stream than a partial's producer waits on that event, and
     then synchronizes its own stream before returning, so that CuPy's memory pool cannot hand
     the partial's memory to its producer stream while it is still being read. With CuPy's
-    default stream in every thread (the default) no step synchronizes.
+    default stream in every thread (the default) no step of the fold ops synchronizes.
 
     Examples
     --------
@@ -632,27 +736,32 @@ def _exact_chunk(x, axis, keepdims, *, dtype: np.dtype | None, expected: np.dtyp
     if computing_meta:
         return x
     _check_chunk(x, expected)
-    return core.partial(x, "sum", dtype=dtype, reproducible=True).normalize()
+    # A CuPy chunk's exact accumulator comes to the host (as moments and arg states do).
+    return _HostState(core.partial(x, "sum", dtype=dtype, reproducible=True).normalize(), _device_of(x))
 
 
-def _exact_merged(parts) -> _exact.ExactSum:
+def _exact_merged(parts) -> tuple[_exact.ExactSum, int | None | frozenset]:
+    leaves = _leaves(parts)
+    device = _common_device(leaves)
     total = _exact.ExactSum()
-    for part in _leaves(parts):
-        total.merge(part)  # integer additions: any grouping gives the same accumulator
-    return total
+    for part in leaves:
+        total.merge(part.state)  # integer additions: any grouping gives the same accumulator
+    return total, device
 
 
 def _exact_combine(parts, axis, keepdims, computing_meta: bool = False):
     if computing_meta:
         return parts
-    return _exact_merged(parts)
+    return _HostState(*_exact_merged(parts))
 
 
 def _exact_aggregate(parts, axis, keepdims, *, result: np.dtype, mean: bool, computing_meta: bool = False):
     if computing_meta:
         return parts
-    value = _exact_merged(parts).result(result, mean=mean)
-    return np.asarray(value).reshape((1,) * len(axis)) if keepdims else value
+    total, device = _exact_merged(parts)
+    value = total.result(result, mean=mean)
+    value = np.asarray(value).reshape((1,) * len(axis)) if keepdims else value
+    return _to_chunks_device(value, device, result)
 
 
 def stats(x: da.Array, *, axis: Any = None, correction: float = 0.0, split_every: int | dict | None = None):

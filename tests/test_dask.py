@@ -1012,10 +1012,91 @@ def test_gpu_cupy_chunks_every_op_over_axes(op):
     for axis in axes:
         for keepdims in (False, True):
             want = np.asarray(host.treereduce(op, axis=axis, keepdims=keepdims).compute(scheduler="sync"))
-            got = dev.treereduce(op, axis=axis, keepdims=keepdims).compute(scheduler="threads")
-            got = cupy.asnumpy(got) if isinstance(got, cupy.ndarray) else np.asarray(got)
+            lazy = dev.treereduce(op, axis=axis, keepdims=keepdims)
+            got = lazy.compute(scheduler="threads")
+            # Every op's result is a CuPy array on the chunks' GPU, as the meta says (moments and
+            # arg states are merged on the host and came back as NumPy arrays).
+            assert isinstance(got, cupy.ndarray) and isinstance(lazy._meta, cupy.ndarray), (op, axis, type(got))
+            assert got.device.id == cupy.cuda.Device().id  # where the chunks were made
+            got = cupy.asnumpy(got)
             assert got.dtype == want.dtype and got.shape == want.shape, (op, axis, got.dtype, want.dtype)
             if got.dtype.kind == "f":
                 assert np.allclose(got, want, rtol=1e-6, atol=1e-6, equal_nan=True), (op, axis, got, want)
             else:
                 assert np.array_equal(got, want), (op, axis, got, want)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", ALL_OPS)
+def test_gpu_cupy_chunks_full_reductions_are_cupy_arrays_of_the_meta(op):
+    # Full reductions of every op (and reproducible sums and means) over CuPy chunks compute
+    # to a 0-d CuPy array (keepdims: (1, 1)) on the chunks' GPU, of the lazy result's type and
+    # dtype, with the value of the same reduction over NumPy chunks.
+    cupy = _cupy()
+    rng = np.random.default_rng(13)
+    x = (rng.integers(-8, 9, size=(9, 14)) / 4).astype(np.float32)
+    x[4, 6] = np.nan
+    host = da.from_array(x, chunks=(4, 5))
+    dev = da.from_array(cupy.asarray(x), chunks=(4, 5), asarray=False)
+    kw = {"correction": 1} if op in ("var", "std") else {}
+    variants = [{}, {"keepdims": True}]
+    if op in ("sum", "mean"):
+        variants.append({"reproducible": True})
+    for extra in variants:
+        want = np.asarray(host.treereduce(op, **kw, **extra).compute(scheduler="sync"))
+        lazy = dev.treereduce(op, **kw, **extra)
+        got = lazy.compute(scheduler="threads")
+        assert type(got) is type(lazy._meta) is cupy.ndarray, (op, extra, type(got))
+        assert got.dtype == lazy.dtype == want.dtype and got.shape == lazy.shape == want.shape, (op, extra)
+        assert got.device.id == cupy.cuda.Device().id
+        assert np.array_equal(cupy.asnumpy(got), want, equal_nan=True) or np.allclose(
+            cupy.asnumpy(got), want, rtol=1e-6, equal_nan=True
+        ), (op, extra, got, want)
+
+
+@pytest.mark.gpu
+def test_gpu_cupy_chunks_on_a_second_gpu_give_results_there():
+    cupy = _cupy()
+    if cupy.cuda.runtime.getDeviceCount() < 2:
+        pytest.skip("needs two GPUs")
+    x = np.arange(40.0).reshape(5, 8)
+    with cupy.cuda.Device(1):
+        dev = da.from_array(cupy.asarray(x), chunks=(2, 3), asarray=False)
+    for op, kw in (("mean", {}), ("var", {"axis": 0}), ("argmax", {}), ("argmin", {"axis": 1}), ("sum", {})):
+        got = dev.treereduce(op, **kw).compute(scheduler="threads")
+        assert isinstance(got, cupy.ndarray) and got.device.id == 1, (op, kw)
+        assert np.allclose(cupy.asnumpy(got), multireduce.reduce(x, op, **kw), rtol=1e-12), (op, kw)
+    got = dev.treereduce("sum", reproducible=True).compute(scheduler="threads")
+    assert got.device.id == 1 and float(got) == 780.0
+
+
+def test_host_states_remember_the_chunks_device():
+    # Moments, arg and exact states are merged on the host; the final value goes back to the
+    # chunks' GPU. Here with stand-in device numbers: NumPy chunks stay NumPy (no upload),
+    # NumPy and CuPy chunks mixed, or CuPy chunks on several GPUs, are refused at the end as
+    # the fold ops refuse them, and stats (host values) merges them all.
+    f64 = np.dtype(np.float64)
+    mean = multireduce.get_op("mean")
+    part = mdask._moments_chunk(np.arange(4.0), (0,), True, op=mean, expected=f64)
+    assert isinstance(part, mdask._HostState) and part.device is None
+    again = pickle.loads(pickle.dumps(part))  # distributed's transfers
+    assert again.device is None and again.state.tobytes() == part.state.tobytes()
+    value = mdask._moments_aggregate([part, part], (0,), False, op=mean, result=f64, correction=0.0)
+    assert type(value) is np.float64 and value == 1.5
+    on_gpu = [mdask._HostState(part.state, 1), mdask._HostState(part.state, 2)]
+    mixed = mdask._moments_combine([part, on_gpu[0]], (0,), True)
+    assert mixed.device == frozenset({None, 1})
+    with pytest.raises(TypeError, match="cannot combine NumPy and CuPy partials"):
+        mdask._moments_aggregate([mixed], (0,), False, op=mean, result=f64, correction=0.0)
+    with pytest.raises(NotImplementedError, match=r"partials live on GPUs \[1, 2\]"):
+        mdask._moments_aggregate(on_gpu, (0,), False, op=mean, result=f64, correction=0.0)
+    merged = mdask._moments_aggregate([mixed, *on_gpu], (0,), True, op=None, result=None, correction=0.0)
+    assert int(merged["n"].reshape(())) == 16  # stats: host values, whatever the devices
+    exact = mdask._exact_chunk(np.array([0.5, 0.25]), (0,), False, dtype=None, expected=f64)
+    assert mdask._exact_aggregate([exact, exact], (0,), False, result=f64, mean=False) == 1.5
+    with pytest.raises(NotImplementedError, match="GPUs"):
+        mdask._exact_aggregate(
+            [mdask._HostState(exact.state, 0), mdask._HostState(exact.state, 3)], (0,), False, result=f64, mean=False
+        )
+    with pytest.raises(TypeError, match="expected multireduce partial states"):
+        mdask._moments_combine([part, 1.0], (0,), True)
