@@ -704,28 +704,27 @@ def treereduce(
         name = f"treereduce-{op.name}"
         return _reduction(x, op, result, chunk, axis=axes, keepdims=keepdims, split_every=split_every, name=name)
     if not op.empty_allowed and any(math.isnan(c) for a in axes for c in x.chunks[a]):
-        return da.reduction(
-            x,
-            chunk=functools.partial(_counted_chunk, op=op, expected=x.dtype),
-            combine=functools.partial(_counted_combine, op=op),
-            aggregate=functools.partial(_counted_aggregate, op=op, result=result),
-            axis=axes,
-            keepdims=keepdims,
-            dtype=result,
-            split_every=_default_split_every(split_every, x, axes),
-            name=f"treereduce-{op.name}",
-            concatenate=False,  # Partial objects, stacked by the steps themselves
-        )
+        # A reduced axis of unknown size may turn out empty: the partials carry their count.
+        steps = {
+            "chunk": functools.partial(_counted_chunk, op=op, expected=x.dtype),
+            "combine": functools.partial(_counted_combine, op=op),
+            "aggregate": functools.partial(_counted_aggregate, op=op, result=result),
+            "concatenate": False,  # Partial objects, stacked by the steps themselves
+        }
+    else:
+        steps = {
+            "chunk": functools.partial(_fold_chunk, op=op, dtype=dtype, expected=x.dtype),
+            "combine": functools.partial(_fold_combine, op=op),
+            "aggregate": functools.partial(_fold_aggregate, op=op, result=result),
+        }
     return da.reduction(
         x,
-        chunk=functools.partial(_fold_chunk, op=op, dtype=dtype, expected=x.dtype),
-        combine=functools.partial(_fold_combine, op=op),
-        aggregate=functools.partial(_fold_aggregate, op=op, result=result),
         axis=axes,
         keepdims=keepdims,
         dtype=result,
         split_every=_default_split_every(split_every, x, axes),
         name=f"treereduce-{op.name}",
+        **steps,
     )
 
 
