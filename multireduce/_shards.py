@@ -193,6 +193,19 @@ def _probe(path: Path, dtype) -> tuple[FileLayout | None, bytes, int]:
         return (_npy_layout(path, fh, size, dtype) if head == _NPY_MAGIC else None), head, size
 
 
+def _refuse_archive(path: Path, head: bytes, advice: str) -> None:
+    """Raise TypeError if the file ``path`` (without the NumPy magic) is an ``.npz`` archive.
+
+    np.load takes a file that starts with a zip magic as an ``.npz`` archive, whatever its
+    name; a file named ``*.npz`` is refused too (a damaged archive), rather than read as raw
+    binary data.
+    """
+    if head.startswith(_ZIP_MAGICS):
+        raise TypeError(f"{path} is an .npz archive (a zip of arrays), not a .npy file; {advice}")
+    if path.suffix.lower() == ".npz":
+        raise TypeError(f"{path} is named as an .npz archive but is not a zip file (damaged?); {advice}")
+
+
 def inspect_npy(path: str | os.PathLike, dtype=None) -> FileLayout:
     """Read and check the layout of a ``.npy`` file without reading its data.
 
@@ -214,8 +227,9 @@ def inspect_npy(path: str | os.PathLike, dtype=None) -> FileLayout:
     FileNotFoundError, IsADirectoryError, PermissionError
         If the file cannot be opened.
     TypeError
-        If the file is an ``.npz`` archive, holds Python objects (it is never unpickled) or a
-        dtype multireduce does not support, or ``dtype`` differs from the file's.
+        If the file is an ``.npz`` archive (a zip magic, or named ``*.npz``), holds Python
+        objects (it is never unpickled) or a dtype multireduce does not support, or ``dtype``
+        differs from the file's.
     ValueError
         If the file does not start with the NumPy magic string, its header is corrupt (a
         negative dimension included), or it is shorter than its header says.
@@ -224,8 +238,7 @@ def inspect_npy(path: str | os.PathLike, dtype=None) -> FileLayout:
     layout, head, _ = _probe(path, dtype)
     if layout is not None:
         return layout
-    if head.startswith(_ZIP_MAGICS):
-        raise TypeError(f"{path} is an .npz archive (a zip of arrays), not a .npy file; pass one array or a .npy file")
+    _refuse_archive(path, head, "pass one array or a .npy file")
     raise ValueError(f"{path} is not a .npy file (no NumPy magic)")
 
 
@@ -233,7 +246,8 @@ def inspect_file(path: str | os.PathLike, dtype=None, n: int | None = None) -> F
     """Read the layout of a ``.npy`` or raw binary file without reading its data.
 
     A file is taken as ``.npy`` if it starts with the NumPy magic string, whatever its name;
-    anything else is raw binary of ``dtype`` in native byte order.
+    an ``.npz`` archive (a file that starts with a zip magic, or one named ``*.npz``) is
+    refused; anything else is raw binary of ``dtype`` in native byte order.
 
     Parameters
     ----------
@@ -253,8 +267,9 @@ def inspect_file(path: str | os.PathLike, dtype=None, n: int | None = None) -> F
     FileNotFoundError, IsADirectoryError, PermissionError
         If the file cannot be opened.
     TypeError
-        If the ``.npy`` holds Python objects (it is never unpickled) or a dtype multireduce
-        does not support, or ``dtype`` differs from the ``.npy`` file's.
+        If the file is an ``.npz`` archive (with or without ``dtype``), the ``.npy`` holds
+        Python objects (it is never unpickled) or a dtype multireduce does not support, or
+        ``dtype`` differs from the ``.npy`` file's.
     ValueError
         If the file is truncated (shorter than its header says, or, for raw files, not a
         whole number of elements or shorter than ``n``), if a ``.npy`` header is corrupt (it
@@ -262,11 +277,12 @@ def inspect_file(path: str | os.PathLike, dtype=None, n: int | None = None) -> F
         or if a raw file comes without ``dtype``.
     """
     path = Path(path)
-    layout, _, size = _probe(path, dtype)
+    layout, head, size = _probe(path, dtype)
     if layout is not None:
         if n is not None:
             raise ValueError(f"{path} is a .npy file, which knows its length; n applies to raw files only")
         return layout
+    _refuse_archive(path, head, "give one .npy file (save one array of it with numpy.save)")
     if dtype is None:
         raise ValueError(f"{path} is not a .npy file; give the dtype of its raw binary data (--dtype)")
     dt = check_dtype(dtype)

@@ -181,6 +181,16 @@ def npy_with_header(path, shape, data: bytes = b"\0" * 16):
     return path
 
 
+class _Payload:
+    """Unpickling an instance creates the file ``marker`` (as a malicious pickle could)."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
 @pytest.mark.mpi
 def test_bad_files(mpiexec, tmp_path):
     obj = np.empty(3, dtype=object)
@@ -198,7 +208,13 @@ def test_bad_files(mpiexec, tmp_path):
     garbled = bytearray((tmp_path / "ok.npy").read_bytes())
     garbled[10:20] = b"garbage{{{"
     (tmp_path / "garbled.npy").write_bytes(bytes(garbled))
+    np.savez(tmp_path / "z.npz", a=np.arange(1000.0))  # was summed as raw int8 bytes with --dtype int8
+    marker = tmp_path / "unpickled"
+    payload = np.empty(1, dtype=object)
+    payload[0] = _Payload(marker)
+    np.save(tmp_path / "payload.npy", payload, allow_pickle=True)
     corrupt = "not a valid .npy file (truncated or corrupt header)"
+    npz = f"{tmp_path / 'z.npz'} is an .npz archive (a zip of arrays), not a .npy file; give one .npy file"
     cases = [
         ([str(tmp_path / "obj.npy")], "holds Python objects (dtype object); multireduce never unpickles data"),
         ([str(tmp_path / "short.npy")], "short.npy is truncated"),
@@ -210,11 +226,16 @@ def test_bad_files(mpiexec, tmp_path):
         ([str(tmp_path / "x.raw")], "is not a .npy file; give the dtype"),
         ([str(tmp_path / "x.raw"), "--dtype", "float32"], "not a whole number of 4-byte elements"),
         ([str(tmp_path / "ok.npy"), "--dtype", "float32"], "holds float64, but dtype float32 was requested"),
+        ([str(tmp_path / "payload.npy")], "payload.npy holds Python objects (dtype object); multireduce never"),
+        ([str(tmp_path / "z.npz")], f"TypeError: {npz}"),
+        ([str(tmp_path / "z.npz"), "--dtype", "int8"], f"TypeError: {npz}"),
     ]
     for args, message in cases:
         done = run(mpiexec, 2, [*CLI, "--cpu", "--input", *args])
         assert done.returncode == 1, done.output
         assert "ranks 0, 1 of 2 failed" in done.stderr and done.stderr.count(message) == 1, done.output
+        assert "Traceback" not in done.stderr and done.stdout == "", done.output
+    assert not marker.exists()  # payload.npy was never unpickled
 
 
 # ------------------------------------------------------------------ info and bench

@@ -154,3 +154,62 @@ def test_files_that_are_not_regular_are_refused(tmp_path, inspect):
             inspect(path)
     with pytest.raises(IsADirectoryError):
         inspect(tmp_path)
+
+
+# ---------------------------------------------------------------------------------- archives
+
+
+@pytest.mark.parametrize("dtype", [None, "int8", "float64"])
+def test_npz_archives_are_refused_with_or_without_dtype(tmp_path, dtype):
+    # The bytes of an archive were summed as raw int8 data (exit status 0); without a dtype
+    # the error asked for the dtype of its "raw binary data".
+    np.savez(tmp_path / "z.npz", a=np.arange(1000.0))
+    np.savez_compressed(tmp_path / "c.npz", a=np.ones(3))
+    (tmp_path / "renamed.bin").write_bytes((tmp_path / "z.npz").read_bytes())  # np.load goes by the magic
+    (tmp_path / "empty.npz").write_bytes(b"PK\x05\x06" + b"\0" * 18)  # an empty zip: the other magic
+    (tmp_path / "broken.npz").write_bytes(b"\0" * 64)  # named .npz, no zip magic
+    for name in ("z.npz", "c.npz", "renamed.bin", "empty.npz"):
+        path = tmp_path / name
+        with pytest.raises(TypeError) as info:
+            inspect_file(path, dtype=dtype)
+        assert str(info.value) == (
+            f"{path} is an .npz archive (a zip of arrays), not a .npy file; "
+            "give one .npy file (save one array of it with numpy.save)"
+        )
+        with pytest.raises(TypeError, match=rf"^{re.escape(str(path))} is an \.npz archive .*pass one array"):
+            inspect_npy(path)
+    with pytest.raises(TypeError, match=r"broken\.npz is named as an \.npz archive but is not a zip file"):
+        inspect_file(tmp_path / "broken.npz", dtype=dtype)
+    # Raw data and .npy files are still read whatever their names.
+    np.arange(8, dtype=np.int8).tofile(tmp_path / "raw.bin")
+    assert inspect_file(tmp_path / "raw.bin", dtype="int8").n == 8
+    np.save(tmp_path / "a.npy", np.arange(5.0))
+    (tmp_path / "a.npy").rename(tmp_path / "npy_named.npz")
+    assert inspect_file(tmp_path / "npy_named.npz").n == 5
+
+
+class _Payload:
+    """Unpickling an instance creates the file ``marker`` (as a malicious pickle could)."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+@pytest.mark.parametrize("dtype", [object, [("a", "<i4"), ("b", object)]], ids=["object", "struct-with-object"])
+def test_pickled_objects_are_refused_without_unpickling(tmp_path, dtype):
+    marker = tmp_path / "unpickled"
+    arr = np.empty(2, dtype=dtype)
+    if arr.dtype.names:
+        arr["b"] = [_Payload(marker), _Payload(marker)]
+    else:
+        arr[:] = [_Payload(marker), _Payload(marker)]
+    np.save(tmp_path / "obj.npy", arr, allow_pickle=True)
+    for inspect in (inspect_file, inspect_npy, lambda p: inspect_file(p, dtype="int8")):
+        with pytest.raises(TypeError, match=r"obj\.npy holds Python objects .*multireduce never unpickles data"):
+            inspect(tmp_path / "obj.npy")
+    assert not marker.exists()
+    np.load(tmp_path / "obj.npy", allow_pickle=True)  # the payload works: loading it would run it
+    assert marker.exists()
