@@ -302,20 +302,38 @@ def inspect_file(path: str | os.PathLike, dtype=None, n: int | None = None) -> F
 def read_shard(layout: FileLayout, rank: int, size: int) -> np.ndarray:
     """Read the elements ``rank`` holds (see :func:`shard_range`) into a new 1-d array.
 
-    Only that slice is read from disk: ``.npy`` files through
-    ``np.load(mmap_mode="r", allow_pickle=False)``, raw files through ``np.memmap``.
+    Only that slice is read from disk, with ``read`` calls straight into the new array (never
+    through ``np.load``, so never unpickling, and never through a memory map: a file that
+    shrinks after :func:`inspect_file` checked its size would kill a process that touches a
+    mapped page past its new end with SIGBUS). Elements come in the file's memory order, which
+    for a Fortran-order ``.npy`` is not C order; a full reduction does not depend on it.
+
+    Raises
+    ------
+    OSError
+        If the file cannot be opened or read.
+    ValueError
+        If the file ends before the slice does (it was truncated after it was inspected).
     """
     start, stop = shard_range(layout.n, rank, size)
-    count = stop - start
-    if count == 0:
-        # mmap cannot map zero bytes, and there is nothing to read.
-        return np.empty(0, dtype=layout.dtype)
-    if layout.kind == "npy":
-        mapped = np.load(layout.path, mmap_mode="r", allow_pickle=False)
-        # order="K" flattens in memory order without a copy (also for Fortran-order files);
-        # a full reduction does not depend on element order.
-        flat = mapped.ravel(order="K")
-    else:
-        flat = np.memmap(layout.path, dtype=layout.dtype, mode="r", offset=0, shape=(layout.n,))
-    # Copying here makes the read happen now (it is the "load" phase), and lets the file go.
-    return np.array(flat[start:stop])
+    out = np.empty(stop - start, dtype=layout.dtype)
+    if out.size:
+        # Reading now makes it the "load" phase, and lets the file go.
+        _read_exactly(layout.path, layout.offset + start * layout.dtype.itemsize, out.view(np.uint8))
+    return out
+
+
+def _read_exactly(path: Path, offset: int, buffer: np.ndarray) -> None:
+    """Fill ``buffer`` (uint8) with the bytes of ``path`` from ``offset``, or raise ValueError."""
+    view = memoryview(buffer)
+    done = 0
+    with open(path, "rb", buffering=0) as fh:
+        fh.seek(offset)
+        while done < len(view):
+            got = fh.readinto(view[done:])  # Linux reads at most 2 GiB - 4 KiB per call
+            if not got:
+                raise ValueError(
+                    f"{path} is truncated: this rank reads bytes {offset} to {offset + len(view)}, but the file now "
+                    f"has {os.fstat(fh.fileno()).st_size} bytes (it shrank after its size was checked)"
+                )
+            done += got

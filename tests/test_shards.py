@@ -15,7 +15,7 @@ import re
 import numpy as np
 import pytest
 
-from multireduce._shards import inspect_file, inspect_npy
+from multireduce._shards import inspect_file, inspect_npy, read_shard
 
 CORRUPT = "not a valid .npy file (truncated or corrupt header)"
 
@@ -213,3 +213,118 @@ def test_pickled_objects_are_refused_without_unpickling(tmp_path, dtype):
     assert not marker.exists()
     np.load(tmp_path / "obj.npy", allow_pickle=True)  # the payload works: loading it would run it
     assert marker.exists()
+
+
+# ---------------------------------------------------------------------------------- reading
+
+
+def test_read_shard_reads_the_slices_of_npy_and_raw_files(tmp_path):
+    rng = np.random.default_rng(3)
+    for dtype in ("float16", "float64", "int8", "uint64", "bool"):
+        data = rng.integers(0, 100, (7, 11)).astype(dtype)
+        for order in ("C", "F"):
+            np.save(tmp_path / "a.npy", np.asarray(data, order=order))
+            layout = inspect_file(tmp_path / "a.npy")
+            parts = [read_shard(layout, r, 4) for r in range(4)]
+            assert all(p.dtype == np.dtype(dtype) and p.flags.owndata for p in parts)
+            # Memory order: C order, or the transpose's C order for a Fortran-order file.
+            expected = data.ravel() if order == "C" else data.T.ravel()
+            assert np.concatenate(parts).tolist() == expected.tolist()
+        data.tofile(tmp_path / "a.raw")
+        layout = inspect_file(tmp_path / "a.raw", dtype=dtype, n=60)
+        assert np.concatenate([read_shard(layout, r, 3) for r in range(3)]).tolist() == data.ravel()[:60].tolist()
+
+
+# The file shrinks after inspect_file checked its size: before read_shard (np.load's memory map
+# then failed with mmap's "mmap length is greater than file size", naming no file) or while
+# read_shard copies it (the copy from the memory map touched a page past the new end: SIGBUS
+# killed the process). Subprocesses, so that a signal fails the test instead of pytest.
+TRUNCATE_AFTER_INSPECT = """
+import os, sys
+import numpy as np
+from multireduce._shards import inspect_file, read_shard
+path, kind = sys.argv[1], sys.argv[2]
+if kind == "npy":
+    np.save(path, np.ones(1 << 20))
+    layout = inspect_file(path)
+else:
+    np.ones(1 << 20).tofile(path)
+    layout = inspect_file(path, dtype="float64")
+os.truncate(path, 4096)
+failed = 0
+for rank in (0, 1):  # rank 0's slice ends past the new end, rank 1's starts past it
+    try:
+        read_shard(layout, rank, 2)
+    except ValueError as exc:
+        print(exc)
+        failed += 1
+sys.exit(7 if failed == 2 else 1)
+"""
+
+
+@pytest.mark.parametrize("kind", ["npy", "raw"])
+def test_file_truncated_after_inspection_names_the_file(tmp_path, kind):
+    import subprocess
+    import sys
+
+    path = tmp_path / f"t.{kind}"
+    done = subprocess.run(
+        [sys.executable, "-c", TRUNCATE_AFTER_INSPECT, str(path), kind], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 7, (done.returncode, done.stdout, done.stderr)  # -7: SIGBUS
+    half = (1 << 19) * 8
+    offset = 128 if kind == "npy" else 0
+    assert done.stdout.splitlines() == [
+        f"{path} is truncated: this rank reads bytes {start} to {start + half}, but the file now has 4096 bytes "
+        "(it shrank after its size was checked)"
+        for start in (offset, offset + half)
+    ]
+
+
+TRUNCATE_WHILE_READING = """
+import os, sys, threading, time
+import numpy as np
+from multireduce._shards import inspect_file, read_shard
+path, kind = sys.argv[1], sys.argv[2]
+data = np.arange(8 << 20, dtype=np.float64)  # 64 MiB: the read takes milliseconds
+outcomes = []
+for attempt in range(5):
+    if kind == "npy":
+        np.save(path, data)
+        layout = inspect_file(path)
+    else:
+        data.tofile(path)
+        layout = inspect_file(path, dtype="float64")
+    go = threading.Event()
+    def shrink():
+        go.wait()
+        time.sleep(0.001 * (attempt + 1))
+        os.truncate(path, 4096)
+    thread = threading.Thread(target=shrink)
+    thread.start()
+    go.set()
+    try:
+        x = read_shard(layout, 0, 1)
+    except ValueError as exc:
+        assert str(exc).startswith(f"{path} is truncated: this rank reads bytes "), exc
+        outcomes.append("error")
+    else:  # the read was done before the file shrank
+        assert np.array_equal(x, data)
+        outcomes.append("read")
+    thread.join()
+print(outcomes)
+"""
+
+
+@pytest.mark.parametrize("kind", ["npy", "raw"])
+def test_file_truncated_while_it_is_read_is_an_error_not_sigbus(tmp_path, kind):
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", TRUNCATE_WHILE_READING, str(tmp_path / f"t.{kind}"), kind],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, (done.returncode, done.stdout, done.stderr)  # -7: SIGBUS (the old memory map)
