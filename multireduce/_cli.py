@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import socket
@@ -22,6 +23,7 @@ import time
 import traceback
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -350,7 +352,11 @@ class _Pattern:
 
 
 def _check_value(result: np.generic, reference, op: str, dt: np.dtype, n: int, bound: float) -> tuple[bool, str]:
-    """Compare a global result with an exact reference. Returns (passed, how)."""
+    """Compare a global result on the synthetic data with its exact reference. Returns (passed, how).
+
+    The synthetic elements are integers of magnitude at most ``bound``, which is what makes
+    the "exact" branch of float sums hold; file data goes through :func:`_check_file_value`.
+    """
     res = np.asarray(result)
     if isinstance(reference, float) and np.isnan(reference):
         return bool(np.isnan(res)), "NaN"
@@ -366,19 +372,114 @@ def _check_value(result: np.generic, reference, op: str, dt: np.dtype, n: int, b
     return bool(abs(float(res) - float(reference)) <= tol), f"|err| <= {tol:.3g}"
 
 
-def _file_reference(x: np.ndarray, op: str):
-    """Compute this rank's independent reference for file data.
+# --------------------------------------------------------------------------------------------
+# References for file data: exact integer and float sums, IEEE special values. Each rank reduces
+# its own shard to a small part, the parts are gathered and combined, and the global result is
+# compared with the combination. Nothing here calls multireduce's reductions.
 
-    Exact Python ints for integer sums (chunks keep the int64 sums of 32-bit halves exact),
-    math.fsum for float sums, float64 for max/min.
+#: Elements converted to Python numbers at a time (bounds the memory of a reference).
+_REF_CHUNK = 1 << 16
+
+
+def _python_values(x: np.ndarray):
+    """The elements of ``x`` as Python numbers (floats as float64, exactly), a chunk at a time."""
+    for start in range(0, x.size, _REF_CHUNK):
+        chunk = x[start : start + _REF_CHUNK]
+        yield from (chunk.astype(np.float64) if x.dtype.kind == "f" else chunk).tolist()
+
+
+def _to_float(value: Fraction) -> float:
+    """``value`` rounded once to float64; past float64's range, an infinity of its sign."""
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
+
+
+@dataclass(frozen=True)
+class _FloatSum:
+    """The reference of a float sum over one shard, or over all of them (:func:`_combine_references`).
+
+    ``total`` is the exact sum of the finite elements, whatever its size. NaN and infinities
+    are only flagged: the result they give is the same in any order of additions, as in
+    NumPy (NaN, or +-inf, or NaN for both).
     """
-    import math
 
-    if x.size == 0:
-        return None
+    total: Fraction
+    magnitude: float  # sum of |finite elements| in float64 (inf past its range): the error bound's scale
+    max_abs: float  # largest |finite element|
+    integral: bool  # every finite element is an integer
+    nan: bool
+    pos_inf: bool
+    neg_inf: bool
+
+    @property
+    def value(self) -> float:
+        if self.nan or (self.pos_inf and self.neg_inf):
+            return math.nan
+        if self.pos_inf or self.neg_inf:
+            return math.inf if self.pos_inf else -math.inf
+        return _to_float(self.total)
+
+
+#: frexp gives float64 values as m * 2**e with e >= -1073: m * 2**53 is an integer, and
+#: x * 2**_EXP_BIAS = (m * 2**53) * 2**(e - 53 + _EXP_BIAS) an integer too.
+_EXP_BIAS = 1126
+
+
+def _exact_float_sum(x: np.ndarray) -> Fraction:
+    """The exact sum of the finite float elements ``x``, as a Fraction (no rounding, no overflow).
+
+    Each element is the integer m * 2**53 times a power of two; the integers are added per
+    power of two (their 32-bit halves in float64 bincounts of 2**20 elements, exact below
+    2**53), and the sums per power in Python integers.
+    """
+    total = 0
+    for start in range(0, x.size, 1 << 20):
+        m, e = np.frexp(x[start : start + (1 << 20)].astype(np.float64))
+        digits = (m * 2.0**53).astype(np.int64)
+        shift = e + (_EXP_BIAS - 53)  # >= 0
+        low = np.bincount(shift, weights=digits & 0xFFFFFFFF)
+        high = np.bincount(shift, weights=digits >> 32)  # arithmetic shift keeps the sign
+        for b in np.flatnonzero((low != 0) | (high != 0)).tolist():
+            total += (int(low[b]) + (int(high[b]) << 32)) << b
+    return Fraction(total, 1 << _EXP_BIAS)
+
+
+def _float_sum_part(x: np.ndarray) -> _FloatSum:
+    finite_mask = np.isfinite(x)
+    finite = x if finite_mask.all() else x[finite_mask]
+    max_abs = float(np.max(np.abs(finite))) if finite.size else 0.0
+    with np.errstate(over="ignore"):
+        magnitude = float(np.add.reduce(np.abs(finite), dtype=np.float64))
+    # Integers in a float dtype: needed (and checked) only where a sum of them can be exact.
+    integral = finite.size * max_abs < 2.0**53 and bool(np.all(np.trunc(finite) == finite))
+    return _FloatSum(
+        total=_exact_float_sum(finite),
+        magnitude=magnitude,
+        max_abs=max_abs,
+        integral=integral,
+        nan=bool(np.isnan(x).any()),
+        pos_inf=bool(np.isposinf(x).any()),
+        neg_inf=bool(np.isneginf(x).any()),
+    )
+
+
+def _ieee_key(value):
+    # IEEE 754-2019 maximum/minimum order: -0.0 below +0.0 (ints and bools sort as they are).
+    return (value, math.copysign(1.0, value)) if isinstance(value, float) else (value, 0)
+
+
+def _file_reference(x: np.ndarray, op: str):
+    """Compute this rank's part of the independent reference of ``op`` over the file data ``x``.
+
+    Integer sums: an exact Python int (chunks keep the int64 sums of 32-bit halves exact).
+    Float sums: a :class:`_FloatSum`. max/min: a Python int, bool or float (NaN if any element
+    is NaN; -0.0 below +0.0), or None for an empty shard.
+    """
     if op == "sum":
         if x.dtype.kind == "f":
-            return math.fsum(x.astype(np.float64).tolist())
+            return _float_sum_part(x)
         total = 0
         wide = x.astype(np.int64) if x.dtype != np.uint64 else x
         for start in range(0, wide.size, 1 << 20):
@@ -387,23 +488,93 @@ def _file_reference(x: np.ndarray, op: str):
             high = (chunk >> 32).astype(np.int64)  # arithmetic shift keeps the sign
             total += int(low.sum()) + (int(high.sum()) << 32)
         return total
-    values = x.astype(np.float64) if x.dtype.kind == "f" else x.astype(object)
-    if x.dtype.kind == "f" and np.isnan(values).any():
-        return float("nan")
-    return (max if op == "max" else min)(values.tolist())
+    if x.size == 0:
+        return None
+    if x.dtype.kind == "f" and np.isnan(x).any():
+        return math.nan
+    pick = max if op == "max" else min
+    value = pick(_python_values(x))
+    if isinstance(value, float) and value == 0:  # max/min do not see the sign of zero
+        value = pick((v for v in _python_values(x) if v == 0), key=_ieee_key)
+    return value
 
 
 def _combine_references(op: str, parts: list) -> Any:
-    import math
-
+    """Combine the ranks' parts (:func:`_file_reference`) into the global reference."""
+    if op == "sum" and any(isinstance(p, _FloatSum) for p in parts):
+        return _FloatSum(
+            total=sum((p.total for p in parts), Fraction(0)),
+            magnitude=sum(p.magnitude for p in parts),  # Python floats: past the range, inf
+            max_abs=max(p.max_abs for p in parts),
+            integral=all(p.integral for p in parts),
+            nan=any(p.nan for p in parts),
+            pos_inf=any(p.pos_inf for p in parts),
+            neg_inf=any(p.neg_inf for p in parts),
+        )
+    if op == "sum":
+        return sum(parts)
     parts = [p for p in parts if p is not None]
     if not parts:
-        return 0 if op == "sum" else None
+        return None
     if any(isinstance(p, float) and math.isnan(p) for p in parts):
-        return float("nan")
-    if op == "sum":
-        return math.fsum(parts) if any(isinstance(p, float) for p in parts) else sum(parts)
-    return (max if op == "max" else min)(parts)
+        return math.nan
+    return (max if op == "max" else min)(parts, key=_ieee_key)
+
+
+def _same_float(a: float, b: float) -> bool:
+    # Identity of floats: NaN is NaN, infinities and zeros have the same sign.
+    if math.isnan(a) or math.isnan(b):
+        return math.isnan(a) and math.isnan(b)
+    return a == b and math.copysign(1.0, a) == math.copysign(1.0, b)
+
+
+def _check_file_value(result: np.generic, reference, op: str, n: int, ranks: int) -> tuple[bool, str]:
+    """Compare a global result on file data with its reference (:func:`_combine_references`).
+
+    Integers and max/min must be identical (floats: NaN with NaN, infinities and zeros of the
+    same sign). A float sum must be identical where the input makes it so (NaN, an infinity,
+    or integers whose partial sums are all exact in the accumulator, then rounded once), and
+    otherwise lie within the error bound of multireduce's summation in its accumulator dtype
+    (float64 for float32/float64 data, float32 for float16), relative to the sum of |x|:
+    ``eps * sum|x| * (log2(n + 1) + n / 50000 + ranks + 1)``, plus one ulp of the result for
+    its final rounding; near the top of the result's range the result may also be the
+    infinity of the reference's sign. Where the sum of |x| reaches the accumulator's range,
+    partial sums may overflow in some order of additions: any infinity, and NaN from two of
+    opposite signs, are then results of a correct summation too.
+    """
+    if not isinstance(reference, _FloatSum):
+        if isinstance(reference, float):
+            return _same_float(float(result), reference), "identical"
+        return bool(np.asarray(result) == reference), "exact"
+    res_dt = np.asarray(result).dtype
+    res = float(result)
+    acc = np.finfo(get_op("sum").accumulator_dtype(res_dt))
+    may_overflow = not reference.magnitude < float(acc.max)
+    if math.isnan(reference.value):
+        return math.isnan(res), "NaN"
+    if reference.pos_inf or reference.neg_inf:  # an infinite element, not a sum past the range
+        return res == reference.value or (may_overflow and math.isnan(res)), "same infinity"
+    if reference.integral and n * reference.max_abs < 2.0 ** (acc.nmant + 1):
+        # Every partial sum is an integer below 2**(mantissa bits): exact in any order, so only
+        # the final rounding to the result dtype remains.
+        with np.errstate(over="ignore"):
+            target = float(res_dt.type(reference.value))
+        return _same_float(res, target), "exact"  # a zero sum is +0.0, as in NumPy
+    tol = float(acc.eps) * reference.magnitude * (math.log2(n + 1) + n / 50_000 + ranks + 1)
+    largest = float(np.finfo(res_dt).max)
+    near_top = abs(reference.value) + tol >= largest
+    bound = tol + float(np.spacing(res_dt.type(largest if near_top else abs(reference.value))))
+    how = f"|err| <= {bound:.3g}"
+    if may_overflow:
+        how = "any overflow" + (f", or |err| <= {bound:.3g}" if math.isfinite(bound) else ", or any value")
+        how += f": the sum of |x| is past the range of the {acc.dtype} accumulator, so partial sums may overflow"
+        if not math.isfinite(res):
+            return True, how
+    if math.isnan(res):
+        return False, how
+    if math.isinf(res):  # past or near the top of the range, rounding may overflow to infinity
+        return near_top and res == (math.inf if reference.total > 0 else -math.inf), how
+    return _to_float(abs(Fraction(res) - reference.total)) <= bound, how
 
 
 def _wrap_int(value: int, dt: np.dtype) -> int:
@@ -505,11 +676,12 @@ def _cmd_run(args, comm, mpi) -> int:
             k, c = _max_over_ranks(comm, [k, c])
             kernel_s, allreduce_s = min(kernel_s, k), min(allreduce_s, c)
         host_value = np.asarray(value.get() if ctx.backend == "gpu" else value)[()]
-        row = {"op": name, "result": host_value, "kernel_s": kernel_s, "allreduce_s": allreduce_s}
-        if check:
-            row.update(_reference_row(args, ctx, info, name, host_value, dt, n))
-        rows.append(row)
+        rows.append({"op": name, "result": host_value, "kernel_s": kernel_s, "allreduce_s": allreduce_s})
         local_times.append(kernel_s)
+    if check:  # after the timings, which the references' memory traffic would disturb
+        references = None if info["source"] == "synthetic" else _file_references(ctx, info["host_shard"], ops)
+        for row in rows:
+            row.update(_reference_row(ctx, info, row["op"], row["result"], dt, n, references))
 
     load_s, h2d_s = _max_over_ranks(comm, [info["load_s"], info["h2d_s"]])
     transport = comm.gather(mpi.transport_counts(), root=0)
@@ -549,23 +721,33 @@ def _cmd_run(args, comm, mpi) -> int:
     return 0
 
 
-def _reference_row(args, ctx, info, op, value, dt, n) -> dict:
-    comm = ctx.comm
+def _file_references(ctx: _Context, shard: np.ndarray, ops: list[str]) -> dict[str, Any]:
+    """The global reference of each of ``ops`` over the file data (collective)."""
+    error = parts = None
+    try:
+        parts = {op: _file_reference(shard, op) for op in ops}
+    except Exception as exc:  # agreed below (out of memory on one rank, say)
+        error = exc
+    ctx.mpi.agree(error, ctx.comm)
+    gathered = ctx.comm.allgather(parts)
+    return {op: _combine_references(op, [g[op] for g in gathered]) for op in ops}
+
+
+def _reference_row(ctx, info, op, value, dt, n, references) -> dict:
     result_dt = get_op(op).result_dtype(dt)
     if info["source"] == "synthetic":
         pattern = info["pattern"]
         reference = pattern.reference(op, n)
-        bound = pattern.abs_bound()
-    else:
-        shard = info["host_shard"]
-        parts = comm.allgather(_file_reference(shard, op))
-        reference = _combine_references(op, parts)
-        finite = shard[np.isfinite(shard)] if shard.dtype.kind == "f" else shard
-        local_bound = float(np.max(np.abs(finite.astype(np.float64)))) if finite.size else 0.0
-        bound = comm.allreduce(local_bound, op=ctx.mpi.MPI.MAX)
-    if isinstance(reference, int) and result_dt.kind in "iu":
+        if isinstance(reference, int) and result_dt.kind in "iu":
+            reference = _wrap_int(reference, result_dt)
+        passed, how = _check_value(value, reference, op, dt, n, pattern.abs_bound())
+        return {"reference": reference, "check": passed, "check_how": how}
+    reference = references[op]
+    if isinstance(reference, int) and not isinstance(reference, bool) and result_dt.kind in "iu":
         reference = _wrap_int(reference, result_dt)
-    passed, how = _check_value(value, reference, op, dt, n, bound)
+    passed, how = _check_file_value(value, reference, op, n, ctx.size)
+    if isinstance(reference, _FloatSum):
+        reference = reference.value
     return {"reference": reference, "check": passed, "check_how": how}
 
 

@@ -9,10 +9,12 @@ from __future__ import annotations
 import json
 import math
 import re
+from fractions import Fraction
 
 import numpy as np
 import pytest
 from mpi_scripts.launch import run
+from reference import float_sum, ieee_extreme, same_float, ulp
 
 from multireduce._cli import main
 
@@ -171,6 +173,232 @@ def test_per_rank_files_with_one_missing(mpiexec, tmp_path):
     np.save(tmp_path / "part_1.npy", np.ones(5))
     report = run_json(mpiexec, 3, "--input", str(tmp_path / "part_{rank}.npy"), "--check")
     assert results(report) == {"sum": 13.0, "max": 1.0, "min": 1.0} and report["n"] == 13
+
+
+# The CLI with the global result of some ops changed after the reduction: --check must see it.
+# argv[1] is "op:how" (how: "ulp" one float step up or integer up, "elem" plus the last element of the data
+# file argv[2] again, a float to replace the result), the rest the CLI's arguments.
+WRONG_RESULT = """
+import sys
+import numpy as np
+import multireduce.mpi as mpi
+from multireduce._cli import main
+changes = dict(c.split(":") for c in sys.argv[1].split(","))
+timed = mpi._timed_allreduce
+def wrong(x, name, comm):
+    value, kernel_s, allreduce_s = timed(x, name, comm)
+    how = changes.get(name)
+    if how == "ulp":  # integers: plus one
+        value = np.nextafter(value, value.dtype.type(np.inf)) if value.dtype.kind == "f" else value + 1
+    elif how == "elem":
+        value = value + np.load(sys.argv[2]).ravel()[-1]
+    elif how is not None:
+        value = value.dtype.type(float(how))
+    return value, kernel_s, allreduce_s
+mpi._timed_allreduce = wrong
+sys.exit(main(sys.argv[3:]))
+"""
+
+
+def run_wrong(mpiexec, ranks, changes, path, *args):
+    argv = ["-c", WRONG_RESULT, changes, str(path), "--input", str(path), "--check", "--json", "--cpu", "--repeat", "1"]
+    return run(mpiexec, ranks, [*argv, *args], timeout=60)
+
+
+def float_data():
+    rng = np.random.default_rng(11)
+    return {
+        "uniform64": rng.random(100_000),  # the reviewer's r64.npy: the result is 1 ulp from fsum
+        "normal64": rng.standard_normal(30_001) * 1e3,  # cancellation: the sum is small against sum |x|
+        "normal32": rng.standard_normal(50_000).astype(np.float32),
+        "uniform16": (rng.random(20_000) * 2 - 1).astype(np.float16),
+        "wide64": rng.standard_normal(5_000) * 2.0 ** rng.integers(-1070, 1000, 5_000),
+    }
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("ranks", [1, 2, 3])
+def test_check_of_float_file_sums(mpiexec, tmp_path, ranks):
+    # The "exact" branch of the check assumed integer-valued elements (true of the synthetic
+    # data only): a correct float64 sum 1 ulp from math.fsum was reported as FAIL, exit 3.
+    for name, data in float_data().items():
+        np.save(tmp_path / f"{name}.npy", data)
+        report = run_json(mpiexec, ranks, "--input", str(tmp_path / f"{name}.npy"), "--check", "--repeat", "1")
+        assert report["check_passed"] is True, (name, report)
+        rows = {row["op"]: row for row in report["results"]}
+        exact = float_sum(data)  # math.fsum: the exact sum, rounded once
+        assert rows["sum"]["reference"] == exact, name
+        assert rows["sum"]["check_how"].startswith("|err| <= "), name
+        # The result is within reference.check's bound of the exact sum (plus the ranks'
+        # roundings), and the check is no looser (its bound printed to 3 digits).
+        magnitude = math.fsum(abs(v) for v in data.astype(np.float64).tolist())
+        acc_eps = np.finfo(np.float32 if data.dtype == np.float16 else np.float64).eps
+        bound = acc_eps * magnitude * (math.log2(data.size + 1) + data.size / 50_000 + ranks + 1)
+        assert abs(rows["sum"]["result"] - exact) <= bound + ulp(exact, data.dtype), name
+        assert float(rows["sum"]["check_how"][len("|err| <= ") :]) <= (bound + ulp(exact, data.dtype)) * 1.005, name
+        for op in ("max", "min"):
+            expected = ieee_extreme(data, largest=op == "max")
+            assert rows[op]["result"] == expected and rows[op]["reference"] == expected
+            assert rows[op]["check"] is True and rows[op]["check_how"] == "identical"
+
+
+@pytest.mark.mpi
+def test_check_fails_on_wrong_file_results(mpiexec, tmp_path):
+    # The check is not made loose: an extra element's worth, or one ulp where the sum is exact.
+    data = float_data()
+    np.save(tmp_path / "uniform64.npy", data["uniform64"])
+    np.save(tmp_path / "normal32.npy", data["normal32"])
+    np.save(tmp_path / "ints64.npy", np.arange(-5000, 100_000, dtype=np.float64))  # integers: exact
+    np.save(tmp_path / "ints16.npy", np.arange(-300, 301, 2, dtype=np.float16))
+    np.save(tmp_path / "ints.npy", np.arange(-5000, 100_000, dtype=np.int32))
+    np.save(tmp_path / "specials.npy", np.array([np.inf, -np.inf, 1.0, -0.0, 0.0]))
+    cases = [
+        ("uniform64.npy", "sum:elem", "sum"),
+        ("normal32.npy", "sum:elem", "sum"),
+        ("ints64.npy", "sum:ulp", "sum"),
+        ("ints16.npy", "sum:ulp", "sum"),
+        ("ints.npy", "sum:ulp,max:ulp", "sum max"),
+        ("uniform64.npy", "max:ulp,min:ulp", "max min"),
+        ("specials.npy", "sum:inf", "sum"),  # NaN expected
+        ("specials.npy", "max:-inf", "max"),
+    ]
+    for name, changes, failing in cases:
+        done = run_wrong(mpiexec, 2, changes, tmp_path / name)
+        assert done.returncode == 3, (name, changes, done.output)
+        report = json.loads(done.stdout)
+        assert report["check_passed"] is False
+        assert {row["op"] for row in report["results"] if not row["check"]} == set(failing.split()), (name, report)
+    np.save(tmp_path / "zeros.npy", np.array([-0.0, 0.0, -0.0]))
+    done = run_wrong(mpiexec, 2, "max:-0.0,min:0.0", tmp_path / "zeros.npy")  # max +0.0, min -0.0 (IEEE)
+    assert done.returncode == 3 and {r["op"] for r in json.loads(done.stdout)["results"] if not r["check"]} == {
+        "max",
+        "min",
+    }, done.output
+    # Integer sums that wrap modulo 2**64, as NumPy's do.
+    wraps = np.array([2**62, 2**62, 2**62, -5], dtype=np.int64)
+    np.save(tmp_path / "wraps.npy", wraps)
+    report = run_json(mpiexec, 3, "--input", str(tmp_path / "wraps.npy"), "--check", "--repeat", "1")
+    assert report["check_passed"] is True and results(report)["sum"] == 3 * 2**62 - 5 - 2**64
+    done = run_wrong(mpiexec, 3, "sum:ulp", tmp_path / "wraps.npy")
+    assert done.returncode == 3 and json.loads(done.stdout)["results"][0]["check"] is False, done.output
+    # Integer-valued floats are checked exactly: no tolerance.
+    report = run_json(mpiexec, 2, "--input", str(tmp_path / "ints64.npy"), "--check", "--repeat", "1")
+    assert [row["check_how"] for row in report["results"]] == ["exact", "identical", "identical"]
+    assert report["results"][0]["result"] == report["results"][0]["reference"] == sum(range(-5000, 100_000))
+    # The synthetic main job stays exact: one ulp off its float32 sum fails.
+    done = run(mpiexec, 2, ["-c", WRONG_RESULT, "sum:ulp", "-", "--n", "100003", "--json", "--cpu", "--repeat", "1"])
+    assert done.returncode == 3, done.output
+    assert [row["check"] for row in json.loads(done.stdout)["results"]] == [False, True, True]
+
+
+SPECIAL_FILES = {
+    "inf_minus_inf": np.array([np.inf, -np.inf, 1.0]),  # ValueError: -inf + inf in fsum
+    "overflow": np.array([1.7e308, 1.7e308]),  # OverflowError: intermediate overflow in fsum
+    "overflow_back": np.array([1.7e308, 1.7e308, -1.7e308, 1.0]),  # inf in NumPy's order
+    "one_inf": np.array([1.0, 2.0, 3.0, -np.inf]),  # on the last rank only
+    "nan": np.array([1.0, np.nan, np.inf]),
+    "zeros": np.array([-0.0, 0.0, -0.0, -0.0]),
+    "f32_overflow": np.array([3e38, 3e38, 1.0], dtype=np.float32),  # float64 sum 6e38, float32 result inf
+    "f16_overflow": np.full(3, 60000.0, dtype=np.float16),
+    "f16_inf": np.array([1.0, np.inf, 2.0], dtype=np.float16),
+}
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("ranks", [1, 2, 3])
+def test_check_with_special_values(mpiexec, tmp_path, ranks):
+    # The reference raised fsum's ValueError / OverflowError on one rank: a traceback, and
+    # MPI_Abort under mpiexec. Specials follow IEEE: NaN and infinities propagate, +inf and
+    # -inf make NaN, a sum past the range is an infinity of its sign.
+    expected_sum = {
+        "inf_minus_inf": math.nan,
+        "overflow": math.inf,
+        "overflow_back": math.inf,
+        "one_inf": -math.inf,
+        "nan": math.nan,
+        "zeros": 0.0,
+        "f32_overflow": math.inf,
+        "f16_overflow": math.inf,
+        "f16_inf": math.inf,
+    }
+    for name, data in SPECIAL_FILES.items():
+        np.save(tmp_path / f"{name}.npy", data)
+        done = run(mpiexec, ranks, [*CLI, "--input", str(tmp_path / f"{name}.npy"), "--check", "--json", "--cpu"])
+        assert done.returncode == 0, (name, done.output)
+        assert "Traceback" not in done.stderr and "Abort" not in done.output, (name, done.output)
+        report = json.loads(done.stdout)
+        assert report["check_passed"] is True, (name, report)
+        rows = {row["op"]: row for row in report["results"]}
+        got = {op: float(row["result"]) for op, row in rows.items()}  # "nan", "inf" in JSON
+        assert same_float(got["sum"], expected_sum[name]), (name, got)
+        assert same_float(got["max"], ieee_extreme(data, True)) and same_float(got["min"], ieee_extreme(data, False))
+        if name in ("inf_minus_inf", "one_inf", "nan", "f16_inf"):
+            assert same_float(float(rows["sum"]["reference"]), float_sum(data)), (name, rows)
+            assert rows["sum"]["check_how"] in ("NaN", "same infinity")
+    assert float(rows["sum"]["reference"]) == math.inf  # the float64 sum of f16_inf
+
+
+@pytest.mark.mpi
+def test_check_with_special_values_prints_one_report(mpiexec, tmp_path):
+    np.save(tmp_path / "x.npy", SPECIAL_FILES["inf_minus_inf"])
+    done = run(mpiexec, 2, [*CLI, "--input", str(tmp_path / "x.npy"), "--check", "--cpu"])
+    assert done.returncode == 0 and done.stderr.count("Traceback") == 0, done.output
+    assert done.stdout.count("check: all results match the reference") == 1, done.output
+    assert re.search(r"^sum +nan +nan +ok ", done.stdout, re.M), done.stdout
+
+
+# The file reference fails on rank 1 only (as converting a large shard can run out of memory).
+REFERENCE_FAILS_ON_RANK_1 = """
+import sys
+from multireduce import _cli
+reference = _cli._file_reference
+def failing(x, op):
+    if _cli._env_rank() == 1:
+        raise MemoryError("no memory for the reference")
+    return reference(x, op)
+_cli._file_reference = failing
+sys.exit(_cli.main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.mpi
+def test_reference_error_on_one_rank_is_agreed(mpiexec, tmp_path):
+    # Rank 1 raised while rank 0 waited in the allgather of the parts: MPI_Abort and a traceback.
+    np.save(tmp_path / "x.npy", np.arange(100.0))
+    done = run(mpiexec, 2, ["-c", REFERENCE_FAILS_ON_RANK_1, "--input", str(tmp_path / "x.npy"), "--check", "--cpu"])
+    assert done.returncode == 1 and done.seconds < 30, done.output
+    assert done.stderr.count("multireduce: error: rank 1 of 2 failed: MemoryError: no memory for the reference") == 1
+    assert "Traceback" not in done.stderr and "Abort" not in done.output and done.stdout == "", done.output
+
+
+def test_exact_float_sum_of_the_reference():
+    # The file reference's sum: exact, whatever the exponents (subnormals, values near the top
+    # of the range, sums past it), compared with Python's exact rationals.
+    from multireduce._cli import _exact_float_sum, _to_float
+
+    rng = np.random.default_rng(4)
+    tiny = np.array([5e-324, -5e-324, 1e-310, 2.2250738585072014e-308, -0.0, 0.0])
+    sets = [
+        tiny,
+        np.array([1.7e308, 1.7e308, -1e308]),
+        np.array([np.finfo(np.float64).max] * 3),
+        rng.standard_normal(3000) * 2.0 ** rng.integers(-1074, 1000, 3000),
+        np.concatenate([rng.random(5000), -rng.random(5000)]),
+        rng.standard_normal(1 << 21),  # more than one 2**20 chunk
+        (rng.random(4097) * 2 - 1).astype(np.float16),
+        rng.standard_normal(999).astype(np.float32),
+    ]
+    for data in sets:
+        values = data.astype(np.float64).tolist()
+        exact = sum((Fraction(v) for v in values), Fraction(0))
+        assert _exact_float_sum(data) == exact
+        try:
+            assert _to_float(exact) == math.fsum(values)
+        except OverflowError:  # fsum's intermediate overflow
+            assert _to_float(exact) == (math.inf if exact > 0 else _to_float(exact))
+    assert _to_float(_exact_float_sum(np.array([1.7e308, 1.7e308]))) == math.inf
+    assert _to_float(_exact_float_sum(np.array([-1.7e308, -1.7e308]))) == -math.inf
+    assert _to_float(_exact_float_sum(np.array([1.7e308, 1.7e308, -1.7e308]))) == 1.7e308
 
 
 def npy_with_header(path, shape, data: bytes = b"\0" * 16):
