@@ -72,8 +72,12 @@ class _Parser(argparse.ArgumentParser):
             super()._print_message(message, file)
 
 
+#: The largest count the CLI takes: NumPy's index range (int64).
+MAX_LENGTH = 2**63 - 1
+
+
 def _length(text: str) -> int:
-    """Parse an element count: a non-negative integer (``1_000_000``, ``1e6``)."""
+    """Parse an element count: a non-negative integer (``1_000_000``, ``1e6``) of at most 2**63 - 1."""
     try:
         value = Decimal(text.replace("_", ""))
     except InvalidOperation:
@@ -82,6 +86,9 @@ def _length(text: str) -> int:
         raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {text!r}")
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {text!r} (negative)")
+    # Compared as a Decimal: int() of 1e1000000000 would take minutes building its digits.
+    if value > MAX_LENGTH:
+        raise argparse.ArgumentTypeError(f"must be a non-negative integer of at most 2**63 - 1, got {text!r}")
     return int(value)
 
 
@@ -111,7 +118,10 @@ def _dtype(text: str) -> np.dtype:
 
 
 def _sizes(text: str) -> list[int]:
-    return [_length(part) for part in text.split(",") if part.strip()]
+    sizes = [_length(part) for part in text.split(",") if part.strip()]
+    if not sizes:  # was taken as no --sizes: the default sweep ran instead
+        raise argparse.ArgumentTypeError(f"must list at least one global length (e.g. 1000,1e6), got {text!r}")
+    return sizes
 
 
 def _build_parser() -> argparse.ArgumentParser:

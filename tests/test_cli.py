@@ -52,6 +52,14 @@ def run_json(mpiexec, ranks, *args, timeout=60):
         (["--n", "5", "--per-rank", "3"], "not allowed with argument"),
         (["--input", "x.npy", "--per-rank", "3"], "--per-rank applies to synthetic data"),
         (["bench", "--sizes", "10,-1"], "non-negative integer"),
+        # int() of these took minutes (or ran out of memory) building their digits.
+        (["--n", "1e1000000000"], "must be a non-negative integer of at most 2**63 - 1, got '1e1000000000'"),
+        (["--per-rank", "9_223_372_036_854_775_808"], "of at most 2**63 - 1"),
+        (["bench", "--sizes", "10,1e999999999"], "of at most 2**63 - 1, got '1e999999999'"),
+        (["--repeat", "1e999999999"], "of at most 2**63 - 1"),
+        # An empty list ran the default sweep.
+        (["bench", "--sizes", ","], "argument --sizes: must list at least one global length (e.g. 1000,1e6), got ','"),
+        (["bench", "--sizes", ""], "must list at least one global length"),
         (["frobnicate"], "unrecognized arguments"),
     ],
 )
@@ -68,6 +76,7 @@ def test_help_and_accepted_lengths(capsys):
     from multireduce._cli import _length
 
     assert [_length(s) for s in ("0", "1_000", "1e6", "2E3")] == [0, 1000, 10**6, 2000]
+    assert _length("9_223_372_036_854_775_807") == 2**63 - 1
 
 
 @pytest.mark.mpi
