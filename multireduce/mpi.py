@@ -585,7 +585,7 @@ def _combine_states(comm, plan: _Plan, state, correction: float, *, finalize: bo
     empty_error = _stats.empty_stats_error if stats else (None if st.op.empty_allowed else st.op.empty_error)
     _agree(comm, st, _meta(plan, None), None, empty_error=empty_error, options=plan.options)
     _transport_counts["host"] += 1
-    # One layout on every rank (an empty shard's arg state holds an int64 placeholder value).
+    # One layout on every rank (an empty shard's arg state has the input's value dtype too).
     layout = (_stats.moments_dtype if st.op.kind == "moments" else _stats.arg_dtype)(st.in_dtype)
     records = _allgather_state(comm, state, layout, plan.count)
     if st.op.kind == "moments":
@@ -618,7 +618,7 @@ def _allgather_state(comm, state, layout: np.dtype, count: int) -> np.ndarray:
     """
     wire = _wire_dtype(layout)
     mine = np.empty(1, dtype=wire)
-    # One assignment casts each field to the layout's dtype (an empty arg state's placeholder).
+    # One assignment casts each field to the layout's dtype.
     mine[0] = (*(getattr(state, name) for name in layout.names), count)
     every = np.empty(comm.Get_size(), dtype=wire)
     comm.Allgather(mine.view(np.uint8), every.view(np.uint8))
@@ -1289,9 +1289,9 @@ def read_shard(path: str | os.PathLike, *, dtype: Any = None, n: int | None = No
     """Read this rank's shard of a ``.npy`` or raw binary file into host memory.
 
     Each rank reads only its own slice (:func:`shard`) of the flattened array: ``.npy``
-    files through ``np.load(mmap_mode="r", allow_pickle=False)`` (never unpickling), raw
-    files as ``dtype`` in native byte order. Collective: if any rank fails, every rank
-    raises (:func:`agree`).
+    files from their checked header (never unpickling), raw files as ``dtype`` in native byte
+    order; the slice is read with plain reads, and a file that shrinks meanwhile is an error
+    naming it. Collective: if any rank fails, every rank raises (:func:`agree`).
 
     Parameters
     ----------
