@@ -11,7 +11,9 @@ The C source ships with the package and is compiled on first use with the system
 ``$XDG_CACHE_HOME/multireduce`` or ``~/.cache/multireduce``), under a name that includes a hash
 of the source and the compile command, so that a changed source is rebuilt. Nothing is
 downloaded and nothing but that file is loaded. :func:`load` raises :class:`NativeUnavailable`
-with the compiler's message when it cannot be built.
+when it cannot be built or loaded, with the compiler's message or the file-system error
+(chained) and the setting to change; a failure is remembered for the rest of the process,
+per compiler and cache directory, so that a failing build is not run again on every call.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 __all__ = [
+    "MAX_THREADS",
     "PIECE_DTYPE",
     "STREAMING_STORES",
     "NativeUnavailable",
@@ -47,6 +50,8 @@ SOURCE = Path(__file__).resolve().parent / "_native" / "hostcopy.c"
 PIECE_DTYPE = np.dtype([("src", "<u8"), ("staged", "<u8"), ("device", "<u8"), ("nbytes", "<u8"), ("stream", "<u8")])
 #: ``flags`` bit: copy into pinned memory with non-temporal (streaming) stores.
 STREAMING_STORES = 1
+#: The most threads one :func:`stage` call takes (``MR_MAX_THREADS`` in the C source).
+MAX_THREADS = 256
 _CFLAGS = ("-O2", "-shared", "-fPIC", "-pthread", "-std=c11")
 # The engine's own error codes (hostcopy.c's MR_ERR_*).
 _ENGINE_ERRORS = {-1: "a copy thread could not be started", -2: "bad arguments to mr_stage"}
@@ -70,18 +75,50 @@ def _compiler() -> list[str]:
 
 
 def library_path() -> Path:
+    """Where the engine built from this source with this compiler is kept (:func:`cache_dir`).
+
+    Raises
+    ------
+    NativeUnavailable
+        If the C source cannot be read (a broken install).
+    """
     command = [*_compiler(), *_CFLAGS]
-    digest = hashlib.sha256(SOURCE.read_bytes())
+    try:
+        digest = hashlib.sha256(SOURCE.read_bytes())
+    except OSError as exc:
+        raise NativeUnavailable(
+            f"cannot build the native copy engine: its C source {str(SOURCE)!r} cannot be read ({exc}); "
+            "reinstall multireduce, or set multireduce.stream.COPY_ENGINE = 'python'"
+        ) from exc
     digest.update("\0".join(command).encode())
     name = f"hostcopy-{digest.hexdigest()[:16]}-{sys.platform}-{platform.machine()}.so"
     return cache_dir() / name
 
 
+def _cache_dir_error(what: str, path: Path, exc: OSError) -> NativeUnavailable:
+    """The error for a cache directory that cannot hold the engine, naming the setting to change."""
+    default = (
+        ""
+        if os.environ.get("MULTIREDUCE_CACHE_DIR")
+        else " (it is not set: the default is under XDG_CACHE_HOME or ~/.cache)"
+    )
+    return NativeUnavailable(
+        f"cannot build the native copy engine: {what} {str(path)!r} failed ({exc}); set MULTIREDUCE_CACHE_DIR to "
+        f"a writable directory{default}, or set multireduce.stream.COPY_ENGINE = 'python'"
+    )
+
+
 def _build(target: Path) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise _cache_dir_error("making the cache directory", target.parent, exc) from exc
     # Compile to a temporary name in the same directory and rename: concurrent first uses (MPI
     # ranks, Dask workers) never load a half-written file.
-    fd, tmp = tempfile.mkstemp(prefix=target.stem + "-", suffix=".so.tmp", dir=target.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=target.stem + "-", suffix=".so.tmp", dir=target.parent)
+    except OSError as exc:
+        raise _cache_dir_error("writing into the cache directory", target.parent, exc) from exc
     os.close(fd)
     command = [*_compiler(), *_CFLAGS, "-o", tmp, str(SOURCE)]
     try:
@@ -95,38 +132,78 @@ def _build(target: Path) -> None:
         if done.returncode != 0:
             raise NativeUnavailable(
                 f"cannot build the native copy engine: {shlex.join(command)!r} exited with {done.returncode}:\n"
-                f"{done.stderr.strip()}"
+                f"{done.stderr.strip()}\n(fix the compiler or set CC, or set multireduce.stream.COPY_ENGINE = 'python')"
             )
-        os.replace(tmp, target)
+        try:
+            os.replace(tmp, target)
+        except OSError as exc:
+            raise _cache_dir_error("renaming the built library to", target, exc) from exc
     finally:
-        if os.path.exists(tmp):
+        try:
             os.unlink(tmp)
+        except FileNotFoundError:
+            pass  # renamed into place
 
 
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
 _lib_path: Path | None = None  # where _lib was loaded from
+# The first failure of each configuration (compiler command, cache directory), remembered for the
+# rest of the process: a build that failed is not run again on every call.
+_failures: dict[tuple, NativeUnavailable] = {}
+
+
+def _configuration() -> tuple:
+    return (tuple(_compiler()), str(cache_dir()))
 
 
 def load() -> ctypes.CDLL:
     """Return the engine's library, building it first if the cache does not hold it.
 
+    A failure is remembered: later calls in this process with the same compiler (``$CC``) and
+    cache directory raise the same error at once, without building again; changing either
+    setting tries again.
+
     Raises
     ------
     NativeUnavailable
-        If the library cannot be built or loaded.
+        If the library cannot be built or loaded (the cause chained), or could not earlier in
+        this process with the same settings.
     """
     global _lib, _lib_path
     with _lock:
         if _lib is not None:
             return _lib
-        path = library_path()
-        if not path.exists():
-            _build(path)
+        key = _configuration()
+        first = _failures.get(key)
+        if first is not None:
+            again = NativeUnavailable(*first.args)
+            raise again from first.__cause__
         try:
-            lib = ctypes.CDLL(str(path))
-        except OSError as exc:
-            raise NativeUnavailable(f"cannot load the native copy engine {str(path)!r}: {exc}") from exc
+            lib, path = _open()
+        except NativeUnavailable as exc:
+            _failures[key] = exc
+            raise
+        _lib, _lib_path = lib, path
+        return lib
+
+
+def _open() -> tuple[ctypes.CDLL, Path]:
+    path = library_path()
+    try:
+        present = path.exists()
+    except OSError as exc:
+        raise _cache_dir_error("looking up the library in the cache directory at", path, exc) from exc
+    if not present:
+        _build(path)
+    try:
+        lib = ctypes.CDLL(str(path))
+    except OSError as exc:
+        raise NativeUnavailable(
+            f"cannot load the native copy engine {str(path)!r}: {exc}; delete the file to rebuild it, set "
+            "MULTIREDUCE_CACHE_DIR to another directory, or set multireduce.stream.COPY_ENGINE = 'python'"
+        ) from exc
+    try:
         vp, sz = ctypes.c_void_p, ctypes.c_size_t
         lib.mr_stage.restype = ctypes.c_int
         lib.mr_stage.argtypes = [vp, sz, ctypes.c_int, ctypes.c_uint, vp, vp, vp, ctypes.POINTER(sz)]
@@ -136,8 +213,14 @@ def load() -> ctypes.CDLL:
         lib.mr_test_configure.argtypes = [ctypes.c_long, ctypes.c_int]
         lib.mr_test_calls.restype = ctypes.c_long
         lib.mr_test_calls.argtypes = []
-        _lib, _lib_path = lib, path
-        return lib
+        lib.mr_max_threads.restype = ctypes.c_int
+        lib.mr_max_threads.argtypes = []
+    except AttributeError as exc:  # a file of that name that is not this engine
+        raise NativeUnavailable(
+            f"cannot load the native copy engine {str(path)!r}: it lacks a function ({exc}); delete the file to "
+            "rebuild it, or set MULTIREDUCE_CACHE_DIR to another directory"
+        ) from exc
+    return lib, path
 
 
 def loaded_path() -> Path:
@@ -170,12 +253,28 @@ def stage(
 
     Raises
     ------
+    TypeError
+        If ``pieces`` is not a C-contiguous :data:`PIECE_DTYPE` array, or ``threads`` or
+        ``flags`` not an integer.
+    ValueError
+        If ``threads`` is not from 1 to :data:`MAX_THREADS`, or ``flags`` has a bit other than
+        :data:`STREAMING_STORES`.
     RuntimeError
         On the first failed upload (later pieces are not copied); the message names the piece
         and the error, through ``describe(code)`` if given (a CUDA error name).
     """
     if pieces.dtype != PIECE_DTYPE or not pieces.flags.c_contiguous:
         raise TypeError("pieces must be a C-contiguous array of _hostcopy.PIECE_DTYPE")
+    # Checked here: ctypes would cut a larger Python int to the C int's low bits.
+    accepted = f"an integer from 1 to {MAX_THREADS}"
+    if isinstance(threads, bool) or not isinstance(threads, int | np.integer):
+        raise TypeError(f"threads must be {accepted}, got {threads!r} of type {type(threads).__name__}")
+    if not 1 <= threads <= MAX_THREADS:
+        raise ValueError(f"threads must be {accepted}, got {threads}")
+    if isinstance(flags, bool) or not isinstance(flags, int | np.integer):
+        raise TypeError(f"flags must be an integer (0 or STREAMING_STORES), got {flags!r}")
+    if flags not in (0, STREAMING_STORES):
+        raise ValueError(f"flags must be 0 or STREAMING_STORES ({STREAMING_STORES}), got {flags}")
     lib = load()
     failed = ctypes.c_size_t(0)
     rc = lib.mr_stage(

@@ -128,7 +128,7 @@ def test_bad_tables_are_refused(lib):
         _hostcopy.stage(np.zeros(3, np.uint64), 1, upload(lib))
     with pytest.raises(TypeError, match="PIECE_DTYPE"):
         _hostcopy.stage(np.zeros(6, _hostcopy.PIECE_DTYPE)[::2], 1, upload(lib))
-    with pytest.raises(RuntimeError, match="bad arguments"):
+    with pytest.raises(ValueError, match="threads must be an integer from 1 to 256, got 0"):
         _hostcopy.stage(np.zeros(1, _hostcopy.PIECE_DTYPE), 0, upload(lib))
 
 
@@ -200,3 +200,140 @@ def test_auto_warns_once_when_the_engine_cannot_be_built(monkeypatch):
         stream._native_enabled()
     with pytest.raises(_hostcopy.NativeUnavailable, match="no compiler here"):
         stream.copy_engine()
+
+
+# -- build failures: named, remembered, and "auto" falls back -------------------------------------
+
+
+@pytest.fixture
+def fresh_engine(monkeypatch):
+    """No engine loaded and no failure remembered, as in a new process (restored afterwards)."""
+    monkeypatch.setattr(_hostcopy, "_lib", None)
+    monkeypatch.setattr(_hostcopy, "_lib_path", None)
+    monkeypatch.setattr(_hostcopy, "_failures", {})
+    monkeypatch.setattr(stream, "_engine_warned", False)
+    monkeypatch.setattr(stream, "COPY_ENGINE", "auto")
+
+
+def test_a_cache_dir_that_cannot_be_made_is_named(monkeypatch, tmp_path, fresh_engine):
+    # MULTIREDUCE_CACHE_DIR under a regular file: a raw NotADirectoryError escaped copy_engine(),
+    # so "auto" neither fell back nor warned.
+    (tmp_path / "afile").write_text("")
+    monkeypatch.setenv("MULTIREDUCE_CACHE_DIR", str(tmp_path / "afile" / "sub"))
+    with pytest.raises(
+        _hostcopy.NativeUnavailable, match="making the cache directory .*afile/sub.* MULTIREDUCE_CACHE_DIR"
+    ) as info:
+        _hostcopy.load()
+    assert isinstance(info.value.__cause__, NotADirectoryError)
+    with pytest.warns(RuntimeWarning, match="copies with Python threads.*MULTIREDUCE_CACHE_DIR"):
+        assert stream._native_enabled() is False
+    engine = stream.copy_engine()
+    assert engine["engine"] == "python" and "Not a directory" in engine["reason"]
+    monkeypatch.setattr(stream, "COPY_ENGINE", "native")
+    with pytest.raises(_hostcopy.NativeUnavailable, match="MULTIREDUCE_CACHE_DIR"):
+        stream.copy_engine()
+
+
+def test_a_cache_dir_that_cannot_be_written_is_named(monkeypatch, fresh_engine):
+    # A directory that exists but takes no new files (procfs refuses them, root or not).
+    import os
+
+    if not os.path.isdir("/proc/self"):
+        pytest.skip("needs Linux's /proc")
+    monkeypatch.setenv("MULTIREDUCE_CACHE_DIR", "/proc/self")
+    with pytest.raises(_hostcopy.NativeUnavailable, match="writing into the cache directory '/proc/self'") as info:
+        _hostcopy.load()
+    assert isinstance(info.value.__cause__, OSError)
+    assert stream.copy_engine()["engine"] == "python"
+
+
+def test_info_reports_the_fallback_instead_of_failing(tmp_path):
+    # `python -m multireduce info` exited 1 with a traceback for an unusable cache directory.
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "afile").write_text("")
+    env = {**os.environ, "MULTIREDUCE_CACHE_DIR": str(tmp_path / "afile" / "sub")}
+    done = subprocess.run(
+        [sys.executable, "-m", "multireduce", "info"], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert "stream copy engine: python (cannot build the native copy engine" in done.stdout
+    assert "MULTIREDUCE_CACHE_DIR" in done.stdout
+
+
+def _logging_compiler(tmp_path, name: str, *, works: bool):
+    """A compiler script that appends a line to ``<name>.log`` each run, then fails or runs cc."""
+    log = tmp_path / f"{name}.log"
+    script = tmp_path / name
+    body = 'exec cc "$@"' if works else 'echo "fakecc: error: cannot compile" >&2; exit 1'
+    script.write_text(f'#!/bin/sh\necho run >> "{log}"\n{body}\n')
+    script.chmod(0o755)
+    return script, log
+
+
+def test_a_failed_build_is_not_run_again(monkeypatch, tmp_path, fresh_engine):
+    # A failing compiler ran on every call: 8 runs for 5 reduces and 3 copy_engine() calls.
+    cc, log = _logging_compiler(tmp_path, "failing-cc", works=False)
+    monkeypatch.setenv("CC", str(cc))
+    monkeypatch.setenv("MULTIREDUCE_CACHE_DIR", str(tmp_path / "cache"))
+    with pytest.raises(_hostcopy.NativeUnavailable, match="exited with 1:\nfakecc: error: cannot compile"):
+        _hostcopy.load()
+    for _ in range(3):
+        with pytest.raises(_hostcopy.NativeUnavailable, match="fakecc: error: cannot compile"):
+            _hostcopy.load()
+        assert stream.copy_engine()["engine"] == "python"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(5):
+            assert stream._native_enabled() is False
+    assert [str(w.message) for w in caught if w.category is RuntimeWarning][:1] and len(caught) == 1  # warned once
+    assert log.read_text().splitlines() == ["run"]
+    # Another configuration is tried afresh: a working compiler (another CC) builds and loads.
+    good, good_log = _logging_compiler(tmp_path, "working-cc", works=True)
+    monkeypatch.setenv("CC", str(good))
+    lib = _hostcopy.load()
+    assert good_log.read_text().splitlines() == ["run"] and lib.mr_max_threads() == _hostcopy.MAX_THREADS
+    assert stream.copy_engine()["engine"] == "native"
+
+
+def test_a_missing_source_is_unavailable_not_a_crash(monkeypatch, tmp_path, fresh_engine):
+    monkeypatch.setattr(_hostcopy, "SOURCE", tmp_path / "missing.c")
+    with pytest.raises(_hostcopy.NativeUnavailable, match=r"C source .*missing\.c.* cannot be read") as info:
+        _hostcopy.load()
+    assert isinstance(info.value.__cause__, FileNotFoundError)
+    assert stream.copy_engine()["engine"] == "python"
+
+
+# -- threads: the C int --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("threads", "exc"), [(0, ValueError), (257, ValueError), (2**40, ValueError), (2.0, TypeError), (True, TypeError)]
+)
+def test_threads_outside_the_engines_range_are_refused(lib, threads, exc):
+    # ctypes cut 2**40 to the C int's low bits: 0, "bad arguments to mr_stage".
+    src = np.arange(100, dtype=np.uint8)
+    staged, dev = np.zeros_like(src), np.zeros_like(src)
+    with pytest.raises(exc, match=r"threads must be an integer from 1 to 256, got"):
+        _hostcopy.stage(table_for(src, staged, dev, [0, 100]), threads, upload(lib))
+    with pytest.raises(ValueError, match="flags must be 0 or STREAMING_STORES"):
+        _hostcopy.stage(table_for(src, staged, dev, [0, 100]), 1, upload(lib), flags=2)
+    _hostcopy.stage(table_for(src, staged, dev, [0, 100]), _hostcopy.MAX_THREADS, upload(lib))  # one piece: one thread
+    assert np.array_equal(dev, src)
+
+
+def test_the_c_engine_refuses_more_threads_than_it_has_room_for(lib):
+    # It used to cut them to 64 silently; the limit is now the one Python checks first.
+    import ctypes
+
+    assert lib.mr_max_threads() == _hostcopy.MAX_THREADS == 256
+    src = np.arange(100, dtype=np.uint8)
+    staged, dev = np.zeros_like(src), np.zeros_like(src)
+    t = table_for(src, staged, dev, [0, 100])
+    failed = ctypes.c_size_t(0)
+    rc = lib.mr_stage(
+        t.ctypes.data, t.size, _hostcopy.MAX_THREADS + 1, 0, upload(lib), None, None, ctypes.byref(failed)
+    )
+    assert rc == -2 and not dev.any()

@@ -27,7 +27,8 @@
 #include <emmintrin.h>
 #endif
 
-#define MR_MAX_THREADS 64
+/* The most threads one call may ask for (_hostcopy.MAX_THREADS, which refuses more first). */
+#define MR_MAX_THREADS 256
 
 /* Errors of the engine itself (the upload function's own codes are positive CUresults). */
 #define MR_ERR_THREADS (-1) /* a worker thread could not be started */
@@ -210,8 +211,8 @@ static int grow_pool(int want) {
  * Copy and upload every piece, on `nthreads` threads (the calling thread and nthreads - 1
  * pool workers). Returns when every piece has been copied and its upload queued, or after
  * the first failure (the pieces not yet taken are then skipped). Returns 0, the upload or
- * context function's nonzero code, or a negative MR_ERR_*; *failed is the failing piece
- * (SIZE_MAX for a failure to set the context).
+ * context function's nonzero code, or a negative MR_ERR_* (MR_ERR_ARGS for nthreads outside
+ * 1..MR_MAX_THREADS); *failed is the failing piece (SIZE_MAX for a failure to set the context).
  *
  * If another call is using the pool, this one copies on the calling thread alone rather than
  * wait for it.
@@ -221,11 +222,8 @@ int mr_stage(const mr_piece *pieces, size_t npieces, int nthreads, unsigned flag
     if (failed != NULL) {
         *failed = 0;
     }
-    if (upload == NULL || (npieces > 0 && pieces == NULL) || nthreads < 1) {
+    if (upload == NULL || (npieces > 0 && pieces == NULL) || nthreads < 1 || nthreads > MR_MAX_THREADS) {
         return MR_ERR_ARGS;
-    }
-    if (nthreads > MR_MAX_THREADS) {
-        nthreads = MR_MAX_THREADS;
     }
     if ((size_t)nthreads > npieces) {
         nthreads = npieces > 0 ? (int)npieces : 1;
@@ -275,6 +273,9 @@ int mr_stage(const mr_piece *pieces, size_t npieces, int nthreads, unsigned flag
     }
     return error;
 }
+
+/* The most threads mr_stage takes (MR_MAX_THREADS). */
+int mr_max_threads(void) { return MR_MAX_THREADS; }
 
 /* The number of pool workers started so far (for tests and diagnostics). */
 int mr_pool_workers(void) {
