@@ -45,7 +45,17 @@ the result does not depend on thread timing. The device memory used is the slots
 (``n_slots * slot_bytes``, within ``budget``) plus a few bytes per segment.
 
 Slots are cached per (device, slot size) and reused by later calls: no call allocates pinned
-or device memory once the cache holds enough slots. :func:`free_staging` releases them.
+or device memory once the cache holds enough slots. The cache of a device holds at most as
+many bytes as the largest ``budget`` asked for on it: a call that makes slots of one size
+first frees idle slots of other sizes (never slots in use; calls of several sizes at once may
+need more, and the cache shrinks back as they return their slots). :func:`free_staging`
+releases them.
+
+Calls from several threads share the slots and the copy threads. Threads waiting for slots
+are served in turn; a call never waits for a copy job that has not started while it holds
+slots (a resident call copies on its own thread too and cancels its jobs that have not
+started once every piece is taken), so no interleaving of calls can deadlock. The copy
+threads are started once, grown when a call asks for more, and never replaced.
 
 The scheduling is written against a small device interface (``alloc_slot``, ``host_ready``,
 ``upload``, ``reduce``, ...). :class:`SimulatedDevice` implements it on the CPU with NumPy and
@@ -837,87 +847,153 @@ class SimulatedDevice:
 
 
 class _Pipeline:
-    """Staging slots of one size on one device, shared by every call (and thread) using them."""
+    """Staging slots of one size on one device, shared by every call (and thread) using them.
 
-    def __init__(self, device: Any, slot_bytes: int):
+    Threads waiting for slots are served first come, first served: a call waiting for several
+    slots at once (:meth:`acquire_all`) is not overtaken forever by calls taking one at a time.
+    Every waiting thread holds no slot of this pipeline that it waits on itself, and every
+    slot in use is returned without waiting for a slot (see :meth:`_run_threads`), so the queue
+    always moves.
+    """
+
+    def __init__(self, device: Any, slot_bytes: int, staging: _Staging | None = None):
         self.device = device
         self.slot_bytes = int(slot_bytes)
         self._free: collections.deque[_Slot] = collections.deque()
         self._cond = threading.Condition()
+        self._waiting: collections.deque[object] = collections.deque()  # one ticket per waiting thread, in order
         self.allocated = 0
         self.in_use = 0
+        self._staging = staging
         self._tables: collections.OrderedDict[tuple, np.ndarray] = collections.OrderedDict()
         self._tables_lock = threading.Lock()
+
+    def _leave(self, ticket: object | None) -> None:
+        """Under ``_cond``: leave the queue of waiting threads; the next one may be served."""
+        if ticket is not None:
+            self._waiting.remove(ticket)
+            self._cond.notify_all()
 
     def acquire(self, limit: int, cancel: threading.Event | None = None) -> _Slot | None:
         """Take a slot: a free one, oldest first (most likely idle), else a new one.
 
         New slots are made while fewer than ``limit`` exist; beyond that this waits for a
-        release, or until ``cancel`` is set (then returns ``None``; :meth:`wake` makes waiting
-        threads look at it).
+        release (in turn with other waiting threads), or until ``cancel`` is set (then returns
+        ``None``; :meth:`wake` makes waiting threads look at it).
         """
         with self._cond:
+            ticket = None
             while True:
                 if cancel is not None and cancel.is_set():
+                    self._leave(ticket)
                     return None
-                if self._free:
-                    self.in_use += 1
-                    return self._free.popleft()
-                if self.allocated < limit:
-                    self.allocated += 1
-                    self.in_use += 1
+                ready = self._free or self.allocated < limit
+                if ready and (not self._waiting or self._waiting[0] is ticket):
                     break
+                if ticket is None:
+                    ticket = object()
+                    self._waiting.append(ticket)
                 self._cond.wait()
-        try:
-            return self.device.alloc_slot(self.slot_bytes)
-        except BaseException:
-            with self._cond:
-                self.allocated -= 1
-                self.in_use -= 1
-                self._cond.notify()
-            raise
+            self._leave(ticket)
+            self.in_use += 1
+            if self._free:
+                return self._free.popleft()
+            self.allocated += 1
+        return self._allocate(1)[0]
 
     def acquire_all(self, count: int, limit: int) -> list[_Slot]:
         """Take ``count`` slots at once (never some of them while waiting for the rest).
 
-        Waits until ``count`` slots are free or may be made (fewer than ``limit`` exist), so that
-        calls taking several slots each cannot hold some and wait for each other's.
+        Waits (in turn with other waiting threads) until ``count`` slots are free or may be
+        made (fewer than ``limit`` exist), so that calls taking several slots each cannot hold
+        some and wait for each other's.
         """
         if count > limit:
             raise ValueError(f"cannot take {count} staging slots at once with a limit of {limit}")
         with self._cond:
-            while len(self._free) + max(0, limit - self.allocated) < count:
+            ticket = None
+            while True:
+                ready = len(self._free) + max(0, limit - self.allocated) >= count
+                if ready and (not self._waiting or self._waiting[0] is ticket):
+                    break
+                if ticket is None:
+                    ticket = object()
+                    self._waiting.append(ticket)
                 self._cond.wait()
+            self._leave(ticket)
             # The most recently returned first: a small input's calls keep reusing the same
             # few pinned buffers, which stay in the CPU's caches and TLB.
             taken = [self._free.pop() for _ in range(min(count, len(self._free)))]
             new = count - len(taken)
             self.allocated += new
             self.in_use += count
+        if not new:
+            return taken
         try:
-            for _ in range(new):
-                taken.append(self.device.alloc_slot(self.slot_bytes))
-                new -= 1
+            made = self._allocate(new)
         except BaseException:
             with self._cond:
-                self.allocated -= new
-                self.in_use -= new
+                self.in_use -= len(taken)
+                self._free.extend(taken)
                 self._cond.notify_all()
-            for slot in taken:
-                self.release(slot)
             raise
-        return taken
+        return taken + made
+
+    def _allocate(self, count: int) -> list[_Slot]:
+        """Make ``count`` slots, already counted in ``allocated`` and ``in_use``.
+
+        First frees idle slots of other sizes on the device where the cache would outgrow the
+        largest budget asked for (:class:`_Staging`). On a failure the slots made are freed and
+        the counts undone.
+        """
+        made: list[_Slot] = []
+        try:
+            if self._staging is not None:
+                self._staging.make_room(self)
+            for _ in range(count):
+                made.append(self.device.alloc_slot(self.slot_bytes))
+        except BaseException:
+            try:
+                for slot in made:
+                    self.device.free_slot(slot)
+            finally:
+                with self._cond:
+                    self.allocated -= count
+                    self.in_use -= count
+                    self._cond.notify_all()
+            raise
+        return made
 
     def release(self, slot: _Slot) -> None:
         with self._cond:
             self._free.append(slot)
             self.in_use -= 1
-            self._cond.notify()
+            if self._waiting:
+                self._cond.notify_all()  # the first in the queue must see it
+        if self._staging is not None and self._staging.over:
+            self._staging.trim()  # a call of another size went over the budget: shrink back
 
     def wake(self) -> None:
         """Wake every thread waiting in :meth:`acquire`, to look at its ``cancel`` event."""
         with self._cond:
             self._cond.notify_all()
+
+    def take_idle(self, nbytes: int) -> list[_Slot]:
+        """Remove idle slots holding at least ``nbytes`` (or all idle ones) from the cache; return them.
+
+        The caller frees them (``device.free_slot``). Slots in use are never taken.
+        """
+        with self._cond:
+            taken = []
+            while self._free and len(taken) * self.slot_bytes < nbytes:
+                taken.append(self._free.popleft())  # the longest idle first
+            self.allocated -= len(taken)
+            if taken:
+                self._cond.notify_all()  # waiters may make new slots now
+        if taken:
+            with self._tables_lock:
+                self._tables.clear()
+        return taken
 
     def free(self) -> None:
         with self._cond:
@@ -928,8 +1004,9 @@ class _Pipeline:
             slots = list(self._free)
             self._free.clear()
             self.allocated = 0
-        for slot in slots:
-            self.device.free_slot(slot)
+        with self._tables_lock:
+            self._tables.clear()
+        _free_slots(self.device, slots)
 
     @staticmethod
     def fill(slot: _Slot, piece: np.ndarray, offset: int = 0) -> None:
@@ -963,12 +1040,20 @@ class _Pipeline:
                     self.release(slot)
         elif flat is not None and self.device.native:
             cells, counts = self.device.cells(_native_segments(flat, plan)), []
+            error: BaseException | None = None
             try:
                 self.run_native(flat, op, acc, plan, plan.threads, cells=(cells, counts))
-            finally:
-                # Every launched kernel is waited for, also on a failure: the cells are reused.
-                for k in range(len(counts)):
+            except BaseException as exc:  # raised below, once every launched kernel has ended
+                error = exc
+            # Every launched kernel is waited for, also after a failure (of the call or of a
+            # wait): this thread's next call reuses the cells.
+            for k in range(len(counts)):
+                try:
                     self.device.wait_cell(cells, k)
+                except BaseException as exc:  # raised below, once every other kernel has ended
+                    error = error or exc
+            if error is not None:
+                raise error
             parts = [_partials.Partial(cells.value(k, acc), n) for k, n in enumerate(counts)]
             return _partials.finalize(parts, op, result)[()]
         else:
@@ -1035,10 +1120,13 @@ class _Pipeline:
         """The engine's piece table for segments ``segs`` of ``n`` elements at ``base`` into ``slots``.
 
         Everything in it follows from the arguments, so tables are cached (a few, most recent
-        first): repeated calls on one array, which take the same slots, skip building it.
+        first): repeated calls on one array, which take the same slots, skip building it. The
+        key holds each slot's three addresses: a slot freed and made again may get its old
+        pinned buffer back with another device buffer or stream.
         """
         piece_bytes = NATIVE_PIECE_BYTES
-        key = (base, n, itemsize, slot_bytes, piece_bytes, segs.start, segs.stop, tuple(s.host_ptr for s in slots))
+        addresses = tuple((s.host_ptr, s.device_ptr, s.stream_ptr) for s in slots)
+        key = (base, n, itemsize, slot_bytes, piece_bytes, segs.start, segs.stop, addresses)
         with self._tables_lock:
             table = self._tables.get(key)
             if table is not None:
@@ -1091,6 +1179,13 @@ class _Pipeline:
         Consecutive pieces that fit one slot form a *segment*. If every segment can have its
         own slot, the slots are taken up front (:meth:`_run_resident`), else as the copy threads
         reach their segments (:meth:`_run_rolling`).
+
+        The copy threads are shared by every call (:func:`_executor`), and a job of a rolling
+        call may wait for a slot that another call holds. So no call waits for a job that has
+        not started while it holds slots: a resident call copies on its own thread too and
+        cancels its jobs that have not started once every piece is taken, and a rolling call
+        holds a slot only for a segment whose pieces running jobs have taken (and cancels its
+        jobs that have not started once every segment is done, or on a failure).
         """
         views, seg_of, offset_of, seg_bytes = _segmented(src, pieces, plan.slot_bytes)
         args = (views, seg_of, offset_of, seg_bytes, src.dtype, op, acc, plan)
@@ -1213,31 +1308,54 @@ class _Pipeline:
             return exc
 
         workers = min(plan.threads, len(views))
-        pool = _executor(workers)
-        for _ in range(workers):
-            pool.submit(copy)
+        jobs: list[Future] = []
         error: BaseException | None = None
-        finished = 0
+        try:
+            pool = _executor(workers)
+            for _ in range(workers):
+                jobs.append(pool.submit(copy))
+        except BaseException as exc:  # the jobs submitted already are stopped and waited for below
+            error = fail(exc)
+        running = len(jobs)  # jobs that will still send _DONE
+        cancelled = False
+
+        def cancel_unstarted() -> None:
+            # A job that has not started has nothing left to do (every segment is done, or the
+            # call is stopping); one that has started sends _DONE.
+            nonlocal running, cancelled
+            if not cancelled:
+                cancelled = True
+                running -= sum(job.cancel() for job in jobs)
+
+        if error is not None:
+            cancel_unstarted()
+        reduced = 0
         itemsize = dtype.itemsize
-        # Every copy thread ends with _DONE; only then are the slots of unfinished segments
-        # returned (no thread writes into them any more).
-        while finished < workers:
+        # Every copy thread that started ends with _DONE; only then are the slots of unfinished
+        # segments returned (no thread writes into them any more).
+        while running > 0:
             try:
                 item = ready.get()
             except BaseException as exc:  # KeyboardInterrupt while waiting: stop, drain, raise
                 error = error or fail(exc)
+                cancel_unstarted()
                 continue
             if item is _DONE:
-                finished += 1
+                running -= 1
             elif isinstance(item, BaseException):
                 error = error or fail(item)
+                cancel_unstarted()
             elif error is None:
                 k = item
                 try:
                     parts[k] = self.device.reduce(slots[k], dtype, seg_bytes[k] // itemsize, op, acc)
                     self.release(slots[k])
+                    reduced += 1
+                    if reduced == nseg:
+                        cancel_unstarted()
                 except BaseException as exc:
                     error = fail(exc)
+                    cancel_unstarted()
         try:  # the segments without a kernel
             _settle_all(self, [(slots[k], False) for k in range(nseg) if slots[k] is not None and parts[k] is None])
         finally:
@@ -1296,20 +1414,35 @@ def _settle_all(pipeline: _Pipeline, slots: list[tuple[_Slot, bool]]) -> None:
         raise error
 
 
-def _join(pool: ThreadPoolExecutor, jobs: list, stop: threading.Event, inline=None) -> None:
-    """Run ``jobs`` on ``pool`` and ``inline()`` here, wait for all of them; raise the first failure.
+def _join(pool: _CopyPool, jobs: list, stop: threading.Event, inline=None) -> None:
+    """Run ``jobs`` on ``pool`` and ``inline()`` here, wait for them; raise the first failure.
 
-    On a failure (or an interrupt of this thread) ``stop`` is set, and this still waits for
-    every job to end before raising, so that no job touches the caller's slots afterwards.
+    Once ``inline()`` has returned (it takes pieces until none is left) or anything failed,
+    the jobs that have not started are cancelled: this waits only for jobs that are running,
+    never for the pool to reach one (its threads may be busy with jobs of other calls that
+    wait for slots this call holds). On a failure (a job's, ``inline()``'s, a ``submit``'s,
+    or an interrupt of this thread) ``stop`` is set, and this still waits for every running
+    job to end before raising the first error, so that no job touches the caller's slots
+    afterwards.
     """
-    pending = {pool.submit(job) for job in jobs}
+    submitted: list[Future] = []
     error: BaseException | None = None
-    if inline is not None:
+    try:
+        for job in jobs:
+            submitted.append(pool.submit(job))
+    except BaseException as exc:  # raised below, once the jobs submitted have ended
+        stop.set()
+        error = exc
+    if inline is not None and error is None:
         try:
             inline()
         except BaseException as exc:  # raised below, once every job has ended
             stop.set()
             error = exc
+    if inline is not None or error is not None:
+        pending = {f for f in submitted if not f.cancel()}
+    else:
+        pending = set(submitted)
     while pending:
         try:
             done, pending = futures.wait(pending, return_when=futures.FIRST_EXCEPTION)
@@ -1350,39 +1483,189 @@ def _segments(sizes: list[int], slot_bytes: int) -> tuple[list[int], list[int], 
 _DONE = object()  # a copy thread's last message to the issuing thread
 
 
-_executor_lock = threading.Lock()
-_executor_pool: ThreadPoolExecutor | None = None
-_executor_size = 0
+class _CopyPool:
+    """The shared copy threads: started once, reused by every call, grown but never shut down.
 
-
-def _executor(n: int) -> ThreadPoolExecutor:
-    """Return the shared copy threads, started once and reused.
-
-    A thread start costs about 50 us, which matters against a 2 ms call.
+    A thread start costs about 50 us, which matters against a 2 ms call. Jobs run in the order
+    submitted, each on whichever thread is free; :meth:`submit` returns a
+    :class:`concurrent.futures.Future`, which a caller may cancel while its job has not
+    started. A call that asks for more threads than there are starts the missing ones; the
+    threads already running, and the jobs queued for them, are untouched (replacing the pool
+    under calls that had it, as an earlier version did, made their ``submit`` fail).
     """
-    global _executor_pool, _executor_size
-    with _executor_lock:
-        if _executor_pool is None or _executor_size < n:
-            old = _executor_pool
-            _executor_pool = ThreadPoolExecutor(max_workers=max(n, 1), thread_name_prefix="multireduce-stream")
-            _executor_size = max(n, 1)
-            if old is not None:
-                old.shutdown(wait=False)  # its running work finishes; new work goes to the new pool
-        return _executor_pool
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._jobs: Any = _JobQueue()
+        self._threads = 0
+
+    def ensure(self, n: int) -> None:
+        """Start threads until there are at least ``n``."""
+        with self._lock:
+            while self._threads < n:
+                thread = threading.Thread(
+                    target=self._work, args=(self._jobs,), name=f"multireduce-stream_{self._threads}", daemon=True
+                )
+                thread.start()  # may raise (no more threads): the ones started stay
+                self._threads += 1
+
+    def submit(self, fn) -> Future:
+        future: Future = Future()
+        self._jobs.put((future, fn))
+        return future
+
+    @staticmethod
+    def _work(jobs) -> None:
+        while True:
+            future, fn = jobs.get()
+            if not future.set_running_or_notify_cancel():
+                continue  # cancelled before it started
+            try:
+                result = fn()
+            except BaseException as exc:  # the submitter's to handle, through the future
+                future.set_exception(exc)
+            else:
+                future.set_result(result)
+            del future, fn
+
+    def _after_fork(self) -> None:
+        # A forked child has none of the parent's threads: it starts its own.
+        self._lock = threading.Lock()
+        self._jobs = _JobQueue()
+        self._threads = 0
 
 
-_pipelines_lock = threading.Lock()
-_pipelines: dict[tuple, _Pipeline] = {}
+# Bound here: a test replaces this module's ``queue`` with one that raises on ``get``.
+_JobQueue = queue.SimpleQueue
+_pool = _CopyPool()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_pool._after_fork)
 
 
-def _cupy_pipeline(device: int, slot_bytes: int) -> _Pipeline:
-    key = ("cuda", int(device), int(slot_bytes))
-    with _pipelines_lock:
-        found = _pipelines.get(key)
+def _executor(n: int) -> _CopyPool:
+    """Return the shared copy threads (:class:`_CopyPool`), at least ``n`` of them."""
+    _pool.ensure(max(n, 1))
+    return _pool
+
+
+def _free_slots(device: Any, slots: list[_Slot]) -> None:
+    """Free every slot (after its pending work); a failure is raised once all were tried."""
+    error: BaseException | None = None
+    for slot in slots:
+        try:
+            device.free_slot(slot)
+        except BaseException as exc:  # raised below, once every slot was tried
+            error = error or exc
+    if error is not None:
+        raise error
+
+
+class _Staging:
+    """The staging cache of one device: a :class:`_Pipeline` per slot size.
+
+    Its slots hold at most as many bytes as the largest ``budget`` asked for on the device
+    (while no call uses more at once): a pipeline that makes a slot first frees idle slots of
+    other sizes until the cache fits that budget (:meth:`make_room`). Slots in use are never
+    freed; if calls of several sizes at once need more than the budget, the cache shrinks
+    back as their slots are returned (:meth:`trim`).
+    """
+
+    def __init__(self, device: Any):
+        self.device = device
+        self.pipelines: dict[int, _Pipeline] = {}
+        self.budget = 0  # the largest budget asked for
+        self.over = False  # holds more than ``budget`` (slots of other sizes were in use)
+        self._lock = threading.Lock()
+
+    def pipeline(self, slot_bytes: int, budget: int) -> _Pipeline:
+        """The pipeline of ``slot_bytes`` slots, for a call with ``budget`` bytes of staging."""
+        with self._lock:
+            self.budget = max(self.budget, int(budget))
+            found = self.pipelines.get(slot_bytes)
+            if found is None:
+                found = self.pipelines[slot_bytes] = _Pipeline(self.device, slot_bytes, self)
+            return found
+
+    def nbytes(self) -> int:
+        """Bytes of the slots made (in use or idle), over every slot size."""
+        return sum(p.allocated * p.slot_bytes for p in list(self.pipelines.values()))
+
+    def make_room(self, asking: _Pipeline) -> None:
+        """Free idle slots of sizes other than ``asking``'s until the cache fits the budget.
+
+        Called once ``asking`` has counted the slots it is about to make.
+        """
+        self._shrink([p for p in list(self.pipelines.values()) if p is not asking])
+
+    def trim(self) -> None:
+        """Free idle slots of any size until the cache fits the budget."""
+        self._shrink(list(self.pipelines.values()))
+
+    def _shrink(self, candidates: list[_Pipeline]) -> None:
+        idle: list[_Slot] = []
+        with self._lock:
+            excess = self.nbytes() - self.budget
+            for p in candidates:
+                if excess <= 0:
+                    break
+                taken = p.take_idle(excess)
+                idle += taken
+                excess -= len(taken) * p.slot_bytes
+            self.over = excess > 0
+        _free_slots(self.device, idle)
+
+
+_stagings_lock = threading.Lock()
+_stagings: dict[int, _Staging] = {}  # per CUDA device
+
+
+def _check_device(device: Any) -> int | None:
+    """``device=`` as an int (or None), refusing what is not a device ordinal (bools, floats, strings)."""
+    if device is None:
+        return None
+    if isinstance(device, bool) or not isinstance(device, int | np.integer):
+        raise TypeError(
+            f"device= must be an integer CUDA device ordinal (0 to the device count - 1), or None for CuPy's "
+            f"current device; got {device!r} of type {type(device).__name__}"
+        )
+    return int(device)
+
+
+@functools.cache
+def _device_count() -> int:
+    import cupy
+
+    return cupy.cuda.runtime.getDeviceCount()
+
+
+def _device_ordinal(device: Any) -> int:
+    """The CUDA device that ``device=`` names (None: CuPy's current one), checked to exist."""
+    device = _check_device(device)
+    import cupy  # ModuleNotFoundError without CuPy: nothing falls back to the CPU
+
+    if device is None:
+        return cupy.cuda.Device().id
+    count = _device_count()
+    if not 0 <= device < count:
+        raise ValueError(
+            f"device={device}: device {device} does not exist; it must be an integer device ordinal from 0 to "
+            f"{count - 1} (this node has {count} CUDA device(s))"
+        )
+    return device
+
+
+def _cupy_staging(device: Any) -> _Staging:
+    device = _device_ordinal(device)
+    with _stagings_lock:
+        found = _stagings.get(device)
         if found is None:
-            found = _Pipeline(_CupyDevice(device), slot_bytes)
-            _pipelines[key] = found
+            found = _stagings[device] = _Staging(_CupyDevice(device))
         return found
+
+
+def _cupy_pipeline(device: Any, slot_bytes: int, budget: int = DEFAULT_BUDGET) -> _Pipeline:
+    """The cached pipeline of ``slot_bytes`` slots on CUDA device ``device``, for a call with ``budget``."""
+    return _cupy_staging(device).pipeline(int(slot_bytes), budget)
 
 
 def _resolve(ref: Any) -> _Pipeline:
@@ -1390,8 +1673,8 @@ def _resolve(ref: Any) -> _Pipeline:
     # which has its own slots; the CPU stand-in is passed as the object itself.
     if isinstance(ref, _Pipeline):
         return ref
-    _, device, slot_bytes = ref
-    return _cupy_pipeline(device, slot_bytes)
+    _, device, slot_bytes, budget = ref
+    return _cupy_pipeline(device, slot_bytes, budget)
 
 
 def free_staging(*, release: bool = True) -> int:
@@ -1413,15 +1696,20 @@ def free_staging(*, release: bool = True) -> int:
     RuntimeError
         If a reduction is using staging slots right now.
     """
-    with _pipelines_lock:
-        pipelines = list(_pipelines.values())
+    with _stagings_lock:
+        pipelines = [p for staging in _stagings.values() for p in list(staging.pipelines.values())]
     freed = 0
+    error: BaseException | None = None
     for p in pipelines:
-        freed += p.allocated
-        p.free()
-    with _pipelines_lock:
-        for key in [k for k, p in _pipelines.items() if p.allocated == 0]:
-            del _pipelines[key]
+        count = p.allocated
+        try:
+            p.free()
+        except BaseException as exc:  # raised below, once every other pipeline is freed
+            error = error or exc
+        else:
+            freed += count
+    if error is not None:
+        raise error
     cupy = sys.modules.get("cupy")
     if release and cupy is not None:
         cupy.get_default_memory_pool().free_all_blocks()
@@ -1432,21 +1720,22 @@ def free_staging(*, release: bool = True) -> int:
 def staging_info() -> list[dict]:
     """Describe the cached staging slots.
 
-    Returns one record per (device, slot size): the slot count, the slots in use, and the
-    pinned and device bytes they hold.
+    Returns one record per (device, slot size) that holds slots: the slot count, the slots in
+    use, and the pinned and device bytes they hold.
     """
-    with _pipelines_lock:
-        items = list(_pipelines.items())
+    with _stagings_lock:
+        items = [(device, p) for device, staging in _stagings.items() for p in list(staging.pipelines.values())]
     return [
         {
-            "device": key[1],
+            "device": device,
             "slot_bytes": p.slot_bytes,
             "slots": p.allocated,
             "in_use": p.in_use,
             "pinned_bytes": p.allocated * p.slot_bytes,
             "device_bytes": p.allocated * p.slot_bytes,
         }
-        for key, p in items
+        for device, p in items
+        if p.allocated or p.in_use
     ]
 
 
@@ -1533,11 +1822,13 @@ def reduce(
     dtype : dtype, optional
         Result dtype, for the ops that take one (sum, prod, nansum), as in :func:`multireduce.reduce`.
     device : int, optional
-        The CUDA device; default CuPy's current device.
+        The CUDA device, an integer from 0 to the device count - 1; default CuPy's current
+        device.
     budget : int, optional
         Device memory for staging buffers, in bytes, positive (default 1 GiB). As much pinned host memory
         is used. Staging slots are cached per (device, slot size) and shared by calls; the
-        cache holds as many slots as the largest budget asked for.
+        cache of a device holds at most as many bytes as the largest budget asked for on it
+        (idle slots of other sizes are freed first; see the module docstring).
     slot_bytes : int, optional
         Bytes per staging buffer; default ``min(32 MiB, budget // 4)``.
     threads : int, optional
@@ -1558,13 +1849,14 @@ def reduce(
     ------
     TypeError
         For an unsupported source type or dtype, an ``.npz`` archive, a ``.npy`` file of
-        Python objects (never unpickled), ``dtype=`` given to max/min, or a ``budget``,
-        ``slot_bytes`` or ``threads`` that is not an integer (or None, for the last two).
+        Python objects (never unpickled), ``dtype=`` given to max/min, a ``budget``,
+        ``slot_bytes`` or ``threads`` that is not an integer (or None, for the last two), or a
+        ``device`` that is not an integer (a bool or a float is not a device ordinal).
     ValueError
         For an unknown op, a ``budget``, ``slot_bytes`` or ``threads`` that is not positive, a
-        budget that holds fewer than two staging buffers, a path that is not a ``.npy`` file
-        (no NumPy magic) or one whose header is corrupt or promises more data than the file
-        holds, or max/min of an empty input.
+        budget that holds fewer than two staging buffers, a ``device`` that does not exist, a
+        path that is not a ``.npy`` file (no NumPy magic) or one whose header is corrupt or
+        promises more data than the file holds, or max/min of an empty input.
     FileNotFoundError, IsADirectoryError, PermissionError
         If a path source cannot be opened.
     ModuleNotFoundError
@@ -1587,6 +1879,7 @@ def reduce(
             f"stream.reduce streams the fold ops, whose partial is one value; {op.name!r} has a state "
             "(multireduce._stats) that the pipeline does not merge. Use multireduce.reduce or multireduce.stats."
         )
+    device = _check_device(device)
     if _is_dask_array(source):
         return _reduce_dask(source, op, dtype, device, budget, slot_bytes, threads, split_every, _device)
     a = _as_host_array(source)
@@ -1596,10 +1889,11 @@ def reduce(
     if a.size == 0:
         # Nothing to move: the identity (sum) or NumPy's error (max/min), from the core.
         return core.reduce(a, op, dtype=dtype)
-    if threads is None and _dense_1d(a) is not None and (_device.native if _device is not None else _native_enabled()):
+    staging = _staging_for(device, _device)
+    if threads is None and _dense_1d(a) is not None and staging.device.native:
         threads = max(1, min(_default_threads(), a.nbytes // NATIVE_BYTES_PER_THREAD))
     plan = make_plan(a.nbytes, a.itemsize, budget=budget, slot_bytes=slot_bytes, threads=threads)
-    pipeline = _pipeline(plan, device, _device)
+    pipeline = staging.pipeline(plan.slot_bytes, budget)
     return pipeline.run(a, op, acc, result, plan)
 
 
@@ -1619,20 +1913,16 @@ def _check_conversion(op: Op, dtype: np.dtype, result: np.dtype, acc: np.dtype) 
         )
 
 
-def _current_device() -> int:
-    import cupy
-
-    return cupy.cuda.Device().id
-
-
-def _pipeline(plan: StreamPlan, device: int | None, simulated: SimulatedDevice | None) -> _Pipeline:
+def _staging_for(device: int | None, simulated: SimulatedDevice | None) -> _Staging:
+    """The staging cache of the CUDA device ``device`` (None: CuPy's current one), or of the stand-in."""
     if simulated is not None:
-        # One pipeline per stand-in and slot size, kept on the stand-in (tests make many).
-        cache = simulated.__dict__.setdefault("_pipelines", {})
-        if plan.slot_bytes not in cache:
-            cache[plan.slot_bytes] = _Pipeline(simulated, plan.slot_bytes)
-        return cache[plan.slot_bytes]
-    return _cupy_pipeline(_current_device() if device is None else device, plan.slot_bytes)
+        # One cache per stand-in, kept on it (tests make many); ``_pipelines`` is its pipelines.
+        found = simulated.__dict__.get("_staging")
+        if found is None:
+            found = simulated.__dict__["_staging"] = _Staging(simulated)
+            simulated.__dict__["_pipelines"] = found.pipelines
+        return found
+    return _cupy_staging(device)
 
 
 def _reduce_dask(x, op: Op, dtype, device, budget, slot_bytes, threads, split_every, simulated) -> np.generic:
@@ -1642,8 +1932,9 @@ def _reduce_dask(x, op: Op, dtype, device, budget, slot_bytes, threads, split_ev
     _check_conversion(op, x.dtype, result, acc)
     nbytes = 0 if math.isnan(x.nbytes) else int(x.nbytes)
     plan = make_plan(nbytes, x.dtype.itemsize, budget=budget, slot_bytes=slot_bytes, threads=threads)
-    pipeline = _pipeline(plan, device, simulated)
-    ref = pipeline if simulated is not None else ("cuda", pipeline.device.device, plan.slot_bytes)
+    staging = _staging_for(device, simulated)
+    pipeline = staging.pipeline(plan.slot_bytes, budget)
+    ref = pipeline if simulated is not None else ("cuda", pipeline.device.device, plan.slot_bytes, budget)
     chunk = functools.partial(_dask_chunk, ref=ref, op=op, acc=acc, plan=plan)
     name = f"stream-{op.name}"
     lazy = mdask._reduction(x, op, result, chunk, axis=None, keepdims=False, split_every=split_every, name=name)

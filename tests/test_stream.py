@@ -12,6 +12,7 @@ import itertools
 import math
 import re
 import zlib
+from concurrent.futures import Future
 
 import numpy as np
 import pytest
@@ -167,7 +168,7 @@ def test_make_plan_errors():
         stream.make_plan(100, 4, budget=1000, slot_bytes=600)
     with pytest.raises(ValueError, match="slot_bytes=4 cannot hold one 8-byte element"):
         stream.make_plan(100, 8, budget=1000, slot_bytes=4)
-    with pytest.raises(ValueError, match="threads must be a positive integer, or None for the default count, got 0"):
+    with pytest.raises(ValueError, match=re.escape(f"{THREADS}, got 0")):
         stream.make_plan(100, 4, threads=0)
     # A budget too small for the default slot names budget, not the slot_bytes it was not given.
     with pytest.raises(ValueError, match=r"budget=31 bytes is too small for 8-byte elements.*budget >= 32 bytes"):
@@ -710,17 +711,32 @@ def test_a_failing_fence_still_returns_every_slot(monkeypatch):
 
 
 def test_an_interrupt_on_the_resident_path_waits_for_the_copy_threads(monkeypatch):
+    import threading
     from concurrent import futures
     from types import SimpleNamespace
 
     wait = fail_on_call(futures.wait, 1, KeyboardInterrupt())
     monkeypatch.setattr(stream, "futures", SimpleNamespace(wait=wait, FIRST_EXCEPTION=futures.FIRST_EXCEPTION))
     dev = stream.SimulatedDevice(upload_delay=0.001)
+    # A copy thread is still copying a piece when the calling thread has copied the rest (jobs
+    # that have not started by then are cancelled, and nothing would be waited for).
+    main, copying, real = threading.get_ident(), threading.Event(), dev.upload
+
+    def upload(slot, nbytes, offset=0):
+        if threading.get_ident() == main:
+            copying.wait(10)
+        else:
+            copying.set()
+            threading.Event().wait(0.05)
+        real(slot, nbytes, offset)
+
+    monkeypatch.setattr(dev, "upload", upload)
     x = np.arange(5 * KIB, dtype=np.int32)
     with pytest.raises(KeyboardInterrupt):
         sim_reduce(x, "sum", device=dev)
     assert wait.calls >= 2  # it waited again for the copy threads before raising
     assert dev._pipelines[4 * KIB].in_use == 0
+    monkeypatch.setattr(dev, "upload", real)
     got, _ = sim_reduce(x, "sum", device=dev)
     assert int(got) == exact_int_sum(x, np.int64)
 
@@ -768,6 +784,346 @@ def test_freeing_slots_in_use_is_refused():
     p.release(slot)
     p.free()
     assert dev.slots_freed == 1
+
+
+# -- concurrent calls: one cache, one copy pool -----------------------------------------------
+
+
+def run_concurrently(calls, timeout: float = 60.0) -> None:
+    """Run each of ``calls`` on its own daemon thread; fail if one is still running after ``timeout``.
+
+    A hang fails the test (naming where each stuck thread is) instead of hanging the suite:
+    the threads are daemons, so the process still exits. The first exception raised is re-raised.
+    """
+    import sys
+    import threading
+    import time
+    import traceback
+
+    errors: list[BaseException] = []
+
+    def guarded(call):
+        try:
+            call()
+        except BaseException as exc:
+            errors.append(exc)
+
+    workers = [threading.Thread(target=guarded, args=(c,), daemon=True) for c in calls]
+    for w in workers:
+        w.start()
+    deadline = time.monotonic() + timeout
+    for w in workers:
+        w.join(max(0.0, deadline - time.monotonic()))
+    stuck = [w for w in workers if w.is_alive()]
+    if stuck:
+        frames = sys._current_frames()
+        where = {
+            t.name: "".join(traceback.format_stack(frames[t.ident])[-4:])
+            for t in threading.enumerate()
+            if t.ident in frames and (t in stuck or t.name.startswith("multireduce-stream"))
+        }
+        pytest.fail(f"{len(stuck)} of {len(workers)} calls still running after {timeout} s (deadlock): {where}")
+    if errors:
+        raise errors[0]
+
+
+def test_concurrent_calls_of_every_kind_never_deadlock(monkeypatch):
+    # Calls on one device and slot size, at once: rolling (more segments than slots) and
+    # resident (every segment's slot taken up front), dense and strided, through the Python copy
+    # threads and the native engine, with small and large budgets. A resident call holding its
+    # slots while its copy jobs waited behind rolling calls' jobs (which wait for those slots) on
+    # the shared copy threads hung 4 runs in 5 of the first two calls below alone. The calls
+    # that use the copy threads ask for 2, and the pool starts empty: 2 threads in all.
+    monkeypatch.setattr(stream, "_pool", stream._CopyPool())
+    py, native = stream.SimulatedDevice(), stream.SimulatedDevice(engine="native")
+    big = np.arange(256 * KIB, dtype=np.int32)  # 1 MiB: 256 segments of 4 KiB
+    small = np.arange(5 * KIB, dtype=np.int32)  # five segments
+    big_strided = np.arange(512 * KIB, dtype=np.int32)[::2]
+    small_strided = np.arange(10 * KIB, dtype=np.int32)[::2]
+    want = {id(x): exact_int_sum(x, np.int64) for x in (big, small, big_strided, small_strided)}
+    results: list[bool] = []
+
+    def calls(dev, x, budget, threads, rounds):
+        def call():
+            for _ in range(rounds):
+                got = stream.reduce(x, "sum", _device=dev, budget=budget, slot_bytes=4 * KIB, threads=threads)
+                results.append(int(got) == want[id(x)])
+
+        return call
+
+    run_concurrently(
+        [
+            calls(py, big, 8 * KIB, 2, 2),  # deadlock.py's pair: rolling with 2 slots ...
+            calls(py, small, 64 * KIB, 2, 40),  # ... and resident with 5
+            calls(py, big_strided, 64 * KIB, 2, 2),  # deadlock2.py's: equal budgets
+            calls(py, small_strided, 64 * KIB, 2, 40),
+            calls(native, big, 64 * KIB, 4, 3),  # native, groups of slots
+            calls(native, small, 64 * KIB, 4, 40),  # native, all slots at once
+            calls(native, big_strided, 16 * KIB, 2, 2),  # strided: Python threads on the native stand-in
+            calls(native, small_strided, 64 * KIB, 2, 40),
+        ]
+    )
+    assert len(results) == 2 * 2 + 3 + 2 + 4 * 40 and all(results)
+    for dev in (py, native):
+        assert all(p.in_use == 0 for p in dev._pipelines.values())
+
+
+def test_a_resident_call_does_not_wait_for_copy_threads_busy_elsewhere():
+    # Every shared copy thread is taken by a job that cannot end before this call does (here:
+    # jobs waiting for an event set after it): a resident call copies on its own thread and
+    # must not wait for its own jobs to reach the pool.
+    import threading
+
+    pool = stream._executor(16)  # more than the call below asks for: it gets this pool
+    release = threading.Event()
+    blockers = [pool.submit(release.wait) for _ in range(len(threading.enumerate()) + 64)]
+    try:
+        x = np.arange(5 * KIB, dtype=np.int32)
+        results = []
+        run_concurrently([lambda: results.append(int(sim_reduce(x, "sum", threads=4)[0]))], timeout=30)
+        assert results == [exact_int_sum(x, np.int64)]
+    finally:
+        release.set()
+    for b in blockers:
+        b.result(timeout=30)
+
+
+def _slow_submits(monkeypatch, delay_thread: str, delay: float = 0.3):
+    """Replace ``stream._executor`` so that thread ``delay_thread`` pauses before its 2nd submit."""
+    import threading
+    import time
+
+    real = stream._executor
+
+    class Slow:
+        def __init__(self, pool):
+            self.pool, self.n = pool, 0
+
+        def submit(self, fn):
+            self.n += 1
+            if self.n == 2:
+                time.sleep(delay)  # another call grows the pool meanwhile
+            return self.pool.submit(fn)
+
+    def executor(n):
+        pool = real(n)
+        return Slow(pool) if threading.current_thread().name == delay_thread else pool
+
+    monkeypatch.setattr(stream, "_executor", executor)
+
+
+@pytest.mark.parametrize("elements", [64 * KIB, 5 * KIB])  # rolling; resident
+def test_growing_the_copy_pool_under_a_call(monkeypatch, elements):
+    # Call A got the copy threads and is between two submits when call B asks for more threads.
+    # The pool used to be replaced and the old one shut down: A's next submit failed ("cannot
+    # schedule new futures after shutdown"), its slots stayed in use and later calls hung.
+    import threading
+
+    monkeypatch.setattr(stream, "_pool", stream._CopyPool())  # A starts it with 3 threads, B wants 16
+    _slow_submits(monkeypatch, "A")
+    dev = stream.SimulatedDevice()
+    x = np.arange(elements, dtype=np.int32)
+    want = exact_int_sum(x, np.int64)
+    out = {}
+
+    def call(threads):
+        got = stream.reduce(x, "sum", _device=dev, budget=64 * KIB, slot_bytes=4 * KIB, threads=threads)
+        out[threading.current_thread().name] = int(got)
+
+    a = threading.Thread(target=call, args=(3,), name="A", daemon=True)  # two jobs or more: two submits
+    b = threading.Thread(target=call, args=(16,), name="B", daemon=True)
+    a.start()
+    threading.Event().wait(0.05)
+    b.start()
+    for t in (a, b):
+        t.join(30)
+    assert not a.is_alive() and not b.is_alive()
+    assert out == {"A": want, "B": want}
+    assert dev._pipelines[4 * KIB].in_use == 0
+    results = []
+    run_concurrently([lambda: results.append(int(sim_reduce(x, "sum", device=dev)[0]))], timeout=30)
+    assert results == [want]
+
+
+class _FailingSecondSubmit:
+    """A stand-in for the copy threads: the first job runs (slowly) on its own thread, the second
+    submit raises. Records which jobs started and ended."""
+
+    def __init__(self):
+        import threading
+
+        self.started, self.ended, self.n = [], [], 0
+        self._threading = threading
+
+    def submit(self, fn):
+        self.n += 1
+        if self.n == 2:
+            raise RuntimeError("simulated submit failure")
+        future = Future()
+
+        def run():
+            if not future.set_running_or_notify_cancel():
+                return
+            self.started.append(self.n)
+            self._threading.Event().wait(0.3)  # still running when the submit fails
+            try:
+                future.set_result(fn())
+            except BaseException as exc:
+                future.set_exception(exc)
+            finally:
+                self.ended.append(self.n)
+
+        self._threading.Thread(target=run, daemon=True).start()
+        return future
+
+
+@pytest.mark.parametrize("elements", [64 * KIB, 5 * KIB])  # rolling; resident
+def test_a_failing_submit_waits_for_the_jobs_submitted(monkeypatch, elements):
+    # The error is raised only once the job already submitted has ended (it writes into the
+    # call's slots), and every slot is back.
+    pool = _FailingSecondSubmit()
+    monkeypatch.setattr(stream, "_executor", lambda n: pool)
+    dev = stream.SimulatedDevice()
+    x = np.arange(elements, dtype=np.int32)
+    with pytest.raises(RuntimeError, match="simulated submit failure"):
+        stream.reduce(x, "sum", _device=dev, budget=64 * KIB, slot_bytes=4 * KIB, threads=4)
+    assert len(pool.ended) == len(pool.started) == 1
+    assert dev._pipelines[4 * KIB].in_use == 0
+    monkeypatch.undo()
+    results = []
+    run_concurrently([lambda: results.append(int(sim_reduce(x, "sum", device=dev)[0]))], timeout=30)
+    assert results == [exact_int_sum(x, np.int64)]
+
+
+def test_the_copy_pool_grows_without_replacing_its_threads():
+    import threading
+
+    pool = stream._executor(1)
+    names = {t.name for t in threading.enumerate() if t.name.startswith("multireduce-stream")}
+    assert stream._executor(pool._threads + 2) is pool
+    grown = {t.name for t in threading.enumerate() if t.name.startswith("multireduce-stream")}
+    assert names < grown and len(grown) == pool._threads
+    assert pool.submit(lambda: 7).result(timeout=10) == 7
+
+
+def test_waiting_calls_are_served_in_turn():
+    # A call waiting for all the slots at once is not overtaken by one taking them one at a time.
+    import threading
+
+    dev = stream.SimulatedDevice()
+    p = stream._Pipeline(dev, 1024)
+    held = p.acquire_all(2, 2)
+    order = []
+
+    def all_at_once():
+        slots = p.acquire_all(2, 2)
+        order.append("all")
+        for s in slots:
+            p.release(s)
+
+    def one():
+        s = p.acquire(2)
+        order.append("one")
+        p.release(s)
+
+    first = threading.Thread(target=all_at_once, daemon=True)
+    first.start()
+    while not p._waiting:
+        threading.Event().wait(0.001)
+    second = threading.Thread(target=one, daemon=True)
+    second.start()
+    while len(p._waiting) < 2:
+        threading.Event().wait(0.001)
+    p.release(held[0])  # one free slot: the second thread could take it, but the first waits longer
+    threading.Event().wait(0.05)
+    assert order == []
+    p.release(held[1])
+    first.join(10)
+    second.join(10)
+    assert order == ["all", "one"] and p.in_use == 0 and not p._waiting
+
+
+def test_a_cancelled_wait_leaves_the_queue():
+    import threading
+
+    p = stream._Pipeline(stream.SimulatedDevice(), 1024)
+    held = p.acquire(1)
+    cancel = threading.Event()
+    got = []
+    t = threading.Thread(target=lambda: got.append(p.acquire(1, cancel=cancel)), daemon=True)
+    t.start()
+    while not p._waiting:
+        threading.Event().wait(0.001)
+    cancel.set()
+    p.wake()
+    t.join(10)
+    assert got == [None] and not p._waiting
+    p.release(held)
+    assert p.acquire(1) is held
+
+
+# -- the cache: within the largest budget asked for ---------------------------------------------
+
+
+def test_the_cache_holds_at_most_the_largest_budget():
+    # Budgets of 256 to 292 KiB give default slot sizes of budget // 4: ten sizes. The cache used
+    # to keep every size's slots: 2,805,760 bytes after these ten calls.
+    dev = stream.SimulatedDevice()
+    x = np.ones(1 << 18, np.float32)  # 1 MiB: more segments than slots
+    largest = 0
+    for budget in [256 * KIB + 4096 * i for i in range(10)]:
+        largest = max(largest, budget)
+        got = stream.reduce(x, "sum", _device=dev, budget=budget, threads=2)
+        assert got == np.float32(x.size)
+        assert dev.device_bytes <= largest and dev.peak_device_bytes <= largest
+    # Repeated calls with one setting allocate nothing.
+    allocated = dev.slots_allocated
+    for _ in range(3):
+        assert stream.reduce(x, "max", _device=dev, budget=budget, threads=2) == 1.0
+    assert dev.slots_allocated == allocated
+    # A smaller budget afterwards keeps the largest as the bound: its slots fit beside the others.
+    assert stream.reduce(x, "sum", _device=dev, budget=64 * KIB, threads=2) == np.float32(x.size)
+    assert dev.device_bytes <= largest and all(p.in_use == 0 for p in dev._pipelines.values())
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_slots_in_use_are_never_freed_and_the_cache_shrinks_back(engine):
+    # Two calls of different slot sizes at once need more than the budget together: neither
+    # loses a slot it uses (a freed stand-in slot fails every later upload into it), and once
+    # both are done the cache is back within the budget.
+    dev = stream.SimulatedDevice(upload_delay=0.0005, engine=engine)
+    x = np.arange(40 * KIB, dtype=np.int32)  # 160 KiB
+    want = exact_int_sum(x, np.int64)
+    results = []
+
+    def call(slot_bytes):
+        def run():
+            for _ in range(3):
+                got = stream.reduce(x, "sum", _device=dev, budget=64 * KIB, slot_bytes=slot_bytes, threads=4)
+                results.append(int(got))
+
+        return run
+
+    run_concurrently([call(4 * KIB), call(8 * KIB), call(16 * KIB)])
+    assert results == [want] * 9
+    assert all(p.in_use == 0 for p in dev._pipelines.values())
+    assert dev.device_bytes <= 64 * KIB and dev.slots_allocated - dev.slots_freed == sum(
+        p.allocated for p in dev._pipelines.values()
+    )
+
+
+def test_native_tables_are_not_reused_for_remade_slots():
+    # A slot freed and made again can get its old pinned buffer back with another device buffer
+    # or stream: a table cached by the pinned addresses alone would upload to the old ones.
+    from types import SimpleNamespace
+
+    p = stream._Pipeline(stream.SimulatedDevice(), 4 * KIB)
+    old = [SimpleNamespace(host_ptr=1 << 20, device_ptr=2 << 20, stream_ptr=7)]
+    new = [SimpleNamespace(host_ptr=1 << 20, device_ptr=3 << 20, stream_ptr=9)]
+    first = p._native_table(1 << 30, 1024, 4, 4 * KIB, range(0, 1), old)
+    again = p._native_table(1 << 30, 1024, 4, 4 * KIB, range(0, 1), new)
+    assert set(first["device"]) == {2 << 20} and set(first["stream"]) == {7}
+    assert set(again["device"]) == {3 << 20} and set(again["stream"]) == {9}
 
 
 # -- sources ---------------------------------------------------------------------------------
@@ -846,6 +1202,58 @@ def test_other_fold_ops_stream_on_the_stand_in(op):
         assert got == 2.0
     else:
         assert got == np.True_
+
+
+@pytest.mark.parametrize("device", [1.5, True, False, "0", np.float64(0)])
+def test_device_must_be_an_integer_ordinal(device):
+    # int(device) made 1.5 and True mean device 1. Checked before anything needs CuPy, so also
+    # with the stand-in (which ignores device=) and for _cupy_pipeline (Dask tasks, scripts).
+    accepted = re.escape("device= must be an integer CUDA device ordinal (0 to the device count - 1), or None")
+    with pytest.raises(TypeError, match=f"{accepted}.*; got {re.escape(repr(device))}"):
+        stream.reduce(np.ones(100, np.float32), "sum", device=device, _device=stream.SimulatedDevice())
+    with pytest.raises(TypeError, match=accepted):
+        stream._cupy_pipeline(device, 4096)
+    da = pytest.importorskip("dask.array")
+    with pytest.raises(TypeError, match=accepted):
+        stream.reduce(da.ones(10, chunks=5), "sum", device=device, _device=stream.SimulatedDevice())
+    # NumPy integers are integers (the stand-in has no device to check them against).
+    assert stream.reduce(np.ones(100, np.float32), "sum", device=np.int64(0), _device=stream.SimulatedDevice()) == 100
+
+
+def test_every_launched_kernel_is_waited_for_after_a_failed_wait(monkeypatch):
+    # The native path's partial cells are reused by the thread's next call: a wait that fails
+    # must not leave the later kernels running. It used to stop at the first failing wait.
+    dev = stream.SimulatedDevice(engine="native")
+    waited = []
+    real = dev.wait_cell
+
+    def wait_cell(cells, k):
+        real(cells, k)
+        waited.append(k)
+        if k in (1, 5):
+            raise RuntimeError(f"simulated failure waiting for cell {k}")
+
+    monkeypatch.setattr(dev, "wait_cell", wait_cell)
+    x = np.arange(30 * KIB, dtype=np.int32)  # 30 segments: 30 kernels, in groups of 3
+    with pytest.raises(RuntimeError, match="waiting for cell 1"):
+        sim_reduce(x, "sum", device=dev)
+    assert waited == list(range(30))
+    assert dev._pipelines[4 * KIB].in_use == 0
+    monkeypatch.setattr(dev, "wait_cell", real)
+    assert int(sim_reduce(x, "sum", device=dev)[0]) == exact_int_sum(x, np.int64)
+
+
+def test_every_launched_kernel_is_waited_for_after_a_failed_copy(native_stand_in, monkeypatch):
+    # The 20th upload fails (in the group of segments 18-20): the 18 kernels launched before it
+    # are waited for, and the copy's error is raised.
+    dev = stream.SimulatedDevice(engine="native")
+    waited = []
+    real = dev.wait_cell
+    monkeypatch.setattr(dev, "wait_cell", lambda cells, k: (real(cells, k), waited.append(k)))
+    native_stand_in.mr_test_configure(20, 1)
+    with pytest.raises(RuntimeError, match=r"upload of piece \d+ \(4096 bytes\) failed: error 1"):
+        sim_reduce(np.arange(30 * KIB, dtype=np.int32), "sum", device=dev)
+    assert waited == list(range(18)) and dev._pipelines[4 * KIB].in_use == 0
 
 
 @pytest.mark.parametrize("op", ["mean", "var", "argmax"])
@@ -1065,3 +1473,62 @@ def test_gpu_10000_calls_do_not_grow_memory():
     assert end == start
     freed = stream.free_staging()
     assert freed >= 2 and stream.staging_info() == []
+
+
+@pytest.mark.gpu
+def test_gpu_device_must_exist():
+    cupy = _cupy()
+    count = cupy.cuda.runtime.getDeviceCount()
+    x = np.ones(1000, np.float32)
+    for device in (count, -1):
+        expected = f"device={device}: device {device} does not exist; it must be an integer device ordinal from 0 to"
+        with pytest.raises(ValueError, match=re.escape(expected)):
+            stream.reduce(x, "sum", device=device)
+        with pytest.raises(ValueError, match=re.escape(expected)):
+            stream._cupy_pipeline(device, 4096)
+    with pytest.raises(TypeError, match="device= must be an integer CUDA device ordinal"):
+        stream.reduce(x, "sum", device=True)  # used to mean device 1
+    assert stream.reduce(x, "sum", device=np.int64(count - 1)) == 1000.0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("engine", ["python", "native"])
+def test_gpu_concurrent_calls_of_every_kind(engine, monkeypatch):
+    # Calls at once on one device: rolling and resident, dense and strided, two slot sizes (the
+    # cache frees idle slots of the other size to stay within the largest budget), then the
+    # cache freed and made again (remade slots must not reuse stale native piece tables).
+    monkeypatch.setattr(stream, "COPY_ENGINE", engine)
+    device = _cupy().cuda.Device().id
+    stream.free_staging()
+    monkeypatch.setattr(stream._cupy_staging(device), "budget", 0)  # as in a new process
+    rng = np.random.default_rng(22)
+    dense = make_data("int32", 3 * 2**20 + 5, rng)  # 12 MiB
+    strided = dense[: dense.size // 5 * 5].reshape(-1, 5)[:, ::2]
+    small = dense[: 2**20]  # 4 MiB
+    want = {id(a): int(a.astype(np.int64).sum()) for a in (dense, strided, small)}
+    results = []
+
+    def calls(x, budget, slot_bytes, rounds):
+        def run():
+            for _ in range(rounds):
+                got = stream.reduce(x, "sum", budget=budget, slot_bytes=slot_bytes, threads=4)
+                results.append(int(got) == want[id(x)])
+
+        return run
+
+    work = [
+        calls(dense, 4 << 20, 1 << 20, 4),  # rolling: 12 segments, 4 slots
+        calls(small, 32 << 20, 1 << 20, 20),  # resident: 4 segments
+        calls(strided, 4 << 20, 1 << 20, 4),  # Python threads, rolling
+        calls(small[::3], 32 << 20, 1 << 20, 20),  # Python threads, resident
+        calls(dense, 32 << 20, 2 << 20, 4),  # another slot size
+    ]
+    run_concurrently(work, timeout=300)
+    assert len(results) == 4 + 20 + 4 + 20 + 4 and all(results)
+    info = stream.staging_info()
+    assert all(r["in_use"] == 0 for r in info)
+    assert sum(r["device_bytes"] for r in info if r["device"] == device) <= 32 << 20  # the largest budget
+    stream.free_staging()
+    for _ in range(3):
+        assert int(stream.reduce(dense, "sum", budget=4 << 20, slot_bytes=1 << 20)) == want[id(dense)]
+        stream.free_staging()
