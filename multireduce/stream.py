@@ -89,6 +89,7 @@ __all__ = [
     "BYTES_PER_THREAD",
     "DEFAULT_BUDGET",
     "DEFAULT_SLOT_BYTES",
+    "MAX_THREADS",
     "SimulatedDevice",
     "StreamPlan",
     "copy_engine",
@@ -109,6 +110,9 @@ DEFAULT_SLOT_BYTES = 32 << 20
 #: copy in parallel without the per-piece overhead taking over.
 MIN_PIECE_BYTES = 1 << 20
 _MAX_DEFAULT_THREADS = 12
+#: The most copy threads one call may ask for (``threads=``): the native engine's limit
+#: (:data:`multireduce._hostcopy.MAX_THREADS`), for both engines.
+MAX_THREADS = _hostcopy.MAX_THREADS
 #: Input bytes per default copy thread (see :func:`make_plan`).
 BYTES_PER_THREAD = 8 << 20
 #: Pieces per copy thread for inputs smaller than ``threads`` full slots (see :func:`make_plan`).
@@ -218,8 +222,13 @@ def _check_settings(budget: Any, slot_bytes: Any, threads: Any) -> tuple[int, in
         accepted = "a positive integer number of bytes, or None for min(32 MiB, budget // 4)"
         slot_bytes = _positive_int(slot_bytes, "slot_bytes", accepted)
     if threads is not None:
-        threads = _positive_int(threads, "threads", "a positive integer, or None for the default count")
+        threads = _positive_int(threads, "threads", _THREADS_ACCEPTED)
+        if threads > MAX_THREADS:
+            raise ValueError(f"threads must be {_THREADS_ACCEPTED}, got {threads}")
     return budget, slot_bytes, threads
+
+
+_THREADS_ACCEPTED = f"an integer from 1 to {MAX_THREADS}, or None for the default count"
 
 
 def make_plan(
@@ -241,8 +250,8 @@ def make_plan(
     slot_bytes : int, optional
         Size of one staging buffer; default ``min(DEFAULT_SLOT_BYTES, budget // 4)``.
     threads : int, optional
-        Copy threads; default the number of usable CPUs, at most 12, and at most one per
-        :data:`BYTES_PER_THREAD` of input.
+        Copy threads, from 1 to :data:`MAX_THREADS`; default the number of usable CPUs, at
+        most 12, and at most one per :data:`BYTES_PER_THREAD` of input.
 
     Returns
     -------
@@ -254,9 +263,9 @@ def make_plan(
         If ``budget`` is not an integer, or ``slot_bytes`` or ``threads`` neither an integer
         nor None.
     ValueError
-        If ``budget``, ``slot_bytes`` or ``threads`` is not positive, if the budget does not
-        hold two staging buffers (no double buffering), or if a staging buffer cannot hold one
-        element.
+        If ``budget`` or ``slot_bytes`` is not positive, ``threads`` not from 1 to
+        :data:`MAX_THREADS`, if the budget does not hold two staging buffers (no double
+        buffering), or if a staging buffer cannot hold one element.
     """
     budget, slot_bytes, threads = _check_settings(budget, slot_bytes, threads)
     if slot_bytes is None:
@@ -1762,6 +1771,8 @@ def _as_host_array(source: Any) -> np.ndarray:
         inspect_npy(source)
         return np.load(source, mmap_mode="r", allow_pickle=False)
     if isinstance(source, np.ndarray):
+        if type(source) is not np.ndarray and (error := core._refused_subclass(source)) is not None:
+            raise error  # a masked array (its mask would be ignored) or a matrix: the core's refusal
         return source
     if type(source).__module__.startswith("cupy"):
         raise TypeError("the array is already on a GPU; reduce it with multireduce.reduce")
@@ -1771,13 +1782,34 @@ def _as_host_array(source: Any) -> np.ndarray:
     )
 
 
-def _dask_chunk(block, axis, keepdims, *, ref, op: Op, acc: np.dtype, plan: StreamPlan, computing_meta: bool = False):
+def _dask_chunk(
+    block,
+    axis,
+    keepdims,
+    *,
+    ref,
+    op: Op,
+    acc: np.dtype,
+    plan: StreamPlan,
+    expected: np.dtype,
+    computing_meta: bool = False,
+):
     if computing_meta:
         return block  # Dask's placeholder: nothing to stream
+    from .dask import _check_chunk
+
     if type(block).__module__.startswith("cupy"):
+        _check_chunk(block, expected)  # the Dask layer's check and message
         return _partials.wrap(_partials.of_array(block, op, acc), block.size)  # already on a GPU
     if not isinstance(block, np.ndarray):
         raise TypeError(f"cannot stream a chunk of type {type(block).__module__}.{type(block).__qualname__}")
+    if type(block) is not np.ndarray:
+        # A masked chunk of an array whose meta is a plain ndarray (a masked meta is refused
+        # when the graph is built): the core's refusal, as the Dask layer words it.
+        error = core._refused_subclass(block, "a Dask array of {} chunks", "dask.array.ma.filled(x, v)")
+        if error is not None:
+            raise error
+    _check_chunk(block, expected)  # the plan (accumulator, dtype= checks) was made for that dtype
     pipeline = _resolve(ref)
     flat = _dense_1d(block)
     if flat is not None and flat.size and pipeline.device.native:
@@ -1816,9 +1848,13 @@ def reduce(
     source : numpy.ndarray, numpy.memmap, str or os.PathLike, or dask.array.Array
         A host array (any shape and layout), a ``.npy`` file (memory-mapped, read-only,
         ``allow_pickle=False``), or a Dask array of NumPy chunks (CuPy chunks are reduced where
-        they are). Supported dtypes as for :func:`multireduce.reduce`.
+        they are). Supported dtypes as for :func:`multireduce.reduce`; as there, a
+        ``numpy.ma.MaskedArray`` (its mask would be ignored) and a ``numpy.matrix`` are
+        refused, and so is a Dask array of masked chunks. A file or memory map must not shrink
+        while it is streamed: reading a page past its new end kills the process (SIGBUS).
     op : str or Op
         A fold op (sum, prod, max, min, nansum, nanmax, nanmin, any, all, count_nonzero).
+        prod only with an integer (or bool) result: see Raises.
     dtype : dtype, optional
         Result dtype, for the ops that take one (sum, prod, nansum), as in :func:`multireduce.reduce`.
     device : int, optional
@@ -1833,11 +1869,12 @@ def reduce(
         Bytes per staging buffer; default ``min(32 MiB, budget // 4)``.
     threads : int, optional
         Host threads that copy into pinned buffers (the calling thread among them for inputs
-        that fit the slots); default the usable CPUs, at most 12 and at most one per 8 MiB of
-        input (4 MiB with the native copy engine). For a Dask array, Dask's own threads copy
-        and this only sizes the slots.
+        that fit the slots), from 1 to :data:`MAX_THREADS` (256); default the usable CPUs, at
+        most 12 and at most one per 8 MiB of input (4 MiB with the native copy engine). For a
+        Dask array, Dask's own threads copy and this only sizes the slots.
     split_every : int or dict, optional
-        For a Dask array, as in :func:`multireduce.dask.treereduce`.
+        For a Dask array only, as in :func:`multireduce.dask.treereduce` (and checked as
+        there); other sources take None.
 
     Returns
     -------
@@ -1848,19 +1885,28 @@ def reduce(
     Raises
     ------
     TypeError
-        For an unsupported source type or dtype, an ``.npz`` archive, a ``.npy`` file of
-        Python objects (never unpickled), ``dtype=`` given to max/min, a ``budget``,
-        ``slot_bytes`` or ``threads`` that is not an integer (or None, for the last two), or a
-        ``device`` that is not an integer (a bool or a float is not a device ordinal).
+        For an unsupported source type or dtype, a masked array or matrix (the core's error),
+        a Dask chunk of a masked array or of another dtype than the Dask array declares (the
+        Dask layer's error), an ``.npz`` archive, a ``.npy`` file of Python objects (never
+        unpickled), ``dtype=`` given to max/min, a ``budget``, ``slot_bytes`` or ``threads``
+        that is not an integer (or None, for the last two), or a ``device`` that is not an
+        integer (a bool or a float is not a device ordinal).
     ValueError
-        For an unknown op, a ``budget``, ``slot_bytes`` or ``threads`` that is not positive, a
-        budget that holds fewer than two staging buffers, a ``device`` that does not exist, a
-        path that is not a ``.npy`` file (no NumPy magic) or one whose header is corrupt or
-        promises more data than the file holds, or max/min of an empty input.
+        For an unknown op, a ``budget`` or ``slot_bytes`` that is not positive, ``threads``
+        not from 1 to 256, a budget that holds fewer than two staging buffers, a ``device``
+        that does not exist, ``split_every`` given for a source that is not a Dask array (or
+        one that treereduce refuses), a path that is not a ``.npy`` file (no NumPy magic) or
+        one whose header is corrupt or promises more data than the file holds, or max/min of
+        an empty input.
+    NotImplementedError
+        For the ops with a state (mean, var, ...), for a ``dtype=`` that converts every
+        element with rounding first (a float32 sum of float64), and for a product with a float
+        result: a product that overflows to inf in one piece and is 0 in another combines to
+        nan where NumPy's order may give 0.0 (or the reverse). Use :func:`multireduce.reduce`.
     FileNotFoundError, IsADirectoryError, PermissionError
         If a path source cannot be opened.
     ModuleNotFoundError
-        If CuPy is not installed (nothing falls back to the CPU: use
+        If CuPy is not installed, also for an empty input (nothing falls back to the CPU: use
         :func:`multireduce.reduce` there).
 
     Examples
@@ -1882,14 +1928,20 @@ def reduce(
     device = _check_device(device)
     if _is_dask_array(source):
         return _reduce_dask(source, op, dtype, device, budget, slot_bytes, threads, split_every, _device)
+    if split_every is not None:
+        raise ValueError(
+            f"split_every is for a Dask array source only (the fan-in of its combine tree, as in "
+            f"multireduce.dask.treereduce); a {type(source).__module__}.{type(source).__qualname__} source takes "
+            f"None, got {split_every!r}"
+        )
     a = _as_host_array(source)
     result = op.result_dtype(a.dtype, dtype)
     acc = op.accumulator_dtype(result)
-    _check_conversion(op, a.dtype, result, acc)
+    _check_streamable(op, a.dtype, result, acc)
+    staging = _staging_for(device, _device)  # without CuPy: ModuleNotFoundError, empty input too
     if a.size == 0:
         # Nothing to move: the identity (sum) or NumPy's error (max/min), from the core.
         return core.reduce(a, op, dtype=dtype)
-    staging = _staging_for(device, _device)
     if threads is None and _dense_1d(a) is not None and staging.device.native:
         threads = max(1, min(_default_threads(), a.nbytes // NATIVE_BYTES_PER_THREAD))
     plan = make_plan(a.nbytes, a.itemsize, budget=budget, slot_bytes=slot_bytes, threads=threads)
@@ -1897,14 +1949,28 @@ def reduce(
     return pipeline.run(a, op, acc, result, plan)
 
 
-def _check_conversion(op: Op, dtype: np.dtype, result: np.dtype, acc: np.dtype) -> None:
-    """Refuse a ``dtype=`` whose per-element conversion the pipeline does not make.
+def _check_streamable(op: Op, dtype: np.dtype, result: np.dtype, acc: np.dtype) -> None:
+    """Refuse what the pipeline would answer differently from :func:`multireduce.reduce`.
 
     ``dtype=`` converts each element first (as in :func:`multireduce.reduce`); the pipeline's
     partials are formed in the accumulator dtype, which gives the same values except where
     the result dtype is narrower than the accumulator and the cast to it rounds (a float16 sum
     of int32, a float32 sum of float64): those are refused rather than answered differently.
+
+    A product with a float result is refused too: where it overflows to inf before reaching a
+    zero in one piece and meets a zero in another, the partials combine to ``inf * 0 = nan``,
+    while multiplying in NumPy's order may reach the zero first and give 0.0 (or the
+    reverse), so the answer would depend on how the input is cut (the int32 values 0-99
+    with ``dtype=float64``: NumPy 0.0, the pipeline nan). Integer and bool products wrap
+    modulo 2**64 in any order and stream.
     """
+    if op.name == "prod" and result.kind == "f":
+        raise NotImplementedError(
+            f"stream.reduce cannot prod {dtype} to a {result} result: a product that overflows to inf in one "
+            "piece and is 0 in another combines to nan, where multiplying in NumPy's order may give 0.0 (or "
+            "the reverse), so the result would depend on how the input is cut. Integer and bool products "
+            "stream; for a float product use multireduce.reduce"
+        )
     if core._converts(dtype, result, acc):
         raise NotImplementedError(
             f"stream.reduce cannot {op.name} {dtype} with dtype={result}: that converts every element to "
@@ -1929,13 +1995,13 @@ def _reduce_dask(x, op: Op, dtype, device, budget, slot_bytes, threads, split_ev
     from . import dask as mdask
 
     op, result, acc = mdask._plan(x, op, dtype)
-    _check_conversion(op, x.dtype, result, acc)
+    _check_streamable(op, x.dtype, result, acc)
     nbytes = 0 if math.isnan(x.nbytes) else int(x.nbytes)
     plan = make_plan(nbytes, x.dtype.itemsize, budget=budget, slot_bytes=slot_bytes, threads=threads)
     staging = _staging_for(device, simulated)
     pipeline = staging.pipeline(plan.slot_bytes, budget)
     ref = pipeline if simulated is not None else ("cuda", pipeline.device.device, plan.slot_bytes, budget)
-    chunk = functools.partial(_dask_chunk, ref=ref, op=op, acc=acc, plan=plan)
+    chunk = functools.partial(_dask_chunk, ref=ref, op=op, acc=acc, plan=plan, expected=x.dtype)
     name = f"stream-{op.name}"
     lazy = mdask._reduction(x, op, result, chunk, axis=None, keepdims=False, split_every=split_every, name=name)
     return pipeline.device.to_host(lazy.compute())

@@ -178,7 +178,7 @@ def test_make_plan_errors():
 
 BUDGET = "budget must be a positive integer number of bytes (default 1 GiB)"
 SLOT_BYTES = "slot_bytes must be a positive integer number of bytes, or None for min(32 MiB, budget // 4)"
-THREADS = "threads must be a positive integer, or None for the default count"
+THREADS = "threads must be an integer from 1 to 256, or None for the default count"
 
 
 @pytest.mark.parametrize(
@@ -1188,20 +1188,142 @@ def test_bad_sources(tmp_path):
         sim_reduce(np.ones(4, dtype=np.complex64))
 
 
-@pytest.mark.parametrize("op", ["prod", "count_nonzero", "nanmax", "any"])
+def wrapped_int(value: int, dtype) -> int:
+    """``value`` modulo 2**bits of ``dtype``, as that integer dtype holds it."""
+    bits = np.dtype(dtype).itemsize * 8
+    value %= 1 << bits
+    return value - (1 << bits) if np.dtype(dtype).kind == "i" and value >= 1 << (bits - 1) else value
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("dtype", ["int8", "uint16", "int32", "int64", "bool"])
+def test_integer_products_stream_exactly(engine, dtype):
+    # Products wrap modulo 2**64 in any order: every cut gives NumPy's bits.
+    rng = np.random.default_rng(21)
+    x = rng.choice(np.array([1, 3, -1, 7, 1, 1]), 20_000).astype(dtype) if dtype != "bool" else rng.random(9000) > 0.01
+    got, _ = sim_reduce(x, "prod", engine=engine)
+    result = np.uint64 if np.dtype(dtype).kind == "u" else np.int64
+    assert got.dtype == result and int(got) == wrapped_int(math.prod(int(v) for v in x.tolist()), result)
+    got, _ = sim_reduce(x, "prod", engine=engine, dtype=np.int16)  # dtype= narrower: the same low bits
+    assert got.dtype == np.int16 and int(got) == wrapped_int(math.prod(int(v) for v in x.tolist()), np.int16)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize(("dtype", "requested"), [("int32", "float64"), ("float64", None), ("float32", None)])
+def test_float_products_are_refused(engine, dtype, requested):
+    # The review's case: int32 values 0-99 as float64. NumPy multiplies in order and reaches a
+    # zero before the product overflows: 0.0. The pipeline's pieces without a zero overflowed
+    # to inf, and inf * 0 is nan. Which one comes out depends on the cut, so it is refused.
+    x = np.random.default_rng(2).integers(0, 100, 3000).astype(dtype)
+    if requested is not None:
+        assert np.prod(x, dtype=requested) == 0.0 and core.reduce(x, "prod", dtype=requested) == 0.0
+    result = np.dtype(requested or dtype)
+    refused = f"cannot prod {dtype} to a {result} result: .* for a float product use multireduce.reduce"
+    with pytest.raises(NotImplementedError, match=refused):
+        sim_reduce(x, "prod", engine=engine, dtype=requested)
+    da = pytest.importorskip("dask.array")
+    with pytest.raises(NotImplementedError, match=f"cannot prod {dtype} to a {result} result"):
+        stream.reduce(da.from_array(x, chunks=500), "prod", dtype=requested, _device=stream.SimulatedDevice())
+
+
+@pytest.mark.parametrize("op", ["count_nonzero", "nanmax", "any"])
 def test_other_fold_ops_stream_on_the_stand_in(op):
     # 5000 float64 over 4 KiB slots: many pieces, combined with the op's own rule.
     x = np.random.default_rng(11).choice(np.array([0.5, 1.0, 2.0, -1.0]), 5000)
-    x[[7, 4000]] = np.nan if op != "prod" else 1.0
+    x[[7, 4000]] = np.nan
     got, _ = sim_reduce(x, op)
-    if op == "prod":  # powers of two: exact in any order
-        assert got == math.prod(x.tolist())
-    elif op == "count_nonzero":
+    if op == "count_nonzero":
         assert got == 5000
     elif op == "nanmax":
         assert got == 2.0
     else:
         assert got == np.True_
+
+
+def _core_refusal(x) -> str:
+    with pytest.raises(TypeError) as info:
+        core.reduce(x, "sum")
+    return str(info.value)
+
+
+@pytest.mark.filterwarnings("ignore:the matrix subclass:PendingDeprecationWarning")
+@pytest.mark.parametrize("engine", ENGINES)
+def test_masked_arrays_and_matrices_are_refused_as_the_core_refuses_them(engine):
+    # A masked array was reduced without its mask (107.0 for NumPy's 7.0), and a matrix through
+    # the Python threads failed with a reshape error.
+    masked = np.ma.masked_greater(np.array([1.0, 2.0, 100.0, 4.0] * 3000), 50)
+    assert masked.sum() == 7.0 * 3000
+    matrix = np.asmatrix(np.arange(20_000, dtype=np.float32).reshape(100, 200))
+    for x in (masked, matrix, matrix[:, ::3]):
+        with pytest.raises(TypeError) as info:
+            sim_reduce(x, "sum", engine=engine)
+        assert str(info.value) == _core_refusal(x)
+    with pytest.raises(TypeError, match="numpy.ma.MaskedArray"):
+        sim_reduce(np.ma.masked_array(np.zeros(0)), "max", engine=engine)  # empty too
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_dask_arrays_of_masked_chunks_are_refused(engine):
+    da = pytest.importorskip("dask.array")
+    x = np.arange(10_000, dtype=np.float64)
+    # Masked meta: refused when the graph is built (the Dask layer's check).
+    with pytest.raises(TypeError, match="Dask array of numpy.ma.MaskedArray chunks"):
+        stream.reduce(da.ma.masked_greater(da.from_array(x, chunks=1000), 50), "sum", _device=stream.SimulatedDevice())
+    # Masked chunks under a plain meta: refused when a chunk is streamed, as the core refuses them.
+    d = da.from_array(x, chunks=1000).map_blocks(lambda b: np.ma.masked_greater(b, 50), meta=np.array((), x.dtype))
+    dev = stream.SimulatedDevice(engine=engine)
+    refused = "cannot reduce a Dask array of numpy.ma.MaskedArray chunks: .* ignore the mask"
+    with pytest.raises(TypeError, match=refused):
+        stream.reduce(d, "sum", budget=64 * KIB, slot_bytes=4 * KIB, _device=dev)
+    assert dev._pipelines[4 * KIB].in_use == 0
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("op", ["sum", "max", "prod"])
+def test_dask_chunks_of_another_dtype_than_declared_are_refused(engine, op):
+    # Chunks really int64, declared int8: the sum came back as an int64 sum, and max said
+    # "op 'max' does not take dtype=". The Dask layer's check and message, as treereduce's.
+    da = pytest.importorskip("dask.array")
+    from multireduce import dask as mdask
+
+    d = da.arange(20_000, chunks=5000, dtype=np.int64).map_blocks(lambda b: b, dtype=np.int8)
+    with pytest.raises(TypeError) as want:
+        mdask.treereduce(d, op).compute()
+    assert "a chunk of dtype int64 in a Dask array that declares dtype int8" in str(want.value)
+    with pytest.raises(TypeError) as got:
+        stream.reduce(d, op, budget=64 * KIB, slot_bytes=4 * KIB, _device=stream.SimulatedDevice(engine=engine))
+    assert str(got.value) == str(want.value)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_threads_beyond_the_limit_are_refused(engine):
+    # 2**40 threads with room for as many slots reached the C engine as a cut C int ("bad
+    # arguments to mr_stage"); with the Python threads it passed unchecked.
+    x = np.arange(30 * KIB, dtype=np.int32)
+    for threads in (2**40, 2**31, 257):
+        with pytest.raises(ValueError, match=re.escape(f"{THREADS}, got {threads}")):
+            sim_reduce(x, "sum", engine=engine, threads=threads, budget=2**70)
+    assert stream.MAX_THREADS == 256
+    got, _ = sim_reduce(x, "sum", engine=engine, threads=stream.MAX_THREADS)
+    assert int(got) == exact_int_sum(x, np.int64)
+
+
+@pytest.mark.parametrize("split_every", [0, -3, 1, "x", 2.5, True, {0: 1}, 2, 50, {0: 4}])
+def test_split_every_is_refused_for_sources_other_than_dask_arrays(split_every):
+    # It sets the fan-in of a Dask array's combine tree; any value for another source was
+    # silently ignored, invalid ones too.
+    for x in (np.arange(20_000, dtype=np.float32), np.arange(20, dtype=np.float32).reshape(4, 5)[:, ::2]):
+        with pytest.raises(ValueError, match=r"split_every is for a Dask array source only .* takes None, got"):
+            sim_reduce(x, "sum", split_every=split_every)
+    da = pytest.importorskip("dask.array")
+    d = da.from_array(np.arange(20_000, dtype=np.float32), chunks=1000)
+    if split_every in (2, 50, {0: 4}):
+        dev = stream.SimulatedDevice()
+        got = stream.reduce(d, "sum", split_every=split_every, budget=64 * KIB, slot_bytes=4 * KIB, _device=dev)
+        assert float(got) == float(sum(range(20_000)))
+    else:  # the Dask layer's own check
+        with pytest.raises((TypeError, ValueError), match="split_every"):
+            stream.reduce(d, "sum", split_every=split_every, _device=stream.SimulatedDevice())
 
 
 @pytest.mark.parametrize("device", [1.5, True, False, "0", np.float64(0)])
@@ -1266,6 +1388,13 @@ def test_state_ops_are_refused(op):
 def test_without_cupy_nothing_falls_back():
     with pytest.raises(ModuleNotFoundError):
         stream.reduce(np.ones(10), "sum")
+    # Nothing to move is no exception: the identity used to come back from the CPU.
+    for empty in (np.ones(0, np.float32), np.ones((3, 0), np.int8)):
+        with pytest.raises(ModuleNotFoundError):
+            stream.reduce(empty, "sum")
+    da = pytest.importorskip("dask.array")
+    with pytest.raises(ModuleNotFoundError):
+        stream.reduce(da.ones(0, chunks=1), "sum")
     assert stream.free_staging() == 0 and stream.staging_info() == []
 
 
@@ -1371,8 +1500,11 @@ def test_gpu_every_fold_op_streams(op):
     # several slots (a small budget), NaN in one piece, against the CPU path.
     rng = np.random.default_rng(13)
     if op == "prod":
-        x = np.ones(3_000_017, dtype=np.float32)  # 60 factors other than one: an exact, finite product
-        x[rng.integers(0, x.size, 60)] = rng.choice(np.array([0.5, 2.0, -1.0], dtype=np.float32), size=60)
+        # Integers (float products are refused): 60 factors other than one, wrapping in int64.
+        x = np.ones(3_000_017, dtype=np.int32)
+        x[rng.integers(0, x.size, 60)] = rng.choice(np.array([3, 7, -5], dtype=np.int32), size=60)
+        with pytest.raises(NotImplementedError, match="cannot prod float32 to a float32 result"):
+            stream.reduce(x.astype(np.float32), op)
     else:
         x = make_data("float32", 3_000_017, rng)
         x[123_456] = np.nan
