@@ -1637,7 +1637,8 @@ def test_gpu_concurrent_calls_of_every_kind(engine, monkeypatch):
     dense = make_data("int32", 3 * 2**20 + 5, rng)  # 12 MiB
     strided = dense[: dense.size // 5 * 5].reshape(-1, 5)[:, ::2]
     small = dense[: 2**20]  # 4 MiB
-    want = {id(a): int(a.astype(np.int64).sum()) for a in (dense, strided, small)}
+    small_strided = small[::3]
+    want = {id(a): int(a.astype(np.int64).sum()) for a in (dense, strided, small, small_strided)}
     results = []
 
     def calls(x, budget, slot_bytes, rounds):
@@ -1652,7 +1653,7 @@ def test_gpu_concurrent_calls_of_every_kind(engine, monkeypatch):
         calls(dense, 4 << 20, 1 << 20, 4),  # rolling: 12 segments, 4 slots
         calls(small, 32 << 20, 1 << 20, 20),  # resident: 4 segments
         calls(strided, 4 << 20, 1 << 20, 4),  # Python threads, rolling
-        calls(small[::3], 32 << 20, 1 << 20, 20),  # Python threads, resident
+        calls(small_strided, 32 << 20, 1 << 20, 20),  # Python threads, resident
         calls(dense, 32 << 20, 2 << 20, 4),  # another slot size
     ]
     run_concurrently(work, timeout=300)
