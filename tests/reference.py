@@ -112,12 +112,17 @@ def check(x: np.ndarray, op: str, got) -> None:
 
 
 def run_in_threads(calls, timeout: float = 60.0) -> None:
-    """Run each of ``calls`` (no-argument callables) on its own thread; wait for all.
+    """Run each of ``calls`` (no-argument callables) on its own daemon thread; wait for all.
 
-    Fails if a thread is still running after ``timeout`` seconds (a hang or deadlock), and
-    raises the first exception a call raised.
+    Fails if a thread is still running ``timeout`` seconds after the start (a hang or
+    deadlock), naming where each stuck thread and each ``multireduce-stream`` copy thread is;
+    the threads are daemons, so the process still exits. Raises the first exception a call
+    raised.
     """
+    import sys
     import threading
+    import time
+    import traceback
 
     errors: list[BaseException] = []
 
@@ -127,11 +132,22 @@ def run_in_threads(calls, timeout: float = 60.0) -> None:
         except BaseException as exc:
             errors.append(exc)
 
-    workers = [threading.Thread(target=guarded, args=(c,)) for c in calls]
+    workers = [threading.Thread(target=guarded, args=(c,), daemon=True) for c in calls]
     for w in workers:
         w.start()
+    deadline = time.monotonic() + timeout
     for w in workers:
-        w.join(timeout=timeout)
-    assert not any(w.is_alive() for w in workers), "a thread did not finish: hang or deadlock"
+        w.join(max(0.0, deadline - time.monotonic()))
+    stuck = [w for w in workers if w.is_alive()]
+    if stuck:
+        frames = sys._current_frames()
+        where = {
+            t.name: "".join(traceback.format_stack(frames[t.ident])[-4:])
+            for t in threading.enumerate()
+            if t.ident in frames and (t in stuck or t.name.startswith("multireduce-stream"))
+        }
+        raise AssertionError(
+            f"{len(stuck)} of {len(workers)} calls still running after {timeout} s (hang or deadlock): {where}"
+        )
     if errors:
         raise errors[0]

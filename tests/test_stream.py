@@ -789,44 +789,6 @@ def test_freeing_slots_in_use_is_refused():
 # -- concurrent calls: one cache, one copy pool -----------------------------------------------
 
 
-def run_concurrently(calls, timeout: float = 60.0) -> None:
-    """Run each of ``calls`` on its own daemon thread; fail if one is still running after ``timeout``.
-
-    A hang fails the test (naming where each stuck thread is) instead of hanging the suite:
-    the threads are daemons, so the process still exits. The first exception raised is re-raised.
-    """
-    import sys
-    import threading
-    import time
-    import traceback
-
-    errors: list[BaseException] = []
-
-    def guarded(call):
-        try:
-            call()
-        except BaseException as exc:
-            errors.append(exc)
-
-    workers = [threading.Thread(target=guarded, args=(c,), daemon=True) for c in calls]
-    for w in workers:
-        w.start()
-    deadline = time.monotonic() + timeout
-    for w in workers:
-        w.join(max(0.0, deadline - time.monotonic()))
-    stuck = [w for w in workers if w.is_alive()]
-    if stuck:
-        frames = sys._current_frames()
-        where = {
-            t.name: "".join(traceback.format_stack(frames[t.ident])[-4:])
-            for t in threading.enumerate()
-            if t.ident in frames and (t in stuck or t.name.startswith("multireduce-stream"))
-        }
-        pytest.fail(f"{len(stuck)} of {len(workers)} calls still running after {timeout} s (deadlock): {where}")
-    if errors:
-        raise errors[0]
-
-
 def test_concurrent_calls_of_every_kind_never_deadlock(monkeypatch):
     # Calls on one device and slot size, at once: rolling (more segments than slots) and
     # resident (every segment's slot taken up front), dense and strided, through the Python copy
@@ -851,7 +813,7 @@ def test_concurrent_calls_of_every_kind_never_deadlock(monkeypatch):
 
         return call
 
-    run_concurrently(
+    run_in_threads(
         [
             calls(py, big, 8 * KIB, 2, 2),  # deadlock.py's pair: rolling with 2 slots ...
             calls(py, small, 64 * KIB, 2, 40),  # ... and resident with 5
@@ -880,7 +842,7 @@ def test_a_resident_call_does_not_wait_for_copy_threads_busy_elsewhere():
     try:
         x = np.arange(5 * KIB, dtype=np.int32)
         results = []
-        run_concurrently([lambda: results.append(int(sim_reduce(x, "sum", threads=4)[0]))], timeout=30)
+        run_in_threads([lambda: results.append(int(sim_reduce(x, "sum", threads=4)[0]))], timeout=30)
         assert results == [exact_int_sum(x, np.int64)]
     finally:
         release.set()
@@ -941,7 +903,7 @@ def test_growing_the_copy_pool_under_a_call(monkeypatch, elements):
     assert out == {"A": want, "B": want}
     assert dev._pipelines[4 * KIB].in_use == 0
     results = []
-    run_concurrently([lambda: results.append(int(sim_reduce(x, "sum", device=dev)[0]))], timeout=30)
+    run_in_threads([lambda: results.append(int(sim_reduce(x, "sum", device=dev)[0]))], timeout=30)
     assert results == [want]
 
 
@@ -991,7 +953,7 @@ def test_a_failing_submit_waits_for_the_jobs_submitted(monkeypatch, elements):
     assert dev._pipelines[4 * KIB].in_use == 0
     monkeypatch.undo()
     results = []
-    run_concurrently([lambda: results.append(int(sim_reduce(x, "sum", device=dev)[0]))], timeout=30)
+    run_in_threads([lambda: results.append(int(sim_reduce(x, "sum", device=dev)[0]))], timeout=30)
     assert results == [exact_int_sum(x, np.int64)]
 
 
@@ -1104,7 +1066,7 @@ def test_slots_in_use_are_never_freed_and_the_cache_shrinks_back(engine):
 
         return run
 
-    run_concurrently([call(4 * KIB), call(8 * KIB), call(16 * KIB)])
+    run_in_threads([call(4 * KIB), call(8 * KIB), call(16 * KIB)])
     assert results == [want] * 9
     assert all(p.in_use == 0 for p in dev._pipelines.values())
     assert dev.device_bytes <= 64 * KIB and dev.slots_allocated - dev.slots_freed == sum(
@@ -1656,7 +1618,7 @@ def test_gpu_concurrent_calls_of_every_kind(engine, monkeypatch):
         calls(small_strided, 32 << 20, 1 << 20, 20),  # Python threads, resident
         calls(dense, 32 << 20, 2 << 20, 4),  # another slot size
     ]
-    run_concurrently(work, timeout=300)
+    run_in_threads(work, timeout=300)
     assert len(results) == 4 + 20 + 4 + 20 + 4 and all(results)
     info = stream.staging_info()
     assert all(r["in_use"] == 0 for r in info)
