@@ -243,15 +243,8 @@ template <class T> struct PackedLanes {
     static constexpr bool SIGNED = static_cast<T>(-1) < static_cast<T>(0);
     static constexpr bool BYTES = sizeof(T) == 1;
 
-    // The two 16-bit lanes of w as elements: the even and the odd bytes of w (BYTES, widened
-    // with sign or zero), else w itself.
-    static __device__ __forceinline__ unsigned int even(unsigned int w) {
-        if constexpr (BYTES) {
-            return prmt(w, SIGNED ? 0xA280u : 0x4240u);
-        } else {
-            return w;
-        }
-    }
+    // The even and the odd bytes of w (1-byte T) in two 16-bit lanes, widened with sign or zero.
+    static __device__ __forceinline__ unsigned int even(unsigned int w) { return prmt(w, SIGNED ? 0xA280u : 0x4240u); }
     static __device__ __forceinline__ unsigned int odd(unsigned int w) { return prmt(w, SIGNED ? 0xB391u : 0x4341u); }
     // prmt.b32 of w and 0: a selector nibble with its top bit set replicates the sign of the
     // byte its low bits select; nibble 4 selects a zero byte.
