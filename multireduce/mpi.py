@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from . import _exact, _partials, _stats, core
+from . import _devices, _exact, _partials, _stats, core
 from ._shards import FileLayout, inspect_file, shard_counts, shard_range
 from ._shards import read_shard as _read_layout_shard
 from ._transport import (
@@ -1256,7 +1256,7 @@ def _requested_device(device: Any, count: int, environ) -> int | None:
 
     ``None`` if neither does. Raises :func:`select_device`'s TypeError and ValueErrors.
     """
-    valid = f"an integer device ordinal from 0 to {count - 1} (this node has {count} CUDA device(s))"
+    valid = _devices.accepted_ordinals(count)
     if device is not None:
         if isinstance(device, bool) or not isinstance(device, int | np.integer):
             raise TypeError(f"select_device: device= must be {valid}, not {device!r}")
@@ -1270,9 +1270,7 @@ def _requested_device(device: Any, count: int, environ) -> int | None:
         except ValueError:
             raise ValueError(f"{DEVICE_ENV}={environ[DEVICE_ENV]!r}: it must be {valid}") from None
         source = f"{DEVICE_ENV}="
-    if not 0 <= device < count:
-        raise ValueError(f"{source}{int(device)}: device {int(device)} does not exist; it must be {valid}")
-    return int(device)
+    return _devices.ordinal_in_range(device, count, source)
 
 
 def shard(n: int, comm=None) -> slice:

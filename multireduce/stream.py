@@ -82,7 +82,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _hostcopy, _partials, core
+from . import _devices, _hostcopy, _partials, core
 from .ops import Op, get_op
 
 __all__ = [
@@ -1654,13 +1654,7 @@ def _device_ordinal(device: Any) -> int:
 
     if device is None:
         return cupy.cuda.Device().id
-    count = _device_count()
-    if not 0 <= device < count:
-        raise ValueError(
-            f"device={device}: device {device} does not exist; it must be an integer device ordinal from 0 to "
-            f"{count - 1} (this node has {count} CUDA device(s))"
-        )
-    return device
+    return _devices.ordinal_in_range(device, _device_count(), "device=")
 
 
 def _cupy_staging(device: Any) -> _Staging:
