@@ -197,12 +197,12 @@ def moments_kernel_name(dtype: np.dtype, block: int = STATS_BLOCK, unroll: int =
 
 
 #: The moments ops that ``moments_finalize_kernel`` finalizes, by its OP parameter.
-MOMENTS_FINALIZE_OPS = {"mean": 0, "var": 1, "std": 2}
+MOMENTS_FINALIZE_OPS = {"var": 1, "std": 2}
 
 
 @functools.cache  # called on every launch: the name is formatted once per dtype
 def moments_finalize_kernel_name(dtype: np.dtype, op: str, result: np.dtype | None = None) -> str:
-    """The C++ name of ``moments_finalize_kernel`` for ``op`` (mean, var or std) of ``dtype`` input.
+    """The C++ name of ``moments_finalize_kernel`` for ``op`` (var or std) of ``dtype`` input.
 
     Its state is that of :func:`moments_kernel_name`; its output has the dtype ``result``
     (default: the op's result dtype for ``dtype``).

@@ -788,29 +788,24 @@ __global__ void stats_finalize_kernel(const MomentState<S, E>* __restrict__ stat
 }
 
 // ---------------------------------------------------------------------------------------
-// mean (OP 0), var (OP 1) or std (OP 2) of `rows` moments states, finalized on the device so
-// that multireduce.mean/var/std of a CuPy array wait for nothing: the values of
+// var (OP 1) or std (OP 2) of `rows` moments states, finalized on the device so that
+// multireduce.var/std of a CuPy array wait for nothing: the values of
 // multireduce._stats.finalize_moments (the host decides only its warnings, from the shape).
-// NaN where a NaN was read, where n == 0 (mean) or where n - correction <= 0 (var, std); the
-// float64 value (std: its correctly rounded square root) is rounded once to Out.
+// NaN where a NaN was read or where n - correction <= 0; the float64 value (std: its
+// correctly rounded square root) is rounded once to Out. (The mean is mean_from_sum_kernel's.)
 
 template <class S, class E, class Out, int OP>
 __global__ void moments_finalize_kernel(const MomentState<S, E>* __restrict__ states, long long rows,
                                         double correction, Out* __restrict__ out) {
-    static_assert(OP >= 0 && OP <= 2, "OP: 0 mean, 1 var, 2 std");
+    static_assert(OP == 1 || OP == 2, "OP: 1 var, 2 std (the mean is mean_from_sum_kernel's)");
     const double qnan = __longlong_as_double(0x7ff8000000000000LL);
     for (long long r = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; r < rows;
          r += static_cast<long long>(gridDim.x) * blockDim.x) {
         const MomentState<S, E> st = states[r];
         const bool has_nan = st.nan > 0;
-        double value;
-        if constexpr (OP == 0) {
-            value = st.n > 0 && !has_nan ? st.mean : qnan;
-        } else {
-            const double dof = static_cast<double>(st.n) - correction;
-            value = dof > 0.0 && !has_nan ? st.m2 / dof : qnan;
-            if constexpr (OP == 2) value = sqrt(value);
-        }
+        const double dof = static_cast<double>(st.n) - correction;
+        double value = dof > 0.0 && !has_nan ? st.m2 / dof : qnan;
+        if constexpr (OP == 2) value = sqrt(value);
         out[r] = Convert<Out, double>::apply(value);
     }
 }
