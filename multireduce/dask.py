@@ -204,11 +204,15 @@ def _check_array(x: Any) -> None:
             f"treereduce takes a dask.array.Array, not {type(x).__module__}.{type(x).__qualname__}; "
             "use multireduce.reduce for NumPy and CuPy arrays"
         )
-    meta = x._meta
-    if isinstance(meta, np.ndarray) and type(meta) is not np.ndarray:
-        # Masked chunks would be reduced with their masks ignored (the core refuses them too,
-        # when computed; here it is known at once).
-        error = core._refused_subclass(meta, "a Dask array of {} chunks", "dask.array.ma.filled(x, v)")
+    # Masked chunks would be reduced with their masks ignored (the core refuses them too, when
+    # computed; from the meta it is known at once).
+    _refuse_chunk_subclass(x._meta)
+
+
+def _refuse_chunk_subclass(chunk: Any) -> None:
+    """The core's refusal of masked arrays and matrices, worded for a Dask array's chunks."""
+    if isinstance(chunk, np.ndarray) and type(chunk) is not np.ndarray:
+        error = core._refused_subclass(chunk, "a Dask array of {} chunks", "dask.array.ma.filled(x, v)")
         if error is not None:
             raise error
 

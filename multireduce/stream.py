@@ -1423,7 +1423,7 @@ def _settle_all(pipeline: _Pipeline, slots: list[tuple[_Slot, bool]]) -> None:
         raise error
 
 
-def _join(pool: _CopyPool, jobs: list, stop: threading.Event, inline=None) -> None:
+def _join(pool: _CopyPool, jobs: list, stop: threading.Event, inline) -> None:
     """Run ``jobs`` on ``pool`` and ``inline()`` here, wait for them; raise the first failure.
 
     Once ``inline()`` has returned (it takes pieces until none is left) or anything failed,
@@ -1442,16 +1442,13 @@ def _join(pool: _CopyPool, jobs: list, stop: threading.Event, inline=None) -> No
     except BaseException as exc:  # raised below, once the jobs submitted have ended
         stop.set()
         error = exc
-    if inline is not None and error is None:
+    if error is None:
         try:
             inline()
         except BaseException as exc:  # raised below, once every job has ended
             stop.set()
             error = exc
-    if inline is not None or error is not None:
-        pending = {f for f in submitted if not f.cancel()}
-    else:
-        pending = set(submitted)
+    pending = {f for f in submitted if not f.cancel()}
     while pending:
         try:
             done, pending = futures.wait(pending, return_when=futures.FIRST_EXCEPTION)
@@ -1790,19 +1787,16 @@ def _dask_chunk(
 ):
     if computing_meta:
         return block  # Dask's placeholder: nothing to stream
-    from .dask import _check_chunk
+    from .dask import _check_chunk, _refuse_chunk_subclass
 
     if type(block).__module__.startswith("cupy"):
         _check_chunk(block, expected)  # the Dask layer's check and message
         return _partials.wrap(_partials.of_array(block, op, acc), block.size)  # already on a GPU
     if not isinstance(block, np.ndarray):
         raise TypeError(f"cannot stream a chunk of type {type(block).__module__}.{type(block).__qualname__}")
-    if type(block) is not np.ndarray:
-        # A masked chunk of an array whose meta is a plain ndarray (a masked meta is refused
-        # when the graph is built): the core's refusal, as the Dask layer words it.
-        error = core._refused_subclass(block, "a Dask array of {} chunks", "dask.array.ma.filled(x, v)")
-        if error is not None:
-            raise error
+    # A masked chunk of an array whose meta is a plain ndarray (a masked meta is refused when
+    # the graph is built).
+    _refuse_chunk_subclass(block)
     _check_chunk(block, expected)  # the plan (accumulator, dtype= checks) was made for that dtype
     pipeline = _resolve(ref)
     flat = _dense_1d(block)
