@@ -185,6 +185,41 @@ def _raise_mismatch(comm, name: str, local: Any, exc_type: type[Exception]) -> N
 #: its checks (those that allreduce uses for the input dtype, dtype=, reproducible= and
 #: correction=).
 _VALUE_SLOTS = (1, 5, 9, 11)
+#: The agreement's slot of the op's code (reductions) or of the call's (_CALL_CODES).
+_CALL_SLOT = 3
+
+
+def _decide(comm, meta: np.ndarray, error: BaseException | None, checks: tuple, shown) -> None:
+    """What the agreement Allreduce of ``meta`` decided, raised on every rank alike.
+
+    The one decision of every collective function here, in this order:
+
+    1. if some rank failed (``meta[0]``), its failures (:func:`_raise_failures`);
+    2. if some rank is in another function (its code in :data:`_CALL_SLOT` is one of
+       :data:`_CALL_CODES`, above every reduction's), ``ValueError("call differs across
+       ranks")``, listing each rank's call;
+    3. the first ``(slot, name, exc_type)`` of ``checks`` whose code differs across ranks:
+       ``exc_type("NAME differs across ranks")``, listing each rank's value.
+
+    Each code travels with its complement (:func:`_meta`), so that MAX gives both the largest
+    and the smallest code over the ranks: they are equal where ``m[slot] == ~m[slot + 1]``.
+    ``shown()`` gives this rank's ``(call, value per check)`` as the errors list them; it is
+    called only where something differs, so a rank that failed never reaches it.
+    """
+    if meta[0]:
+        _raise_failures(comm, error)
+    m = meta.tolist()
+    for slot, _, _ in checks:
+        if m[slot] != ~m[slot + 1]:
+            break
+    else:
+        return  # the common case: every code agreed
+    call, *values = shown()
+    if m[_CALL_SLOT] != ~m[_CALL_SLOT + 1] and m[_CALL_SLOT] > _LAST_REDUCTION_CODE:
+        _raise_mismatch(comm, "call", call, ValueError)
+    for (slot, name, exc_type), value in zip(checks, values, strict=True):
+        if m[slot] != ~m[slot + 1]:
+            _raise_mismatch(comm, name, value, exc_type)
 
 
 def _agree_values(
@@ -194,32 +229,25 @@ def _agree_values(
 
     It agrees on ``error`` (as :func:`agree`), then on the call, then on values that must be
     equal on every rank; the record is the one that :func:`allreduce` agrees in
-    (:data:`_META_SIZE`).
+    (:data:`_META_SIZE`), decided by :func:`_decide`.
 
     ``checks`` holds ``(name, code, shown, exc_type)`` per value (at most four), as many on
     every rank of the same call: ``code`` is an int64 that two ranks share exactly when their
     values are equal, ``shown`` what the error lists for this rank (a rank that failed may pass
-    anything: its failure is raised first). Each code travels with its complement, as in
-    :func:`_meta`, so that MAX gives both the largest and the smallest code over the ranks.
-    A rank in another call (of allreduce, stats, or another function here) raises
-    ``ValueError("call differs across ranks")`` on every rank; then the first value that
-    differs raises ``exc_type`` on every rank (:func:`_raise_mismatch`).
+    anything: its failure is raised first).
     """
     slots = _VALUE_SLOTS[: len(checks)]  # zip(strict=True) refuses more checks than slots
     meta = np.zeros(_META_SIZE, dtype=np.int64)
     meta[0] = error is not None
     code = _CALL_CODES[call]
-    meta[3], meta[4] = code, ~code
+    meta[_CALL_SLOT], meta[_CALL_SLOT + 1] = code, ~code
     for slot, (_, value, _, _) in zip(slots, checks, strict=True):
         meta[slot], meta[slot + 1] = value, ~value
     comm.Allreduce(MPI.IN_PLACE, meta, op=MPI.MAX)
-    if meta[0]:
-        _raise_failures(comm, error)
-    if meta[3] != ~meta[4]:
-        _raise_mismatch(comm, "call", call, ValueError)
-    for slot, (name, _, shown, exc_type) in zip(slots, checks, strict=True):
-        if meta[slot] != ~meta[slot + 1]:
-            _raise_mismatch(comm, name, shown, exc_type)
+    table = ((_CALL_SLOT, "call", ValueError),) + tuple(
+        (slot, name, exc_type) for slot, (name, _, _, exc_type) in zip(slots, checks, strict=True)
+    )
+    _decide(comm, meta, error, table, lambda: (call, call, *(c[2] for c in checks)))
 
 
 def _agree(
@@ -227,17 +255,21 @@ def _agree(
 ) -> None:
     """The agreement Allreduce of ``meta`` (in place, :func:`_meta`), then what it decided.
 
-    On every rank alike: the failures if any rank failed, a mismatch across ranks of the input
-    dtype, the op, ``dtype=``, ``reproducible=`` or ``correction=`` (``options`` is this rank's
-    ``(reproducible, correction)``, for the message), and ``empty_error()`` (if given) if every
-    shard is empty.
+    On every rank alike (:func:`_decide`): the failures if any rank failed, a rank in another
+    function, a mismatch across ranks of the input dtype, the op, ``dtype=``, ``reproducible=``
+    or ``correction=`` (``options`` is this rank's ``(reproducible, correction)``, for the
+    message), and ``empty_error()`` (if given) if every shard is empty.
     """
     comm.Allreduce(MPI.IN_PLACE, meta, op=MPI.MAX)
-    if meta[0]:
-        _raise_failures(comm, error)
-    _check_agreement(comm, static, meta, options)
+    _decide(comm, meta, error, _AGREED, lambda: _shown(static, options))
     if empty_error is not None and not meta[7]:
         _raise_everywhere(comm, empty_error())
+
+
+def _shown(st: _Static, options: tuple) -> tuple:
+    """A reduction's call and agreed values as the agreement's errors list them (:data:`_AGREED`)."""
+    call = st.call if st.call == _STATS_CALL else f"mpi.allreduce(op={st.call!r})"
+    return (call, st.in_dtype.name, st.call, None if st.requested is None else st.requested.name, *options)
 
 
 def agree(error: BaseException | None, comm=None) -> None:
@@ -867,7 +899,7 @@ def _from_host(value: np.generic, plan: _Plan):
 #: MPI, CuPy shard), whose max/min key then travels in an Allreduce of its own that every rank
 #: joins. Every collective function here agrees in this record: the others (_CALL_CODES) put
 #: their code in the op's slots 3-4 and their own checks in slots 1-2, 5-6, 9-12
-#: (_agree_values).
+#: (_agree_values); _decide reads the agreed record for all of them.
 _META_SIZE = 14
 _DEVICE_SLOT = 13
 #: What a rank that combines on the device puts in the key's slot: MAX's identity.
@@ -876,7 +908,7 @@ _KEY_IDENTITY = np.iinfo(np.int64).min
 #: the error, and the error's type.
 _AGREED = (
     (1, "input dtype", TypeError),
-    (3, "op", ValueError),
+    (_CALL_SLOT, "op", ValueError),
     (5, "dtype=", TypeError),
     (9, "reproducible=", ValueError),
     (11, "correction=", ValueError),
@@ -922,26 +954,6 @@ def _meta(plan: _Plan | None, error) -> np.ndarray:
             meta[9:13] = _option_codes(plan.reproducible, plan.correction)
     meta[0] = error is not None
     return meta
-
-
-def _check_agreement(comm, static: _Static, meta: np.ndarray, options: tuple = (False, 0.0)) -> None:
-    """Raise on every rank alike if the agreed ``meta`` shows a code that differs across ranks.
-
-    ``options`` is this rank's ``(reproducible, correction)``, listed in the error.
-    """
-    m = meta.tolist()
-    if m[1] == ~m[2] and m[3] == ~m[4] and m[5] == ~m[6] and m[9] == ~m[10] and m[11] == ~m[12]:
-        return  # the common case, in Python ints
-    st = static
-    if m[3] != ~m[4] and m[3] > _LAST_REDUCTION_CODE:
-        # Some rank is in another function (agree, read_shard, ...): first, as _agree_values
-        # raises it there, with the call named as the others name theirs.
-        call = st.call if st.call == _STATS_CALL else f"mpi.allreduce(op={st.call!r})"
-        _raise_mismatch(comm, "call", call, ValueError)
-    local = (st.in_dtype.name, st.call, None if st.requested is None else st.requested.name, *options)
-    for (slot, name, exc_type), value in zip(_AGREED, local, strict=True):
-        if m[slot] != ~m[slot + 1]:
-            _raise_mismatch(comm, name, value, exc_type)
 
 
 def _combine(comm, plan: _Plan | None, partial, error):
