@@ -48,7 +48,7 @@ Slots are cached per (device, slot size) and reused by later calls: no call allo
 or device memory once the cache holds enough slots. The cache of a device holds at most as
 many bytes as the largest ``budget`` asked for on it: a call that makes slots of one size
 first frees idle slots of other sizes (never slots in use; calls of several sizes at once may
-need more, and the cache shrinks back as they return their slots). :func:`free_staging`
+need more, and the cache shrinks back as each size's calls end). :func:`free_staging`
 releases them.
 
 Calls from several threads share the slots and the copy threads. Threads waiting for slots
@@ -75,6 +75,7 @@ import queue
 import sys
 import threading
 import warnings
+from collections.abc import Iterator
 from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -873,6 +874,7 @@ class _Pipeline:
         self._waiting: collections.deque[object] = collections.deque()  # one ticket per waiting thread, in order
         self.allocated = 0
         self.in_use = 0
+        self.calls = 0  # calls between call()'s entry and exit
         self._staging = staging
         self._tables: collections.OrderedDict[tuple, np.ndarray] = collections.OrderedDict()
         self._tables_lock = threading.Lock()
@@ -979,8 +981,26 @@ class _Pipeline:
             self.in_use -= 1
             if self._waiting:
                 self._cond.notify_all()  # the first in the queue must see it
-        if self._staging is not None and self._staging.over:
-            self._staging.trim()  # a call of another size went over the budget: shrink back
+
+    @contextlib.contextmanager
+    def call(self) -> Iterator[_Pipeline]:
+        """One call's use of the pipeline (a :func:`reduce` call, or a Dask task's chunk).
+
+        Where calls of several sizes at once put the cache over the budget, it shrinks back
+        when this pipeline's last call ends (:meth:`_Staging.trim`). Trimming as each slot came
+        back freed the slot just returned (waiting for its stream) while its call still
+        wanted it, and the call then made it again for its next piece.
+        """
+        with self._cond:
+            self.calls += 1
+        try:
+            yield self
+        finally:
+            with self._cond:
+                self.calls -= 1
+                last = not self.calls
+            if last and self._staging is not None and self._staging.over:
+                self._staging.trim()
 
     def wake(self) -> None:
         """Wake every thread waiting in :meth:`acquire`, to look at its ``cancel`` event."""
@@ -1573,7 +1593,7 @@ class _Staging:
     (while no call uses more at once): a pipeline that makes a slot first frees idle slots of
     other sizes until the cache fits that budget (:meth:`make_room`). Slots in use are never
     freed; if calls of several sizes at once need more than the budget, the cache shrinks
-    back as their slots are returned (:meth:`trim`).
+    back as each size's calls end (:meth:`trim`, when a pipeline has no slot in use).
     """
 
     def __init__(self, device: Any):
@@ -1802,13 +1822,15 @@ def _dask_chunk(
     flat = _dense_1d(block)
     if flat is not None and flat.size and pipeline.device.native:
         # This task's thread alone, without the GIL: one segment (slot) at a time, as below.
-        return pipeline.device.ready(pipeline.run_native(flat, op, acc, plan, threads=1, group=1))
+        with pipeline.call():
+            return pipeline.device.ready(pipeline.run_native(flat, op, acc, plan, threads=1, group=1))
     # Pieces of at most SERIAL_PIECE_BYTES (smaller ones start this task's uploads earlier,
     # several to a slot, but cost GIL hand-offs among Dask's threads).
     src, pieces, _ = _pieces_of(block, min(plan.piece_bytes, SERIAL_PIECE_BYTES))
     if not pieces:
         return pipeline.device.empty_partial(op, acc)
-    return pipeline.device.ready(pipeline.run_serial(src, pieces, op, acc, plan))
+    with pipeline.call():
+        return pipeline.device.ready(pipeline.run_serial(src, pieces, op, acc, plan))
 
 
 def reduce(
@@ -1934,7 +1956,8 @@ def reduce(
         threads = max(1, min(_default_threads(), a.nbytes // NATIVE_BYTES_PER_THREAD))
     plan = make_plan(a.nbytes, a.itemsize, budget=budget, slot_bytes=slot_bytes, threads=threads)
     pipeline = staging.pipeline(plan.slot_bytes, budget)
-    return pipeline.run(a, op, acc, result, plan)
+    with pipeline.call():
+        return pipeline.run(a, op, acc, result, plan)
 
 
 def _check_streamable(op: Op, dtype: np.dtype, result: np.dtype, acc: np.dtype) -> None:

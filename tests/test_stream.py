@@ -1074,6 +1074,27 @@ def test_slots_in_use_are_never_freed_and_the_cache_shrinks_back(engine):
     )
 
 
+def test_a_call_over_the_budget_keeps_its_slots_until_it_ends():
+    # Slots of another size in use fill the budget, so the call's own slots put the cache over
+    # it. The call must still reuse its slots: trimming on each release freed the slot just
+    # returned, and the call made it again for its next piece (one slot made per piece).
+    dev = stream.SimulatedDevice()
+    staging = stream._staging_for(None, dev)
+    other = staging.pipeline(16 * KIB, 64 * KIB)
+    held = other.acquire_all(4, limit=4)  # 64 KiB: the whole budget, in use
+    x = np.arange(64 * KIB, dtype=np.int32)  # 256 KiB: 64 pieces of 4 KiB
+    plan = stream.make_plan(x.nbytes, x.itemsize, budget=64 * KIB, slot_bytes=4 * KIB, threads=1)
+    before = dev.slots_allocated
+    got = stream.reduce(x, "sum", _device=dev, budget=64 * KIB, slot_bytes=4 * KIB, threads=1)
+    assert int(got) == exact_int_sum(x, np.int64)
+    assert dev.slots_allocated - before <= plan.n_slots
+    # Once the call ended its slots went (the budget is full of slots in use); the held ones stay.
+    assert staging.pipelines[4 * KIB].allocated == 0 and dev.device_bytes == 64 * KIB
+    for slot in held:
+        other.release(slot)
+    assert dev.device_bytes == 64 * KIB and not staging.over
+
+
 def test_native_tables_are_not_reused_for_remade_slots():
     # A slot freed and made again can get its old pinned buffer back with another device buffer
     # or stream: a table cached by the pinned addresses alone would upload to the old ones.
