@@ -1776,11 +1776,14 @@ def _as_host_array(source: Any) -> np.ndarray:
     if isinstance(source, str | os.PathLike):
         from ._shards import inspect_npy
 
-        # The CLI's checks first: a file without the NumPy magic, an .npz archive, a corrupt or
+        # The CLI's checks: a file without the NumPy magic, an .npz archive, a corrupt or
         # truncated header or one of objects is named as such (np.load would call a text file
-        # "pickled data" and let a header's shape overflow).
-        inspect_npy(source)
-        return np.load(source, mmap_mode="r", allow_pickle=False)
+        # "pickled data" and let a header's shape overflow). The header is parsed once, here:
+        # the data are mapped where it says, flat (a full reduction needs no shape or order).
+        layout = inspect_npy(source)
+        if not layout.n:
+            return np.empty(0, layout.dtype)  # mmap refuses a length of 0
+        return np.memmap(layout.path, dtype=layout.dtype, mode="r", offset=layout.offset, shape=(layout.n,))
     if isinstance(source, np.ndarray):
         if type(source) is not np.ndarray and (error := core._refused_subclass(source)) is not None:
             raise error  # a masked array (its mask would be ignored) or a matrix: the core's refusal

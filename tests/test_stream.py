@@ -1126,6 +1126,34 @@ def test_npy_file_and_memmap(tmp_path):
     assert got == -1500 and got.dtype == np.int16
 
 
+def test_npy_file_read_flat_where_its_header_says(tmp_path, monkeypatch):
+    # The header is parsed once (by the checks) and the data mapped at its offset: np.load is
+    # not needed. Fortran order, format 2.0, an empty shape and an odd header length all read.
+    def no_load(*args, **kwargs):
+        raise AssertionError("np.load parses the header a second time")
+
+    rng = np.random.default_rng(11)
+    x = make_data("float64", 6 * 7 * 5, rng).reshape(6, 7, 5)
+    cases = {
+        "fortran.npy": (np.asfortranarray(x), (1, 0)),
+        "v2.npy": (x[:, ::2], (2, 0)),
+        "int16.npy": (np.arange(-500, 501, dtype=np.int16), (1, 0)),
+    }
+    for name, (a, version) in cases.items():
+        with open(tmp_path / name, "wb") as fh:
+            np.lib.format.write_array(fh, a, version=version)
+    np.save(tmp_path / "empty.npy", np.zeros((0, 3), np.float32))
+    monkeypatch.setattr(np, "load", no_load)
+    for name, (a, _) in cases.items():
+        for op in ("sum", "max", "min"):
+            got, _ = sim_reduce(tmp_path / name, op)
+            check(np.ascontiguousarray(a), op, got)
+    got, _ = sim_reduce(tmp_path / "empty.npy", "sum")
+    assert got == 0.0 and got.dtype == np.float32
+    with pytest.raises(ValueError, match="zero-size array"):
+        sim_reduce(tmp_path / "empty.npy", "max")
+
+
 def npy_with_header(path, shape, data: bytes = b"\0" * 16):
     """A .npy file of float32 whose header claims ``shape``, whatever the data."""
     h = repr({"descr": "<f4", "fortran_order": False, "shape": shape}).encode()
