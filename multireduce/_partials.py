@@ -111,17 +111,16 @@ class Partial:
         return f"Partial(n={self.n}, dtype={self.value.dtype}, {type(self.value).__module__})"
 
 
-def of_array(x: Any, op: Op, acc: np.dtype):
-    """Reduce ``x`` to its partial in the accumulator dtype ``acc`` with the core.
+def of_array(x: Any, op: Op, result: np.dtype):
+    """Reduce ``x`` to its partial for a reduction to ``result`` with the core.
 
-    The work runs on ``x``'s device and, for CuPy, on the current stream.
+    The partial is in ``result``'s accumulator dtype. A ``result`` other than the op's own
+    for ``x`` is ``dtype=``: each element is converted to it first, as :func:`core.partial`
+    does. The work runs on ``x``'s device and, for CuPy, on the current stream.
     """
-    if acc == op.accumulator_dtype(op.result_dtype(x.dtype)):
+    if result == op.result_dtype(x.dtype):
         return core.partial(x, op)
-    # A sum with dtype= whose accumulator differs from the input's own (int8 summed as
-    # float32 accumulates in float64, say): the core's reduce with the accumulator as the
-    # result dtype converts the elements as the final dtype= asks.
-    return core.reduce(x, op, dtype=acc)
+    return core.partial(x, op, dtype=result)
 
 
 def wrap(value: Any, n: int, stream: Any = None) -> Partial:

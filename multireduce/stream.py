@@ -622,11 +622,11 @@ class _CupyDevice:
         with self.cupy.cuda.Device(self.device):
             slot.device_buffer[: raw.size].set(raw, stream=slot.stream)
 
-    def reduce(self, slot: _Slot, dtype: np.dtype, count: int, op: Op, acc: np.dtype) -> _partials.Partial:
+    def reduce(self, slot: _Slot, dtype: np.dtype, count: int, op: Op, result: np.dtype) -> _partials.Partial:
         cupy = self.cupy
         with cupy.cuda.Device(self.device), slot.stream:
             view = slot.device_buffer[: count * dtype.itemsize].view(dtype)
-            part = _partials.wrap(_partials.of_array(view, op, acc), count, slot.stream)
+            part = _partials.wrap(_partials.of_array(view, op, result), count, slot.stream)
             slot.copied.record(slot.stream)  # after the uploads before it, in stream order
             return part
 
@@ -643,28 +643,30 @@ class _CupyDevice:
         return found
 
     def reduce_to_cell(
-        self, slot: _Slot, dtype: np.dtype, count: int, op: Op, acc: np.dtype, cells: _Cells, k: int
+        self, slot: _Slot, dtype: np.dtype, count: int, op: Op, result: np.dtype, cells: _Cells, k: int
     ) -> None:
         """Reduce the slot's first ``count`` elements into cell ``k``, on the slot's stream."""
         cupy = self.cupy
         with cupy.cuda.Device(self.device), slot.stream:
             view = slot.device_buffer[: count * dtype.itemsize].view(dtype)
+            acc = op.accumulator_dtype(result)
             out = cells._views.get((k, acc))
             if out is None:
                 address = cells.mapped + 8 * k
                 out = cells._views[k, acc] = _partials.mapped_scalar(cupy, address, cells.host, self.device, acc)
-            if acc == op.accumulator_dtype(op.result_dtype(dtype)):
+            if result == op.result_dtype(dtype):
                 core.partial(view, op, out=out)
             else:
-                out[...] = _partials.of_array(view, op, acc)  # dtype= with another accumulator
+                out[...] = _partials.of_array(view, op, result)  # dtype=: each element converted first
             cells.events[k].record(slot.stream)
             slot.copied.record(slot.stream)  # after the uploads before it, in stream order
 
     def wait_cell(self, cells: _Cells, k: int) -> None:
         cells.events[k].synchronize()
 
-    def empty_partial(self, op: Op, acc: np.dtype) -> _partials.Partial:
+    def empty_partial(self, op: Op, result: np.dtype) -> _partials.Partial:
         with self.cupy.cuda.Device(self.device):
+            acc = op.accumulator_dtype(result)
             return _partials.wrap(self.cupy.full((), op.identity(acc), dtype=acc), 0)
 
     def ready(self, parts: list[_partials.Partial]) -> list[_partials.Partial]:
@@ -806,10 +808,10 @@ class SimulatedDevice:
             self.direct_uploads += 1
         slot.stream.submit(self._copy, slot, source.reshape(-1).view(np.uint8))
 
-    def reduce(self, slot: _Slot, dtype: np.dtype, count: int, op: Op, acc: np.dtype) -> _partials.Partial:
+    def reduce(self, slot: _Slot, dtype: np.dtype, count: int, op: Op, result: np.dtype) -> _partials.Partial:
         """Start reducing the device buffer on the slot's stream; the value is a future."""
         view = slot.device_buffer[: count * dtype.itemsize].view(dtype)
-        slot.copied = slot.stream.submit(_partials.of_array, view, op, acc)  # after the uploads
+        slot.copied = slot.stream.submit(_partials.of_array, view, op, result)  # after the uploads
         return _partials.Partial(slot.copied, count)
 
     def cells(self, count: int) -> _Cells:
@@ -817,13 +819,14 @@ class SimulatedDevice:
         return _Cells(np.zeros(8 * count, np.uint8), 0, [None] * count)
 
     def reduce_to_cell(
-        self, slot: _Slot, dtype: np.dtype, count: int, op: Op, acc: np.dtype, cells: _Cells, k: int
+        self, slot: _Slot, dtype: np.dtype, count: int, op: Op, result: np.dtype, cells: _Cells, k: int
     ) -> None:
         """Start reducing the device buffer into cell ``k``, on the slot's stream."""
         view = slot.device_buffer[: count * dtype.itemsize].view(dtype)
 
         def run() -> None:
-            cells.host[8 * k : 8 * k + acc.itemsize].view(acc)[0] = _partials.of_array(view, op, acc)
+            acc = op.accumulator_dtype(result)
+            cells.host[8 * k : 8 * k + acc.itemsize].view(acc)[0] = _partials.of_array(view, op, result)
 
         slot.copied = cells.events[k] = slot.stream.submit(run)  # after the uploads
 
@@ -831,9 +834,9 @@ class SimulatedDevice:
         """Wait for cell ``k``'s reduction (raising its error)."""
         cells.events[k].result()
 
-    def empty_partial(self, op: Op, acc: np.dtype) -> _partials.Partial:
+    def empty_partial(self, op: Op, result: np.dtype) -> _partials.Partial:
         """The partial of zero elements."""
-        return _partials.Partial(op.identity(acc), 0)
+        return _partials.Partial(op.identity(op.accumulator_dtype(result)), 0)
 
     def ready(self, parts: list[_partials.Partial]) -> list[_partials.Partial]:
         """Wait for the partials' futures: the host-side combine needs values."""
@@ -1051,12 +1054,12 @@ class _Pipeline:
         self.fill(slot, piece, offset)
         self.device.upload(slot, piece.nbytes, offset)
 
-    def direct(self, slot: _Slot, piece: np.ndarray, op: Op, acc: np.dtype) -> _partials.Partial:
+    def direct(self, slot: _Slot, piece: np.ndarray, op: Op, result: np.dtype) -> _partials.Partial:
         """Copy the pinned ``piece`` straight to the device and reduce it there."""
         self.device.upload_from(slot, piece)
-        return self.device.reduce(slot, piece.dtype, piece.size, op, acc)
+        return self.device.reduce(slot, piece.dtype, piece.size, op, result)
 
-    def run(self, a: np.ndarray, op: Op, acc: np.dtype, result: np.dtype, plan: StreamPlan) -> np.generic:
+    def run(self, a: np.ndarray, op: Op, result: np.dtype, plan: StreamPlan) -> np.generic:
         flat = _dense_1d(a)
         if flat is not None and self.device.is_pinned(flat):
             # No host copy to parallelize: one thread keeps the link busy, a slot at a time.
@@ -1064,14 +1067,14 @@ class _Pipeline:
             for index in plan_pieces(flat.shape, max(1, plan.slot_bytes // a.itemsize)):
                 slot = self.acquire(plan.n_slots)
                 try:
-                    parts.append(self.direct(slot, flat[index], op, acc))
+                    parts.append(self.direct(slot, flat[index], op, result))
                 finally:
                     self.release(slot)
         elif flat is not None and self.device.native:
             cells, counts = self.device.cells(_native_segments(flat, plan)), []
             error: BaseException | None = None
             try:
-                self.run_native(flat, op, acc, plan, plan.threads, cells=(cells, counts))
+                self.run_native(flat, op, result, plan, plan.threads, cells=(cells, counts))
             except BaseException as exc:  # raised below, once every launched kernel has ended
                 error = exc
             # Every launched kernel is waited for, also after a failure (of the call or of a
@@ -1083,20 +1086,21 @@ class _Pipeline:
                     error = error or exc
             if error is not None:
                 raise error
+            acc = op.accumulator_dtype(result)
             parts = [_partials.Partial(cells.value(k, acc), n) for k, n in enumerate(counts)]
             return _partials.finalize(parts, op, result)[()]
         else:
             large = a.nbytes > plan.n_slots * plan.slot_bytes
             ramp = plan.threads if RAMP == "all" or (RAMP == "large" and large) else 1
             src, pieces, _ = _pieces_of(a, plan.piece_bytes, ramp)
-            parts = self._run_threads(src, pieces, op, acc, plan)
+            parts = self._run_threads(src, pieces, op, result, plan)
         return self.device.finish(parts, op, result)
 
     def run_native(
         self,
         flat: np.ndarray,
         op: Op,
-        acc: np.dtype,
+        result: np.dtype,
         plan: StreamPlan,
         threads: int,
         group: int | None = None,
@@ -1136,9 +1140,9 @@ class _Pipeline:
                     for k, slot in zip(segs, slots, strict=True):
                         count = min(slot_elems, flat.size - k * slot_elems)
                         if cells is None:
-                            parts.append(self.device.reduce(slot, flat.dtype, count, op, acc))
+                            parts.append(self.device.reduce(slot, flat.dtype, count, op, result))
                         else:
-                            self.device.reduce_to_cell(slot, flat.dtype, count, op, acc, cells[0], k)
+                            self.device.reduce_to_cell(slot, flat.dtype, count, op, result, cells[0], k)
                             cells[1].append(count)
                         launched += 1
                 finally:
@@ -1178,7 +1182,7 @@ class _Pipeline:
                 self._tables.popitem(last=False)
         return table
 
-    def run_serial(self, src: np.ndarray, pieces: list[tuple], op: Op, acc: np.dtype, plan: StreamPlan) -> list:
+    def run_serial(self, src: np.ndarray, pieces: list[tuple], op: Op, result: np.dtype, plan: StreamPlan) -> list:
         """Stream ``src``'s pieces from the calling thread alone (a Dask task's chunk).
 
         The pieces of each segment are copied and uploaded one after the other, so that the
@@ -1196,13 +1200,13 @@ class _Pipeline:
                     while i < len(views) and seg_of[i] == k:
                         self.put(slot, views[i], offset_of[i])
                         i += 1
-                    parts.append(self.device.reduce(slot, src.dtype, nbytes // src.dtype.itemsize, op, acc))
+                    parts.append(self.device.reduce(slot, src.dtype, nbytes // src.dtype.itemsize, op, result))
                     kernel = True
                 finally:
                     _settle(self, slot, kernel)
         return parts
 
-    def _run_threads(self, src, pieces, op, acc, plan: StreamPlan) -> list[_partials.Partial]:
+    def _run_threads(self, src, pieces, op, result, plan: StreamPlan) -> list[_partials.Partial]:
         """Copy threads fill slots and upload them; the calling thread launches the kernels.
 
         Consecutive pieces that fit one slot form a *segment*. If every segment can have its
@@ -1217,12 +1221,12 @@ class _Pipeline:
         jobs that have not started once every segment is done, or on a failure).
         """
         views, seg_of, offset_of, seg_bytes = _segmented(src, pieces, plan.slot_bytes)
-        args = (views, seg_of, offset_of, seg_bytes, src.dtype, op, acc, plan)
+        args = (views, seg_of, offset_of, seg_bytes, src.dtype, op, result, plan)
         if len(seg_bytes) <= plan.n_slots:
             return self._run_resident(*args)
         return self._run_rolling(*args)
 
-    def _run_resident(self, views, seg_of, offset_of, seg_bytes, dtype, op, acc, plan) -> list[_partials.Partial]:
+    def _run_resident(self, views, seg_of, offset_of, seg_bytes, dtype, op, result, plan) -> list[_partials.Partial]:
         """Every segment in its own slot, taken up front; kernels once every piece is uploaded.
 
         The copy threads, the calling thread among them, take pieces in order from a shared
@@ -1259,12 +1263,12 @@ class _Pipeline:
             workers = min(plan.threads, len(views))
             _join(_executor(workers), [copy] * (workers - 1), stop, inline=copy)
             for k, slot in enumerate(slots):
-                parts.append(self.device.reduce(slot, dtype, seg_bytes[k] // dtype.itemsize, op, acc))
+                parts.append(self.device.reduce(slot, dtype, seg_bytes[k] // dtype.itemsize, op, result))
         finally:
             _settle_all(self, [(slot, k < len(parts)) for k, slot in enumerate(slots)])
         return parts
 
-    def _run_rolling(self, views, seg_of, offset_of, seg_bytes, dtype, op, acc, plan) -> list[_partials.Partial]:
+    def _run_rolling(self, views, seg_of, offset_of, seg_bytes, dtype, op, result, plan) -> list[_partials.Partial]:
         """More segments than slots: each slot is taken when the copy threads reach a segment.
 
         The first copy thread to reach a segment takes a slot for it (and waits for the slot's
@@ -1377,7 +1381,7 @@ class _Pipeline:
             elif error is None:
                 k = item
                 try:
-                    parts[k] = self.device.reduce(slots[k], dtype, seg_bytes[k] // itemsize, op, acc)
+                    parts[k] = self.device.reduce(slots[k], dtype, seg_bytes[k] // itemsize, op, result)
                     self.release(slots[k])
                     reduced += 1
                     if reduced == nseg:
@@ -1803,7 +1807,7 @@ def _dask_chunk(
     *,
     ref,
     op: Op,
-    acc: np.dtype,
+    result: np.dtype,
     plan: StreamPlan,
     expected: np.dtype,
     computing_meta: bool = False,
@@ -1814,7 +1818,7 @@ def _dask_chunk(
 
     if type(block).__module__.startswith("cupy"):
         _check_chunk(block, expected)  # the Dask layer's check and message
-        return _partials.wrap(_partials.of_array(block, op, acc), block.size)  # already on a GPU
+        return _partials.wrap(_partials.of_array(block, op, result), block.size)  # already on a GPU
     if not isinstance(block, np.ndarray):
         raise TypeError(f"cannot stream a chunk of type {type(block).__module__}.{type(block).__qualname__}")
     # A masked chunk of an array whose meta is a plain ndarray (a masked meta is refused when
@@ -1826,14 +1830,14 @@ def _dask_chunk(
     if flat is not None and flat.size and pipeline.device.native:
         # This task's thread alone, without the GIL: one segment (slot) at a time, as below.
         with pipeline.call():
-            return pipeline.device.ready(pipeline.run_native(flat, op, acc, plan, threads=1, group=1))
+            return pipeline.device.ready(pipeline.run_native(flat, op, result, plan, threads=1, group=1))
     # Pieces of at most SERIAL_PIECE_BYTES (smaller ones start this task's uploads earlier,
     # several to a slot, but cost GIL hand-offs among Dask's threads).
     src, pieces, _ = _pieces_of(block, min(plan.piece_bytes, SERIAL_PIECE_BYTES))
     if not pieces:
-        return pipeline.device.empty_partial(op, acc)
+        return pipeline.device.empty_partial(op, result)
     with pipeline.call():
-        return pipeline.device.ready(pipeline.run_serial(src, pieces, op, acc, plan))
+        return pipeline.device.ready(pipeline.run_serial(src, pieces, op, result, plan))
 
 
 def reduce(
@@ -1960,16 +1964,18 @@ def reduce(
     plan = make_plan(a.nbytes, a.itemsize, budget=budget, slot_bytes=slot_bytes, threads=threads)
     pipeline = staging.pipeline(plan.slot_bytes, budget)
     with pipeline.call():
-        return pipeline.run(a, op, acc, result, plan)
+        return pipeline.run(a, op, result, plan)
 
 
 def _check_streamable(op: Op, dtype: np.dtype, result: np.dtype, acc: np.dtype) -> None:
     """Refuse what the pipeline would answer differently from :func:`multireduce.reduce`.
 
-    ``dtype=`` converts each element first (as in :func:`multireduce.reduce`); the pipeline's
-    partials are formed in the accumulator dtype, which gives the same values except where
-    the result dtype is narrower than the accumulator and the cast to it rounds (a float16 sum
-    of int32, a float32 sum of float64): those are refused rather than answered differently.
+    ``dtype=`` converts each element first (as in :func:`multireduce.reduce`), and so do the
+    pipeline's partials (:func:`_partials.of_array`). Where that conversion does not commute
+    with adding in the accumulator (:func:`core._converts`: a float16 sum of int32, a float32
+    sum of float64, an int32 sum of floats), each piece would need a converted copy on the
+    device beside its slot, outside the staging budget (up to twice the slot for float16 to
+    int32); those are refused rather than let the budget be exceeded.
 
     A product with a float result is refused too: where it overflows to inf before reaching a
     zero in one piece and meets a zero in another, the partials combine to ``inf * 0 = nan``,
@@ -1988,8 +1994,8 @@ def _check_streamable(op: Op, dtype: np.dtype, result: np.dtype, acc: np.dtype) 
     if core._converts(dtype, result, acc):
         raise NotImplementedError(
             f"stream.reduce cannot {op.name} {dtype} with dtype={result}: that converts every element to "
-            f"{result} first (it rounds), and the pipeline adds the elements in {acc}. Convert the "
-            f"source to {result} first, or use multireduce.reduce"
+            f"{result} first, which adding in {acc} does not do, and a converted copy of each piece would not "
+            f"fit the staging budget. Convert the source to {result} first, or use multireduce.reduce"
         )
 
 
@@ -2015,7 +2021,7 @@ def _reduce_dask(x, op: Op, dtype, device, budget, slot_bytes, threads, split_ev
     staging = _staging_for(device, simulated)
     pipeline = staging.pipeline(plan.slot_bytes, budget)
     ref = pipeline if simulated is not None else ("cuda", pipeline.device.device, plan.slot_bytes, budget)
-    chunk = functools.partial(_dask_chunk, ref=ref, op=op, acc=acc, plan=plan, expected=x.dtype)
+    chunk = functools.partial(_dask_chunk, ref=ref, op=op, result=result, plan=plan, expected=x.dtype)
     name = f"stream-{op.name}"
     lazy = mdask._reduction(x, op, result, chunk, axis=None, keepdims=False, split_every=split_every, name=name)
     return pipeline.device.to_host(lazy.compute())

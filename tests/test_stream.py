@@ -20,7 +20,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from reference import check, exact_int_sum, make_data, run_in_threads
 
-from multireduce import core, stream
+from multireduce import _partials, core, stream
+from multireduce.ops import get_op
 
 OPS = ["sum", "max", "min"]
 KIB = 1024
@@ -210,6 +211,29 @@ def test_settings_are_checked_and_named(kw, exc, message):
 
 
 @pytest.mark.parametrize(
+    ("dtype", "requested", "want"),
+    [
+        ("int32", "float16", 6144.0),  # 2049 -> 2048 first; 6147 if converted to float32
+        ("float64", "float32", 1.0),  # 2**-24 + 2**-50 -> 2**-24 first; 1 + 2**-23 if not
+        ("float64", "int32", -2147483647),  # [inf, 1.0, 0.5]: inf -> INT32_MIN, 0.5 -> 0 first
+    ],
+)
+def test_partials_convert_each_element_first(dtype, requested, want):
+    # The pipeline's partials follow core.partial's dtype= rule, whatever the refusals cover.
+    x = {
+        "int32": np.array([2049] * 3, np.int32),
+        "float64": np.array([1.0, 2**-24 + 2**-50]),
+    }[dtype]
+    if requested == "int32":
+        x = np.array([np.inf, 1.0, 0.5])
+    with np.errstate(invalid="ignore"):
+        part = _partials.of_array(x, get_op("sum"), np.dtype(requested))
+        ref = core.partial(x, "sum", dtype=requested)
+    assert part.dtype == ref.dtype and part == ref
+    assert np.asarray(part).astype(requested) == np.asarray(want, dtype=requested)
+
+
+@pytest.mark.parametrize(
     ("dtype", "requested", "refused"),
     [
         ("int32", "float16", True),
@@ -223,9 +247,9 @@ def test_settings_are_checked_and_named(kw, exc, message):
     ],
 )
 def test_dtype_argument_that_would_convert_each_element_is_refused(dtype, requested, refused):
-    # dtype= converts each element first (multireduce.reduce's rule); the pipeline adds the
-    # elements in the accumulator dtype, which differs only where the cast to a result narrower
-    # than the accumulator rounds. Those are refused, not answered differently.
+    # dtype= converts each element first (multireduce.reduce's rule), which adding in the
+    # accumulator does only where the cast commutes with it; elsewhere each piece would need a
+    # converted copy on the device, outside the budget, so those are refused.
     x = np.array([2049, -3, 2049, 77, 2049] * 50).astype(dtype)
     if refused:
         with pytest.raises(NotImplementedError, match=f"cannot sum {dtype} with dtype={requested}"):
