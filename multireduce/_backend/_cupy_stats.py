@@ -262,21 +262,33 @@ def stats(x: cupy.ndarray, axes: tuple[int, ...], correction: float) -> _stats.S
     rules of :func:`multireduce._stats.finalize_stats`. Nothing waits for the device.
     Other axis sets are copied first (:func:`_rows_view`).
     """
+    if x.size == 0:  # kept axes of length 0 (the caller raises where a reduced axis is)
+        kshape = tuple(n for i, n in enumerate(x.shape) if i not in axes)
+        with x.device:
+            return _stats.Stats(*(cupy.empty(kshape, dtype=dt) for dt in _stats_dtypes(x.dtype)))
+    name = _kernels.stats_finalize_kernel_name(x.dtype)
+    return _stats.Stats(*_finalized(x, axes, "stats", name, _stats_dtypes(x.dtype), correction))
+
+
+def _finalized(x: cupy.ndarray, axes: tuple[int, ...], what: str, name: str, dtypes: tuple, correction: float):
+    """One pass of ``moments_rows_kernel`` over the non-empty ``x``, then the finalize kernel ``name``.
+
+    The finalize kernel (``stats_finalize_kernel`` or ``moments_finalize_kernel``) turns each
+    kept position's state into its outputs: new CuPy arrays of ``dtypes``, with the shape of the
+    kept axes, on ``x``'s device, returned as a tuple. ``what`` names the reduction in
+    :func:`_rows_view`'s errors. Nothing waits for the device.
+    """
     kshape = tuple(n for i, n in enumerate(x.shape) if i not in axes)
     with x.device:
-        if x.size == 0:  # kept axes of length 0 (the caller raises where a reduced axis is)
-            return _stats.Stats(*(cupy.empty(kshape, dtype=dt) for dt in _stats_dtypes(x.dtype)))
-        data, rows, length = _rows_view(x, axes, "stats", order_free=True)
-        # First: the host work below overlaps the kernel.
-        if rows == 1:  # the stream's device record: the finalize below reads it in stream order
-            states = _launch_moments_full(data, length)[1]
-        else:
-            states = launch_moments(data, rows, length)
-        fields = tuple(cupy.empty(kshape, dtype=dt) for dt in _stats_dtypes(x.dtype))
-        kernel, max_grid = _kernel(data.data.device_id, _kernels.stats_finalize_kernel_name(x.dtype), _FINALIZE_BLOCK)
+        data, rows, length = _rows_view(x, axes, what, order_free=True)
+        # First: the host work below overlaps the kernel. A full reduction's state is the
+        # stream's device record, which the finalize reads in stream order.
+        states = _launch_moments_full(data, length)[1] if rows == 1 else launch_moments(data, rows, length)
+        outs = tuple(cupy.empty(kshape, dtype=dt) for dt in dtypes)
+        kernel, max_grid = _kernel(data.data.device_id, name, _FINALIZE_BLOCK)
         grid = min(max_grid, -(-rows // _FINALIZE_BLOCK))
-        kernel((grid,), (_FINALIZE_BLOCK,), (states, np.int64(rows), np.float64(correction), *fields))
-    return _stats.Stats(*fields)
+        kernel((grid,), (_FINALIZE_BLOCK,), (states, np.int64(rows), np.float64(correction), *outs))
+    return outs
 
 
 _SUM = OPS["sum"]
@@ -312,17 +324,8 @@ def moments_result(x: cupy.ndarray, axes: tuple[int, ...], op: Op, result: np.dt
     """
     if op.name == "mean":
         return _mean(x, axes, result)
-    kshape = tuple(n for i, n in enumerate(x.shape) if i not in axes)
-    with x.device:
-        data, rows, length = _rows_view(x, axes, op.name, order_free=True)
-        # First: the host work below overlaps the kernel.
-        states = _launch_moments_full(data, length)[1] if rows == 1 else launch_moments(data, rows, length)
-        out = cupy.empty(kshape, dtype=result)
-        name = _kernels.moments_finalize_kernel_name(x.dtype, op.name, result)
-        kernel, max_grid = _kernel(data.data.device_id, name, _FINALIZE_BLOCK)
-        grid = min(max_grid, -(-rows // _FINALIZE_BLOCK))
-        kernel((grid,), (_FINALIZE_BLOCK,), (states, np.int64(rows), np.float64(correction), out))
-    return out
+    name = _kernels.moments_finalize_kernel_name(x.dtype, op.name, result)
+    return _finalized(x, axes, op.name, name, (result,), correction)[0]
 
 
 def _launch_arg_rows(data: cupy.ndarray, rows: int, length: int, name: str, acc: np.dtype, index: cupy.ndarray):
