@@ -31,6 +31,8 @@ from pathlib import Path
 
 import numpy as np
 
+from . import _settings
+
 __all__ = [
     "MAX_THREADS",
     "PIECE_DTYPE",
@@ -266,15 +268,11 @@ def stage(
     if pieces.dtype != PIECE_DTYPE or not pieces.flags.c_contiguous:
         raise TypeError("pieces must be a C-contiguous array of _hostcopy.PIECE_DTYPE")
     # Checked here: ctypes would cut a larger Python int to the C int's low bits.
-    accepted = f"an integer from 1 to {MAX_THREADS}"
-    if isinstance(threads, bool) or not isinstance(threads, int | np.integer):
-        raise TypeError(f"threads must be {accepted}, got {threads!r} of type {type(threads).__name__}")
-    if not 1 <= threads <= MAX_THREADS:
-        raise ValueError(f"threads must be {accepted}, got {threads}")
-    if isinstance(flags, bool) or not isinstance(flags, int | np.integer):
-        raise TypeError(f"flags must be an integer (0 or STREAMING_STORES), got {flags!r}")
+    threads = _settings.integer(threads, "threads", f"an integer from 1 to {MAX_THREADS}", low=1, high=MAX_THREADS)
+    accepted = f"0 or STREAMING_STORES ({STREAMING_STORES})"
+    flags = _settings.integer(flags, "flags", accepted)
     if flags not in (0, STREAMING_STORES):
-        raise ValueError(f"flags must be 0 or STREAMING_STORES ({STREAMING_STORES}), got {flags}")
+        raise ValueError(f"flags must be {accepted}, got {flags}")
     lib = load()
     failed = ctypes.c_size_t(0)
     rc = lib.mr_stage(

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import _settings
 from .ops import check_dtype
 
 __all__ = [
@@ -40,12 +41,7 @@ _HEADER_ERRORS = (ValueError, EOFError, SyntaxError, TypeError, tokenize.TokenEr
 
 
 def _check_length(n, what: str = "n") -> int:
-    # bool is an int subclass, and np.int64 is not: accept exactly the integers.
-    if isinstance(n, bool) or not isinstance(n, int | np.integer):
-        raise TypeError(f"{what} must be a non-negative integer, got {n!r}")
-    if n < 0:
-        raise ValueError(f"{what} must be a non-negative integer, got {n}")
-    return int(n)
+    return _settings.integer(n, what, "a non-negative integer", low=0)
 
 
 def shard_counts(n: int, size: int) -> list[int]:

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from . import _devices, _exact, _partials, _stats, core
+from . import _devices, _exact, _partials, _settings, _stats, core
 from ._shards import FileLayout, inspect_file, shard_counts, shard_range
 from ._shards import read_shard as _read_layout_shard
 from ._transport import (
@@ -1270,8 +1270,7 @@ def _requested_device(device: Any, count: int, environ) -> int | None:
     """
     valid = _devices.accepted_ordinals(count)
     if device is not None:
-        if isinstance(device, bool) or not isinstance(device, int | np.integer):
-            raise TypeError(f"select_device: device= must be {valid}, not {device!r}")
+        _settings.integer(device, "select_device: device=", valid)  # the TypeError; the range below
         source = "select_device: device="
     else:
         text = environ.get(DEVICE_ENV, "").strip()

@@ -83,7 +83,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _devices, _hostcopy, _partials, core
+from . import _devices, _hostcopy, _partials, _settings, core
 from .ops import Op, get_op
 
 __all__ = [
@@ -207,25 +207,14 @@ def _default_threads() -> int:
     return max(1, min(cpus, _MAX_DEFAULT_THREADS))
 
 
-def _positive_int(value: Any, name: str, accepted: str) -> int:
-    # bool is an int subclass, and np.int64 is not: accept exactly the integers.
-    if isinstance(value, bool) or not isinstance(value, int | np.integer):
-        raise TypeError(f"{name} must be {accepted}, got {value!r} of type {type(value).__name__}")
-    if value < 1:
-        raise ValueError(f"{name} must be {accepted}, got {value}")
-    return int(value)
-
-
 def _check_settings(budget: Any, slot_bytes: Any, threads: Any) -> tuple[int, int | None, int | None]:
     """Check the sizes :func:`reduce` and :func:`make_plan` take; return them as ints (or None)."""
-    budget = _positive_int(budget, "budget", "a positive integer number of bytes (default 1 GiB)")
+    budget = _settings.integer(budget, "budget", "a positive integer number of bytes (default 1 GiB)", low=1)
     if slot_bytes is not None:
         accepted = "a positive integer number of bytes, or None for min(32 MiB, budget // 4)"
-        slot_bytes = _positive_int(slot_bytes, "slot_bytes", accepted)
+        slot_bytes = _settings.integer(slot_bytes, "slot_bytes", accepted, low=1)
     if threads is not None:
-        threads = _positive_int(threads, "threads", _THREADS_ACCEPTED)
-        if threads > MAX_THREADS:
-            raise ValueError(f"threads must be {_THREADS_ACCEPTED}, got {threads}")
+        threads = _settings.integer(threads, "threads", _THREADS_ACCEPTED, low=1, high=MAX_THREADS)
     return budget, slot_bytes, threads
 
 
@@ -1653,12 +1642,8 @@ def _check_device(device: Any) -> int | None:
     """``device=`` as an int (or None), refusing what is not a device ordinal (bools, floats, strings)."""
     if device is None:
         return None
-    if isinstance(device, bool) or not isinstance(device, int | np.integer):
-        raise TypeError(
-            f"device= must be an integer CUDA device ordinal (0 to the device count - 1), or None for CuPy's "
-            f"current device; got {device!r} of type {type(device).__name__}"
-        )
-    return int(device)
+    accepted = "an integer CUDA device ordinal (0 to the device count - 1), or None for CuPy's current device"
+    return _settings.integer(device, "device=", accepted)
 
 
 @functools.cache

@@ -727,7 +727,7 @@ def test_select_device_refuses_a_device_that_is_not_an_integer(monkeypatch, devi
     with pytest.raises(
         TypeError,
         match=rf"^select_device: device= must be an integer device ordinal from 0 to 1 .*"
-        rf"not {re.escape(repr(device))}$",
+        rf"got {re.escape(repr(device))} of type {type(device).__name__}$",
     ):
         mpi.select_device(device=device)
     assert not used
