@@ -1366,7 +1366,9 @@ def test_device_must_be_an_integer_ordinal(device):
     # int(device) made 1.5 and True mean device 1. Checked before anything needs CuPy, so also
     # with the stand-in (which ignores device=) and for _cupy_pipeline (Dask tasks, scripts).
     accepted = re.escape("device= must be an integer CUDA device ordinal (0 to the device count - 1), or None")
-    with pytest.raises(TypeError, match=f"{accepted}.*; got {re.escape(repr(device))}"):
+    with pytest.raises(
+        TypeError, match=f"{accepted}.*, got {re.escape(repr(device))} of type {type(device).__name__}$"
+    ):
         stream.reduce(np.ones(100, np.float32), "sum", device=device, _device=stream.SimulatedDevice())
     with pytest.raises(TypeError, match=accepted):
         stream._cupy_pipeline(device, 4096)
