@@ -275,6 +275,36 @@ def test_small_integer_extremes_in_every_lane(dtype):
                 assert int(s.min) == ref.min() and int(s.max) == ref.max(), (pos, offset, s.min, s.max)
 
 
+def test_float16_extremes_and_nan_in_every_lane():
+    # float16 is folded a word (two elements) at a time: NaN lanes from one packed compare,
+    # extremes as packed order keys (-0.0 below +0.0). At each position of the first vectors,
+    # of the head (offset views) and of the tail, one element must decide the extreme, the
+    # sign of a zero, or the NaN count, as on the CPU (bit for bit).
+    n = 4096 + 77
+    rng = np.random.default_rng(23)
+    background = rng.uniform(-100, 100, n + 3).astype(np.float16)
+    cases = [  # (background, value at the position)
+        (background, np.float16(-65504)),
+        (background, np.float16(65504)),
+        (background, np.float16(-np.inf)),
+        (background, np.float16(np.inf)),
+        (background, np.float16(np.nan)),
+        (np.full(n + 3, 0.0, np.float16), np.float16(-0.0)),  # min -0.0, max +0.0
+        (np.full(n + 3, -0.0, np.float16), np.float16(0.0)),  # min -0.0, max +0.0
+        (np.full(n + 3, np.nan, np.float16), np.float16(-0.0)),  # the one non-NaN element
+        (np.full(n + 3, np.nan, np.float16), np.float16(2.5)),
+    ]
+    for pos in [*range(40), *range(n - 40, n)]:
+        for offset in (0, 1, 3):
+            for fill, value in cases:
+                host = fill.copy()
+                host[offset + pos] = value
+                view = host[offset : offset + n]
+                assert_moments_match(view)
+    s = multireduce.stats(cupy.asarray(view))
+    assert int(s.nan_count) == n - 1 and float(s.min) == 2.5 == float(s.max)
+
+
 @pytest.mark.parametrize("dtype", SMALL_INTEGERS)
 @pytest.mark.parametrize("n", [1, 15, 16, 17, 4097, 2**26 + 5])
 def test_small_integer_constant_arrays_have_exact_moments(dtype, n):
