@@ -77,9 +77,13 @@ def main(argv: list[str] | None = None) -> int:
                 ref = math.sqrt(ref) if op == "std" else ref
                 ok = abs(float(got) - ref) <= 1e-12 * abs(ref)
             elif op in ("sum", "mean", "var", "std"):
-                # Against CuPy's with a float64 accumulator, rounded to the result dtype: equal
-                # within one unit in the last place of the result (float16 sums round coarsely).
-                ref = float(theirs(x, dtype=cp.float64))
+                # Against CuPy's in float64, rounded to the result dtype: equal within one unit
+                # in the last place of the result (float16 sums round coarsely). var and std
+                # of a float64 copy: CuPy squares float32 elements in float32 even with
+                # dtype=float64, and this array's largest element (3.4e38) overflows there.
+                wide = x.astype(cp.float64) if op in ("var", "std") else x
+                ref = float(theirs(wide, dtype=cp.float64))
+                del wide
                 with np.errstate(over="ignore"):  # a float16 sum beyond 65504 rounds to inf
                     rounded = np.asarray(ref).astype(np.dtype(str(got.dtype)))
                     if np.isfinite(rounded):
