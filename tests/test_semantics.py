@@ -430,6 +430,20 @@ def test_var_correction_follows_the_standard_not_numpy():
         multireduce.var(x, correction="1")
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_moments_of_narrow_floats_are_float64_rounded_once(dtype):
+    # A documented difference: NumPy squares float32 (and float16) elements in their dtype,
+    # where 3.4e38 (65504) overflows; the moments here are float64, rounded once at the end.
+    x = np.random.default_rng(3).standard_normal(1000).astype(dtype)
+    x[3] = np.finfo(dtype).max
+    wide = x.astype(np.float64)
+    want_std = math.sqrt(math.fsum((wide - math.fsum(wide) / wide.size) ** 2) / wide.size)
+    assert multireduce.std(x) == np.asarray(want_std).astype(dtype) and math.isfinite(float(multireduce.std(x)))
+    with np.errstate(over="ignore"):
+        assert np.std(x) == np.inf  # NumPy's answer
+        assert multireduce.mean(x) == np.asarray(math.fsum(wide) / wide.size).astype(dtype)
+
+
 def test_moments_warnings_follow_numpy_and_point_at_the_caller():
     # NumPy decides var's "Degrees of freedom" warning by the number of elements, NaN
     # included (the value is NaN either way), and mean's "Mean of empty slice" by the shape;
