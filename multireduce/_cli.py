@@ -13,6 +13,7 @@ Exit status: 0 success, 1 error, 2 usage error, 3 a result failed its check.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -37,6 +38,7 @@ __all__ = ["guarded", "main"]
 EXIT_ERROR = 1
 EXIT_USAGE = 2
 EXIT_CHECK = 3
+EXIT_INTERRUPTED = 130  # KeyboardInterrupt, as the shell reports SIGINT
 
 # Per-rank sizes of the embedded default: "a few hundred MB" on a GPU, enough on a CPU to
 # time the reduction without making a 2-core CI machine wait.
@@ -263,9 +265,21 @@ def _detect_backend(force_cpu: bool) -> tuple[str, str]:
     return "gpu", f"CuPy {cupy.__version__} finds {count} CUDA device(s)"
 
 
+def _arguments_code(args) -> tuple[int, str]:
+    """The parsed command line as an int64 code that two ranks share when their arguments are equal, and as text."""
+    shown = " ".join(f"{k}={v!r}" for k, v in sorted(vars(args).items()) if k != "func")
+    digest = hashlib.blake2b(shown.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little", signed=True), shown
+
+
 def _setup(args, comm, mpi) -> _Context:
     backend, reason = _detect_backend(args.cpu)
     ctx = _Context(comm, mpi, comm.Get_rank(), comm.Get_size(), backend, reason)
+    # Ranks started with different arguments (an MPMD launch, a wrapper script) would make
+    # different collective calls (a hang, or MPI's "message truncated") or split different
+    # lengths (a wrong result): every rank raises instead.
+    code, shown = _arguments_code(args)
+    mpi._agree_values(comm, None, "python -m multireduce", (("the command line", code, shown, ValueError),))
     error = None
     try:
         # The one collective step comes first on every rank, before anything that can fail on
@@ -285,6 +299,8 @@ def _setup(args, comm, mpi) -> _Context:
             mpi.local_rank(comm)
         mpi.cuda_aware()  # a bad MULTIREDUCE_CUDA_AWARE fails here, agreed, not later on one rank
     except Exception as exc:  # agreed below, then reported by rank 0
+        if mpi.rank_failures(exc) is not None:
+            raise  # agreed already (select_device's errors): every rank raises it
         error = exc
     mpi.agree(error, comm)
     return ctx
@@ -610,11 +626,12 @@ def _load(args, ctx: _Context) -> tuple[Any, dict]:
     start = time.perf_counter()
     try:
         if args.input is not None:
-            per_rank_file = "{rank}" in args.input
-            path = args.input.replace("{rank}", str(ctx.rank))
-            layout = inspect_file(path, dtype=args.dtype, n=args.n)
-            rank, size = (0, 1) if per_rank_file else (ctx.rank, ctx.size)
-            host = read_layout_shard(layout, rank, size)
+            if "{rank}" in args.input:  # a file per rank, each read whole
+                path = args.input.replace("{rank}", str(ctx.rank))
+                layout = inspect_file(path, dtype=args.dtype, n=args.n)
+                host = read_layout_shard(layout, 0, 1)
+            else:  # one file split across the ranks, which must see the same dtype and length
+                layout, host = mpi._read_agreed(comm, args.input, args.dtype, args.n)
             info.update(source=args.input, dtype=layout.dtype, kind=layout.kind)
             info["n_global_file"] = layout.n
         else:
@@ -633,6 +650,8 @@ def _load(args, ctx: _Context) -> tuple[Any, dict]:
             ctx.sync()
             info.update(source="synthetic", dtype=dt, n_global=n, pattern=pattern)
     except Exception as exc:  # agreed below
+        if mpi.rank_failures(exc) is not None:
+            raise  # agreed already (the shared file's read): every rank raises it
         error = exc
     load_s = time.perf_counter() - start
     mpi.agree(error, comm)
@@ -1030,29 +1049,31 @@ def guarded(job, comm, mpi) -> int:
     An error that every rank knows about (raised by a collective agreement) is printed once,
     by rank 0, naming the failing rank(s); every rank returns 1. Any other exception is known
     to this rank only, while the others may be blocked in a collective: it is printed with
-    this rank's number and the job is ended with ``MPI_Abort``.
+    this rank's number and the job is ended with ``MPI_Abort``. A KeyboardInterrupt counts as
+    an error here (exit status 130), so that Ctrl-C on one rank ends the job too.
     """
     rank, size = comm.Get_rank(), comm.Get_size()
     try:
         return job()
-    except Exception as exc:
+    except BaseException as exc:  # KeyboardInterrupt on one rank too: the others must not wait
         failures = mpi.rank_failures(exc)
         if failures is not None:
             if rank == 0:
                 print(f"multireduce: error: {mpi.describe_failures(failures, size)}", file=sys.stderr, flush=True)
-            return EXIT_ERROR
+            return EXIT_INTERRUPTED if isinstance(exc, KeyboardInterrupt) else EXIT_ERROR
         print(f"multireduce: rank {rank} of {size} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         traceback.print_exc(file=sys.stderr)
         sys.stderr.flush()
+        status = EXIT_INTERRUPTED if isinstance(exc, KeyboardInterrupt) else EXIT_ERROR
         if size > 1:
-            comm.Abort(EXIT_ERROR)
-        return EXIT_ERROR
+            comm.Abort(status)
+        return status
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m multireduce`` and of the ``multireduce`` script.
 
-    Returns the exit status (0 success, 1 error, 2 usage error, 3 check failed).
+    Returns the exit status (0 success, 1 error, 2 usage error, 3 check failed, 130 interrupted).
     """
     argv = sys.argv[1:] if argv is None else list(argv)
     try:

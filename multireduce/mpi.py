@@ -86,6 +86,7 @@ _CALL_CODES = {
     "mpi.read_shard()": _LAST_REDUCTION_CODE + 2,
     "mpi.local_rank()": _LAST_REDUCTION_CODE + 3,
     "mpi.select_device()": _LAST_REDUCTION_CODE + 3,
+    "python -m multireduce": _LAST_REDUCTION_CODE + 4,  # the CLI's agreement on its arguments
 }
 _DTYPE_CODES = {dt: i + 1 for i, dt in enumerate(SUPPORTED_DTYPES)}
 _CODE_DTYPES = {code: dt for dt, code in _DTYPE_CODES.items()}
@@ -154,7 +155,11 @@ def _comm(comm):
 
 
 def _describe(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"
+    try:
+        text = str(exc)
+    except BaseException as err:  # the allgather of the failures must still happen on this rank
+        text = f"(its str() raised {type(err).__name__})"
+    return f"{type(exc).__name__}: {text}"
 
 
 def _raise_failures(comm, error: BaseException | None) -> None:
@@ -493,7 +498,7 @@ def allreduce(
     if dtype is None and reproducible is False and correction is _NO_CORRECTION and type(op) is str:
         try:
             fast = _fast_entry(x_local, op)
-        except Exception as exc:  # agreed with the other ranks in _combine, then re-raised
+        except BaseException as exc:  # agreed with the other ranks in _combine, then re-raised
             return _combine(_comm(comm), None, None, exc)
         if fast is not None:
             return _fast_allreduce(_comm(comm), x_local, fast)
@@ -512,7 +517,7 @@ def allreduce(
             partial = core.partial(x, plan.op, dtype=st.requested, reproducible=True)
         elif plan.op.kind != "fold":
             state = core.partial(x, plan.op)
-    except Exception as exc:  # agreed with the other ranks in _combine, then re-raised
+    except BaseException as exc:  # agreed with the other ranks in _combine, then re-raised
         error = exc
     if exact:
         return _combine_exact(comm, plan, partial, error)
@@ -521,7 +526,7 @@ def allreduce(
     try:
         if error is None:
             partial = _local_partial(x, plan)
-    except Exception as exc:  # agreed with the other ranks in _combine, then re-raised
+    except BaseException as exc:  # agreed with the other ranks in _combine, then re-raised
         error = exc
     return _combine(comm, plan, partial, error)
 
@@ -593,7 +598,7 @@ def stats(x_local: Any, *, comm=None, correction: float = 0.0) -> _stats.Stats:
         correction = core._check_correction(get_op("var"), correction)
         plan.correction = correction  # agreed across ranks
         state = core.partial(x, "mean")
-    except Exception as exc:  # agreed with the other ranks in _combine, then re-raised
+    except BaseException as exc:  # agreed with the other ranks in _combine, then re-raised
         error = exc
     if error is not None:
         return _combine(comm, plan, None, error)
@@ -693,7 +698,7 @@ def _timed_allreduce(x_local: Any, op: str | Op, comm=None) -> tuple[Any, float,
             import cupy
 
             cupy.cuda.get_current_stream().synchronize()
-    except Exception as exc:  # agreed with the other ranks in _combine, then re-raised
+    except BaseException as exc:  # agreed with the other ranks in _combine, then re-raised
         error = exc
     local = MPI.Wtime() - start
     comm.Barrier()
@@ -958,7 +963,7 @@ def _meta(plan: _Plan | None, error) -> np.ndarray:
 
 def _combine(comm, plan: _Plan | None, partial, error):
     use_device = False
-    host = None
+    host = wire = None
     meta = None
     if error is None:
         try:
@@ -966,14 +971,16 @@ def _combine(comm, plan: _Plan | None, partial, error):
             use_device = plan.on_gpu and cuda_aware().enabled
             if use_device:
                 # The other ranks must make the key's Allreduce too (_global_value), to which
-                # this rank's key goes; in the agreement it adds MAX's identity.
+                # this rank's key goes; in the agreement it adds MAX's identity. The buffer is
+                # made (and its kernels waited for) first, so that a failure there is agreed.
                 meta[_DEVICE_SLOT] = 1
                 meta[8] = _KEY_IDENTITY
+                wire = _device_wire(plan, partial)
             else:
                 host = _to_host(partial, plan)
                 if not _arith(plan.static):
                     meta[8] = encode_extreme_scalar(host, plan.static.positive, plan.op.nan_wins)
-        except Exception as exc:
+        except BaseException as exc:  # agreed below, then re-raised on this rank
             error = exc
     if error is not None:
         meta = _meta(plan, error)
@@ -983,7 +990,7 @@ def _combine(comm, plan: _Plan | None, partial, error):
     _agree(comm, static, meta, error, empty_error=empty_error, options=options)
     st = plan.static
     if use_device:
-        return _combine_on_device(comm, plan, partial)
+        return _combine_on_device(comm, plan, wire)
     result = _global_value(comm, st, host, meta).astype(st.result)
     if plan.on_gpu:
         return _from_host(result, plan)
@@ -1015,8 +1022,29 @@ def _global_value(comm, st: _Static, host: np.generic, meta: np.ndarray, wire: n
     return value[0]
 
 
-def _combine_on_device(comm, plan: _Plan, partial):
-    """The combine of a rank that hands MPI a device buffer, once the agreement has run.
+def _device_wire(plan: _Plan, partial):
+    """The one-element device buffer that a rank combining on the device hands MPI.
+
+    The partial as the wire dtype (sums, products) or its key (max, min); made before the
+    agreement, so that a failure here (a CUDA error surfacing at the synchronization, say) is
+    agreed instead of leaving the other ranks in :func:`_combine_on_device`'s Allreduce.
+    """
+    import cupy
+
+    st = plan.static
+    with cupy.cuda.Device(plan.device):
+        if _arith(st):
+            buf = partial.astype(st.acc).reshape(1).view(st.wire)
+        else:
+            buf = encode_extreme(partial.reshape(1), st.positive, xp=cupy, nan_wins=st.op.nan_wins)
+        # MPI reads the buffer outside CUDA's stream order: the kernels that wrote it must
+        # have finished.
+        cupy.cuda.get_current_stream().synchronize()
+    return buf
+
+
+def _combine_on_device(comm, plan: _Plan, buf):
+    """The combine of a rank that hands MPI its device buffer ``buf`` (:func:`_device_wire`), after the agreement.
 
     One Allreduce of the partial (sums, products) or of its key (max, min), both of one element;
     host ranks make the same one (:func:`_global_value`), because the agreement said that some
@@ -1027,13 +1055,6 @@ def _combine_on_device(comm, plan: _Plan, partial):
     st = plan.static
     _transport_counts["device"] += 1
     with cupy.cuda.Device(plan.device):
-        if _arith(st):
-            buf = partial.astype(st.acc).reshape(1).view(st.wire)
-        else:
-            buf = encode_extreme(partial.reshape(1), st.positive, xp=cupy, nan_wins=st.op.nan_wins)
-        # MPI reads the buffer outside CUDA's stream order: the kernels that wrote it must
-        # have finished.
-        cupy.cuda.get_current_stream().synchronize()
         comm.Allreduce(MPI.IN_PLACE, buf, op=_MPI_ARITH[st.op.mpi_name] if _arith(st) else MPI.MAX)
         if _arith(st):
             value = buf.view(st.acc)
@@ -1139,7 +1160,7 @@ def _fast_allreduce(comm, x: Any, f: _Fast):
             host = f.host_in[0]
         if not f.arith:
             meta[8] = encode_extreme_scalar(host, st.positive, f.op.nan_wins)
-    except Exception as exc:  # agreed with the other ranks in _combine, then re-raised
+    except BaseException as exc:  # agreed with the other ranks in _combine, then re-raised
         return _combine(comm, _Plan(st, x.size, f.stream is not None, f.device), None, exc)
     _transport_counts["host" if f.stream is None else "staged"] += 1
     _agree(comm, st, meta, None)  # the shard is not empty: no empty-array error to agree on
@@ -1203,10 +1224,10 @@ def local_rank(comm=None) -> tuple[int, int]:
     return _local_rank(_comm(comm), "mpi.local_rank()")
 
 
-def _local_rank(comm, call: str) -> tuple[int, int]:
+def _local_rank(comm, call: str, error: BaseException | None = None) -> tuple[int, int]:
     # Without the agreement, a rank in the Split_type and one in another call's Allreduce
-    # waited for each other forever (MPICH).
-    _agree_values(comm, None, call)
+    # waited for each other forever (MPICH). ``error``: the caller's local failure, agreed.
+    _agree_values(comm, error, call)
     node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
     try:
         return node.Get_rank(), node.Get_size()
@@ -1221,8 +1242,10 @@ def select_device(comm=None, *, device: int | None = None) -> int:
     node spread over its GPUs (and share them when there are more ranks than GPUs).
     ``device=``, or else the environment variable ``MULTIREDUCE_DEVICE``, overrides it.
     Collective (the node-local rank needs ``Split_type``, after :func:`local_rank`'s
-    agreement), even when overridden; the errors below are raised on the rank that has them,
-    after that collective.
+    agreement), even when overridden. The errors below are agreed with the other ranks (in
+    ``select_device`` or :func:`local_rank`): the rank that has one raises it, and the others
+    raise :class:`RankError` (without the agreement they went on to their next collective and
+    waited there for the failed rank forever).
 
     Raises
     ------
@@ -1234,14 +1257,23 @@ def select_device(comm=None, *, device: int | None = None) -> int:
         If ``device=`` or ``MULTIREDUCE_DEVICE`` is not a device of this node (an integer
         from 0 to the device count - 1), or ``MULTIREDUCE_DEVICE`` is not an integer; the
         message names which of the two was wrong.
+    RankError
+        On the other ranks, if one rank raised any of these.
     """
-    local, _ = _local_rank(_comm(comm), "mpi.select_device()")
-    count = _device_count()
-    if count < 1:
-        raise RuntimeError("select_device: CuPy sees no CUDA device")
-    device = _requested_device(device, count, os.environ)
-    if device is None:
-        device = local % count
+    comm = _comm(comm)
+    error = requested = count = None
+    try:  # what does not need the node-local rank: checked before the first agreement
+        count = _device_count()
+        if count < 1:
+            raise RuntimeError("select_device: CuPy sees no CUDA device")
+        requested = _requested_device(device, count, os.environ)
+    except BaseException as exc:  # agreed in _local_rank, then re-raised on this rank
+        error = exc
+    local, _ = _local_rank(comm, "mpi.select_device()", error)
+    device = local % count if requested is None else requested
+    # The last collective is behind: a failure to make the device current (not expected for
+    # an ordinal in range) is this rank's alone. Agreeing it would take a collective that the
+    # ranks calling local_rank() beside this one (the CLI's CPU ranks) do not make.
     _use_device(device)
     return device
 
@@ -1328,9 +1360,13 @@ def read_shard(path: str | os.PathLike, *, dtype: Any = None, n: int | None = No
     RankError
         On the other ranks when one rank failed.
     """
-    comm = _comm(comm)
+    return _read_agreed(_comm(comm), path, dtype, n)[1]
+
+
+def _read_agreed(comm, path, dtype, n) -> tuple[FileLayout, np.ndarray]:
+    """:func:`read_shard`, returning the file's layout beside this rank's shard (the CLI's ``--input``)."""
     error = None
-    shard_data = None
+    layout = shard_data = None
     dtype_code = count = 0  # what a rank that failed passes (its failure is raised first)
     dtype_name = split = None
     try:
@@ -1338,7 +1374,7 @@ def read_shard(path: str | os.PathLike, *, dtype: Any = None, n: int | None = No
         dtype_code, count = _DTYPE_CODES[layout.dtype], layout.n
         dtype_name, split = layout.dtype.name, f"{layout.n} (n={n!r}, {layout.path})"
         shard_data = _read_layout_shard(layout, comm.Get_rank(), comm.Get_size())
-    except Exception as exc:  # agreed below, then re-raised on this rank
+    except BaseException as exc:  # agreed below, then re-raised on this rank
         error = exc
     # One Allreduce, as agree(): the failures first, then the call, then the split that every
     # rank must share.
@@ -1351,4 +1387,4 @@ def read_shard(path: str | os.PathLike, *, dtype: Any = None, n: int | None = No
             ("read_shard: the number of elements to split", count, split, ValueError),
         ),
     )
-    return shard_data
+    return layout, shard_data

@@ -530,6 +530,60 @@ def test_error_on_one_rank_before_the_first_collective(mpiexec, argv, tmp_path):
     assert "Traceback" not in done.stderr and done.stdout == "", done.output
 
 
+# The CLI with rank 1 started differently: CHANGE runs on rank 1 only, before main().
+ON_RANK_1 = (
+    "import os, sys\n"
+    "import multireduce._cli as cli\n"
+    "argv = sys.argv[1:]\n"
+    "if cli._env_rank() == 1:\n"
+    "    exec(os.environ['CHANGE'])\n"
+    "sys.exit(cli.main(argv))\n"
+)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize(
+    ("change", "argv"),
+    [
+        ("argv[argv.index('--n') + 1] = '1000'", ["run", "--n", "10"]),  # a wrong sum, silently
+        ("argv += ['--repeat', '1']", ["run", "--n", "10"]),  # a hang (one more Barrier on rank 0)
+        ("argv += ['--op', 'max']", ["run", "--n", "10", "--op", "sum"]),  # MPI aborted: message truncated
+    ],
+    ids=["n", "repeat", "op"],
+)
+def test_ranks_started_with_different_arguments(mpiexec, change, argv):
+    done = run(mpiexec, 2, ["-c", ON_RANK_1, *argv, "--cpu"], timeout=60, extra_env={"CHANGE": change})
+    assert done.returncode == 1, done.output
+    assert done.seconds < 30
+    assert done.stderr.count("the command line differs across ranks") == 1, done.output
+    assert "Traceback" not in done.stderr and done.stdout == "", done.output
+
+
+@pytest.mark.mpi
+def test_one_input_file_seen_with_different_lengths(mpiexec, tmp_path):
+    # The same relative path names node-local copies that differ: the shards overlapped (a sum
+    # of 8 elements that was neither file's, and --check agreed with it).
+    for name, n in (("a", 10), ("b", 6)):
+        (tmp_path / name).mkdir()
+        np.save(tmp_path / name / "x.npy", np.arange(n, dtype=np.float64))
+    change = f"os.chdir({str(tmp_path / 'b')!r})"
+    script = ON_RANK_1.replace("import os, sys\n", f"import os, sys\nos.chdir({str(tmp_path / 'a')!r})\n")
+    done = run(mpiexec, 2, ["-c", script, "run", "--cpu", "--input", "x.npy", "--check"], extra_env={"CHANGE": change})
+    assert done.returncode == 1, done.output
+    assert done.stderr.count("read_shard: the number of elements to split differs across ranks") == 1, done.output
+
+
+@pytest.mark.mpi
+def test_interrupt_on_one_rank_ends_the_job(mpiexec):
+    # Ctrl-C reaching one rank outside a collective: that rank aborts the job (exit 130) instead
+    # of leaving the others in their next collective.
+    change = "def interrupted(*a, **k):\n    raise KeyboardInterrupt\ncli._load = interrupted"
+    done = run(mpiexec, 2, ["-c", ON_RANK_1, "run", "--cpu", "--n", "10"], timeout=60, extra_env={"CHANGE": change})
+    assert done.returncode != 0, done.output
+    assert done.seconds < 30
+    assert "multireduce: rank 1 of 2 failed: KeyboardInterrupt" in done.stderr, done.output
+
+
 @pytest.mark.mpi
 def test_bench_writes_json(mpiexec, tmp_path):
     out = tmp_path / "sub" / "bench.json"

@@ -762,6 +762,9 @@ COMM = mpi.MPI.COMM_WORLD
 RANK, SIZE = COMM.Get_rank(), COMM.Get_size()
 FIRST = RANK == 0
 x = np.arange(6, dtype=np.float64) + 10 * RANK
+# select_device on a node with one GPU, without CuPy (its agreement and Split_type are real).
+mpi._device_count = lambda: 1
+mpi._use_device = lambda device: None
 raw = Path(sys.argv[2]) / "x.raw"
 if FIRST:
     np.arange(10, dtype=np.float64).tofile(raw)
@@ -787,12 +790,24 @@ def agreeing():
 
 
 def node():
-    if not FIRST:
-        return list(mpi.local_rank())
-    try:
-        return mpi.select_device()
-    except (ModuleNotFoundError, RuntimeError) as exc:  # no CuPy, or no GPU: raised after the Split_type
-        return type(exc).__name__
+    return mpi.select_device() if FIRST else list(mpi.local_rank())
+
+
+class Interrupting:
+    # Ctrl-C arriving on one rank while it converts its input (or a path that is not one).
+    def __array__(self, *args, **kwargs):
+        raise KeyboardInterrupt("interrupted")
+
+    def __fspath__(self):
+        raise KeyboardInterrupt("interrupted")
+
+
+class Unprintable(Exception):
+    def __str__(self):
+        raise RuntimeError("no str")
+
+    def __array__(self, *args, **kwargs):
+        raise self
 
 
 CASES = {
@@ -823,14 +838,24 @@ CASES = {
     # A rank that failed and agrees on it while the other is in another call.
     "agree-error-sum": lambda: mpi.agree(RuntimeError("boom")) if FIRST else mpi.allreduce(x, "sum"),
     "agree-error-local_rank": lambda: mpi.agree(RuntimeError("boom")) if FIRST else mpi.local_rank(),
+    # A failure on one rank in a local step, of a kind that used to escape the agreement.
+    "interrupt-sum": lambda: mpi.allreduce(Interrupting() if FIRST else x, "sum"),
+    "interrupt-stats": lambda: mpi.stats(Interrupting() if FIRST else x),
+    "interrupt-read_shard": lambda: mpi.read_shard(Interrupting() if FIRST else raw, dtype="float64"),
+    "badstr-sum": lambda: mpi.allreduce(Unprintable() if FIRST else x, "sum"),
+    "select_device-range": lambda: mpi.select_device(device=0 if FIRST else 3),
     "agreeing": agreeing,
 }
 
 try:
     value = CASES[sys.argv[1]]()
-except Exception as exc:
+except BaseException as exc:
     failures = mpi.rank_failures(exc)
-    out = {"type": type(exc).__name__, "message": str(exc), "failures": None if failures is None else sorted(failures)}
+    try:
+        message = str(exc)
+    except Exception:
+        message = "(unprintable)"
+    out = {"type": type(exc).__name__, "message": message, "failures": None if failures is None else sorted(failures)}
 else:
     out = {"value": value if isinstance(value, dict) else repr(value)}
 every = COMM.gather(out, root=0)
@@ -947,6 +972,42 @@ def test_a_failure_agreed_while_another_rank_is_in_another_call(mpiexec, tmp_pat
     assert second == {"type": "RankError", "message": "rank 0 of 2 failed: RuntimeError: boom", "failures": [0]}
 
 
+_ONE_RANK_FAILS = {
+    # case: (rank 0's exception and message, the failure that rank 1's RankError names)
+    "interrupt-sum": ("KeyboardInterrupt", "interrupted", "rank 0 of 2 failed: KeyboardInterrupt: interrupted"),
+    "interrupt-stats": ("KeyboardInterrupt", "interrupted", "rank 0 of 2 failed: KeyboardInterrupt: interrupted"),
+    "interrupt-read_shard": (
+        "KeyboardInterrupt",
+        "interrupted",
+        "rank 0 of 2 failed: KeyboardInterrupt: interrupted",
+    ),
+    "badstr-sum": ("Unprintable", "(unprintable)", "rank 0 of 2 failed: Unprintable: (its str() raised RuntimeError)"),
+}
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("case", list(_ONE_RANK_FAILS))
+def test_a_failure_of_any_kind_on_one_rank_is_agreed(mpiexec, tmp_path, case):
+    # A KeyboardInterrupt (a BaseException) escaped the agreement's `except Exception`, and an
+    # exception whose str() raised stopped its rank before the failures' allgather: in both,
+    # the other rank waited forever.
+    kind, message, named = _ONE_RANK_FAILS[case]
+    first, second = _on_two_ranks(mpiexec, tmp_path, case)
+    assert first == {"type": kind, "message": message, "failures": [0]}
+    assert second == {"type": "RankError", "message": named, "failures": [0]}
+
+
+@pytest.mark.mpi
+def test_select_device_errors_are_agreed(mpiexec, tmp_path):
+    # Rank 1 asks for a device its node lacks: it raises, and rank 0, which would have gone on
+    # to its next collective and waited there, raises RankError.
+    first, second = _on_two_ranks(mpiexec, tmp_path, "select_device-range")
+    assert second["type"] == "ValueError" and second["failures"] == [1]
+    assert second["message"].startswith("select_device: device=3: device 3 does not exist")
+    assert first["type"] == "RankError" and first["failures"] == [1]
+    assert first["message"].startswith("rank 1 of 2 failed: ValueError: select_device: device=3")
+
+
 @pytest.mark.mpi
 def test_arguments_that_agree_across_ranks_still_work(mpiexec, tmp_path):
     everything = np.concatenate([np.arange(6, dtype=np.float64) + 10 * r for r in range(2)])
@@ -956,7 +1017,7 @@ def test_arguments_that_agree_across_ranks_still_work(mpiexec, tmp_path):
     assert first.pop("shard") == [0, 1, 2, 3] and second.pop("shard") == [4, 5, 6]
     assert first.pop("shard_n_none") == [0, 1, 2, 3, 4] and second.pop("shard_n_none") == [5, 6, 7, 8, 9]
     assert first.pop("local_rank") == [0, 2] and second.pop("local_rank") == [1, 2]
-    assert first.pop("node") in ("ModuleNotFoundError", "RuntimeError", 0) and second.pop("node") == [1, 2]
+    assert first.pop("node") == 0 and second.pop("node") == [1, 2]
     assert first == second
     assert first["var1"] == pytest.approx(np.var(everything, ddof=1), rel=1e-12)
     assert first["std1"] == pytest.approx(np.std(everything, ddof=1), rel=1e-12)
