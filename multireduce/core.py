@@ -121,7 +121,29 @@ def normalize_axes(axis: Any, ndim: int) -> tuple[int, ...]:
     """
     if axis is None:
         return tuple(range(ndim))
-    return tuple(sorted(normalize_axis_tuple(axis, ndim)))
+    return tuple(sorted(normalize_axis_tuple(_checked_axis(axis), ndim)))
+
+
+def _checked_axis(axis: Any) -> Any:
+    """``axis`` (not None) if it is an int or a tuple of ints; else NumPy's TypeError, with what is accepted.
+
+    NumPy's ``normalize_axis_tuple`` takes a bool as 0 or 1 (``operator.index(True)`` is 1)
+    and a list as a tuple, where NumPy's reductions refuse both. Ints are anything
+    ``operator.index`` takes (NumPy integers, 0-d integer arrays), bools excepted.
+    """
+    for item in axis if isinstance(axis, tuple) else (axis,):
+        if isinstance(item, bool | np.bool_) or not hasattr(type(item), "__index__"):
+            raise TypeError(
+                f"axis must be None, an int or a tuple of ints, got {axis!r} (an element of type {type(item).__name__})"
+            )
+    return axis
+
+
+def _checked_keepdims(keepdims: Any) -> bool:
+    # NumPy takes ints too (nonzero is True); a string or None is an error there as well.
+    if not isinstance(keepdims, bool | np.bool_ | int | np.integer):
+        raise TypeError(f"keepdims must be a bool, got {keepdims!r} of type {type(keepdims).__name__}")
+    return bool(keepdims)
 
 
 def _arg_axis(axis: Any, ndim: int, op: Op) -> int | None:
@@ -129,7 +151,7 @@ def _arg_axis(axis: Any, ndim: int, op: Op) -> int | None:
         return None
     if isinstance(axis, tuple | list):
         raise TypeError(f"{op.name} takes axis=None or a single int (as numpy.{op.name}), not {axis!r}")
-    return normalize_axis_index(operator.index(axis), ndim)
+    return normalize_axis_index(operator.index(_checked_axis(axis)), ndim)
 
 
 _plans: dict[tuple, tuple[Op, np.dtype, np.dtype]] = {}
@@ -345,6 +367,7 @@ def _reduce(x: Any, op: str | Op, axis: Any, keepdims: bool, dtype: Any, correct
     """:func:`reduce`, all arguments given."""
     backend, arr = _backend_and_array(x)
     op, result, acc = _plan(arr, op, dtype)
+    keepdims = _checked_keepdims(keepdims)
     corr = _check_correction(op, correction) if correction or op.kind == "moments" else 0.0
     ndim = arr.ndim
     if op.kind == "arg":
@@ -353,7 +376,7 @@ def _reduce(x: Any, op: str | Op, axis: Any, keepdims: bool, dtype: Any, correct
     elif axis is None:
         axes = _ALL_AXES[ndim]  # the common case, on the per-call path of tiny GPU reductions
     else:
-        axes = tuple(sorted(normalize_axis_tuple(axis, ndim)))
+        axes = normalize_axes(axis, ndim)
     # A non-empty array has no empty axis: the product is only formed for empty ones.
     if not op.empty_allowed and arr.size == 0 and math.prod(arr.shape[a] for a in axes) == 0:
         raise op.empty_error()
@@ -477,6 +500,7 @@ def partial(
             return _cupy_backend.reduce_full(x, plan[0], plan[1], plan[1], out=out)
     backend, arr = _backend_and_array(x)
     op, result, acc = _plan(arr, op, dtype)
+    keepdims = _checked_keepdims(keepdims)
     if dtype is not None:
         exact = reproducible and op.name == "sum" and result.kind == "f"
         arr = _converted(arr, op, result, acc, exact=exact)

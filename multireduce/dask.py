@@ -685,6 +685,7 @@ def treereduce(
         axes = _normalized_axes(axis, x.ndim)
     op, result, acc = _plan(x, resolved, dtype, axes)
     correction = core._check_correction(op, correction)
+    keepdims = core._checked_keepdims(keepdims)
     # Exact partials where the core forms them (float sums of the elements converted as dtype=
     # asks, means of float input); core._needs_exact raises the core's refusals (var, prod,
     # partial axes, ...) and passes the order-free ops unchanged.

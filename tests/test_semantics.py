@@ -349,6 +349,42 @@ def _representable(value: int, dt: np.dtype) -> bool:
     return bool(np.isfinite(f)) and int(f) == value
 
 
+@pytest.mark.parametrize("axis", [True, False, np.True_, (0, True), [0, 1], [0], 1.0, (0, 1.0), "0"])
+def test_axis_that_is_not_an_int_or_a_tuple_of_ints_is_refused(axis):
+    # NumPy refuses these with TypeError; its normalize_axis_tuple (which the core uses) took a
+    # bool as 0 or 1 and a list as a tuple, so sum(x, axis=True) reduced axis 1.
+    x = np.arange(6.0).reshape(2, 3)
+    with pytest.raises(TypeError):
+        np.sum(x, axis=axis)
+    for call in (
+        lambda: multireduce.sum(x, axis=axis),
+        lambda: multireduce.reduce(x, "max", axis=axis),
+        lambda: multireduce.var(x, axis=axis),
+        lambda: multireduce.stats(x, axis=axis),
+        lambda: multireduce.partial(x, "sum", axis=axis),
+    ):
+        with pytest.raises(TypeError, match="axis must be None, an int or a tuple of ints"):
+            call()
+    if not isinstance(axis, tuple | list):
+        with pytest.raises(TypeError, match="axis must be None, an int or a tuple of ints"):
+            multireduce.argmax(x, axis=axis)
+    # What NumPy accepts as an int stays accepted.
+    assert multireduce.sum(x, axis=np.array(1)).tolist() == [3.0, 12.0]
+    assert multireduce.sum(x, axis=(np.int64(0), 1)) == 15.0
+
+
+@pytest.mark.parametrize("keepdims", ["yes", None, 1.0])
+def test_keepdims_must_be_a_bool(keepdims):
+    x = np.arange(6.0).reshape(2, 3)
+    with pytest.raises(TypeError):
+        np.sum(x, axis=0, keepdims=keepdims)
+    with pytest.raises(TypeError, match="keepdims must be a bool"):
+        multireduce.sum(x, axis=0, keepdims=keepdims)
+    with pytest.raises(TypeError, match="keepdims must be a bool"):
+        multireduce.partial(x, "max", axis=0, keepdims=keepdims)
+    assert multireduce.sum(x, axis=0, keepdims=np.True_).shape == (1, 3)  # NumPy refuses np.True_; a bool here
+
+
 def test_every_axis_combination_4d():
     # Exhaustively: every subset and order of the axes of a 4-d view, with and without keepdims.
     rng = np.random.default_rng(7)
