@@ -105,7 +105,8 @@ def test_infinities(xp, dtype):
 
     assert run([1.0, np.inf, 2.0], "sum") == math.inf
     assert run([-np.inf, 1.0], "sum") == -math.inf
-    assert math.isnan(run([np.inf, -np.inf], "sum"))
+    with np.errstate(invalid="ignore"):  # NumPy's "invalid value" warning on the CPU; none on a GPU
+        assert math.isnan(run([np.inf, -np.inf], "sum"))
     assert run([1.0, np.inf, -np.inf], "max") == math.inf
     assert run([1.0, np.inf, -np.inf], "min") == -math.inf
     assert run([-np.inf] * 40, "max") == -math.inf
