@@ -8,7 +8,9 @@ behind a spin kernel, medians):
   (and max/min) and against multireduce's full reduction of the same array (issue 5's
   targets: >= 0.9x the full-reduction bandwidth and >= 1.0x cupy);
 - the reproducible sum (``reproducible=True``) of 4 GiB float32 against the fast path
-  (issue 6's target: >= 0.8x), including the host rounding, and its bits against the CPU's;
+  (issue 6's target: >= 0.8x), with the library's default rounding of the exact sum (on the
+  device; the host rounding is timed too, under ``round_modes``), and its bits against the
+  CPU's;
 - each result is checked against the CPU path before it is timed.
 
 Writes JSON (``bench/results/axis_<gpu>_<commit>.json`` by default) with the git commit

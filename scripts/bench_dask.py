@@ -116,7 +116,7 @@ def main(argv=None) -> int:
             "case": name,
             "n": n,
             "dtype": "float32",
-            "chunks": args.chunks,
+            "chunks": args.cluster_chunks if name.startswith("cluster-") else args.chunks,
             "GBps": nbytes / (st["median_ms"] / 1e3) / 1e9,
         }
         rec.update(st)
@@ -126,6 +126,8 @@ def main(argv=None) -> int:
             rec["pass"] = st["median_ms"] <= TARGET_OURS_MS
         records.append(rec)
     correct = checks["ours"] == float(np.float32(exact))
+    if "cluster-ours" in checks:  # its own length (a multiple of --cluster-chunks), its own exact sum
+        correct = correct and checks["cluster-ours"] == float(np.float32(checks["cluster-exact"]))
     doc = {
         "benchmark": "bench_dask",
         "git": git_state(),
@@ -157,7 +159,7 @@ def main(argv=None) -> int:
         times = f"{r['median_ms']:>10.3f} {r['p10_ms']:>8.3f} {r['p90_ms']:>8.3f}"
         print(f"{r['case']:<16} {times} {r['GBps']:>8.1f}  {verdict}")
     rel = doc["dask_relative_error"]
-    print(f"ours correct (== exact sum rounded to float32): {correct}; dask relative error {rel:.2e}")
+    print(f"ours correct (== exact sum rounded to float32, cluster too): {correct}; dask relative error {rel:.2e}")
     for k, v in errors.items():
         print(f"ERROR in {k}:\n{v}")
     print(f"wrote {out}")
@@ -197,6 +199,7 @@ def cluster_cases(args, cupy, da, checks) -> dict[str, list[float]]:
         def theirs():
             return client.compute(d.sum()).result()
 
+        checks["cluster-exact"] = exact_pattern_sum(0, n)
         checks["cluster-ours"] = float(ours())
         checks["cluster-dask"] = float(theirs())
         return {

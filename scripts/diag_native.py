@@ -46,7 +46,7 @@ def variant(h, engine="native", piece=2 * MIB, threads=None, nt=True):
 def table(samples: dict, nbytes: int) -> None:
     print(f"  {'variant':<26} {'median':>8} {'p10':>8} {'p90':>8} {'GB/s':>7}")
     for name, s in samples.items():
-        q = statistics.quantiles(s, n=10)
+        q = statistics.quantiles(s, n=10, method="inclusive")
         med = statistics.median(s)
         print(f"  {name:<26} {med * 1e3:8.3f} {q[0] * 1e3:8.3f} {q[-1] * 1e3:8.3f} {nbytes / med / 1e9:7.1f}")
 
