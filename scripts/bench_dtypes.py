@@ -32,6 +32,8 @@ import sys
 from fractions import Fraction
 from pathlib import Path
 
+REPO = Path(__file__).resolve().parent.parent
+
 DTYPES = ["bool", "int8", "uint8", "int16", "uint16", "float16", "float32", "int32", "float64", "int64"]
 
 
@@ -51,6 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=None)
     opts = p.parse_args(argv)
 
+    # This checkout's multireduce first: a copy of older code run beside the tree (a `git
+    # archive` under the checkout, PYTHONPATH naming the tree) measured the tree's instead.
+    sys.path.insert(0, str(REPO))
     import cupy as cp
     import numpy as np
 

@@ -38,10 +38,11 @@ from pathlib import Path
 
 import numpy as np
 
-from multireduce import _provenance, core, mpi
-from multireduce.mpi import MPI
-
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # benchmark this checkout, whatever else PYTHONPATH names
+
+from multireduce import _provenance, core, mpi  # noqa: E402
+from multireduce.mpi import MPI  # noqa: E402
 
 
 def parse_args(argv=None):

@@ -21,12 +21,16 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
-from multireduce import core, mpi
-from multireduce.mpi import MPI
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's multireduce
+
+from multireduce import core, mpi  # noqa: E402
+from multireduce.mpi import MPI  # noqa: E402
 
 PIECES = ("sync", "agree", "value", "upload", "done")
 
