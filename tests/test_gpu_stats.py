@@ -279,10 +279,10 @@ def test_small_integer_extremes_in_every_lane(dtype):
 
 
 def test_float16_extremes_and_nan_in_every_lane():
-    # At each position of the first vectors, of the head (offset views) and of the tail, one
-    # float16 element must decide the extreme, the sign of a zero, or the NaN count, as on the
-    # CPU (bit for bit). (Written for a packed-lane float16 path, h200_375afc9, which passed
-    # it and was not kept: it was no faster.)
+    # float16 is folded a word (two elements) at a time: NaN lanes from one packed compare,
+    # extremes as packed order keys (-0.0 below +0.0). At each position of the first vectors,
+    # of the head (offset views) and of the tail, one element must decide the extreme, the
+    # sign of a zero, or the NaN count, as on the CPU (bit for bit).
     n = 4096 + 77
     rng = np.random.default_rng(23)
     background = rng.uniform(-100, 100, n + 3).astype(np.float16)

@@ -77,6 +77,28 @@ namespace multireduce {
 
 template <class T> struct IsFloatElement { static constexpr bool value = IsFloating<T>::value; };
 template <> struct IsFloatElement<__half> { static constexpr bool value = true; };
+template <class T> struct IsHalf { static constexpr bool value = false; };
+template <> struct IsHalf<__half> { static constexpr bool value = true; };
+
+// float16 extremes in packed 16-bit lanes: each element's bits as an order key, a signed
+// 16-bit integer that orders as the values do with -0.0 below +0.0 (negative values get
+// their magnitude bits flipped; the map is its own inverse). NaN lanes are replaced by the
+// identity's key before the packed min/max.
+struct HalfKeys {
+    static constexpr unsigned int PINF = 0x7c007c00u;  // +inf in both lanes (its own key)
+    static constexpr unsigned int NINF = 0x83ff83ffu;  // the key of -inf (0xfc00) in both lanes
+    // Both lanes of w mapped to keys (or keys back to bits): prmt replicates each lane's sign.
+    static __device__ __forceinline__ unsigned int keys(unsigned int w) {
+        unsigned int sign;
+        asm("prmt.b32 %0, %1, %2, %3;" : "=r"(sign) : "r"(w), "r"(0u), "r"(0xBB99u));
+        return w ^ (sign & 0x7fff7fffu);
+    }
+    // Lane j of packed keys as the float value it stands for.
+    static __device__ __forceinline__ float value(unsigned int packed_keys, int j) {
+        const unsigned int bits = keys(packed_keys) >> (16 * j);
+        return __half2float(__ushort_as_half(static_cast<unsigned short>(bits & 0xffffu)));
+    }
+};
 
 // How the moments kernel sees an element: __half as float (exact), others as themselves.
 template <class T> struct Seen { using type = T; };
@@ -319,6 +341,7 @@ struct MomentAcc {
     using Lanes = PackedLanes<T>;
     static constexpr bool FLOAT = IsFloatElement<T>::value;
     static constexpr bool SMALL = !FLOAT && sizeof(T) <= 2;
+    static constexpr bool HALF = IsHalf<T>::value;
 
     V cv;                   // the shift, as an element value (finite)
     double c;               // the shift
@@ -326,8 +349,9 @@ struct MomentAcc {
     double s2[ACC];         // sum of (x - c)**2
     long long r1;           // sum of x (small integers)
     unsigned long long r2;  // sum of x**2, modulo 2**64 (small integers)
-    unsigned int lo_w;      // packed lane extremes (small integers)
+    unsigned int lo_w;      // packed lane extremes (small integers; float16: their keys, HalfKeys)
     unsigned int hi_w;
+    unsigned int cv_w;      // the shift's float16 bits in both lanes (float16)
     unsigned int nan;       // NaN elements (floats)
     S total;                // exact sum (wide integers)
     E lo, hi;
@@ -348,7 +372,18 @@ struct MomentAcc {
             // The first element is one of the thread's own (a thread without one has no
             // elements, and state() ignores its lanes), so starting at it changes no extreme.
             lo_w = hi_w = Lanes::splat(first);
+        } else if constexpr (HALF) {
+            lo_w = HalfKeys::PINF;  // the identities: lo_init and hi_init are +inf and -inf
+            hi_w = HalfKeys::NINF;
+            cv_w = static_cast<unsigned int>(__half_as_ushort(__float2half_rn(cv))) * 0x00010001u;  // exact
         }
+    }
+
+    // A finite (or infinite) float element into the shifted sums of accumulator k, as add().
+    __device__ __forceinline__ void add_value(float x, int k) {
+        const double d = static_cast<double>(x) - c;
+        s1[k] += d;
+        s2[k] = fma(d, d, s2[k]);
     }
 
     __device__ __forceinline__ void add(T element, int k) {
@@ -393,6 +428,29 @@ struct MomentAcc {
             }
             r1 += s;
             r2 += q;
+        } else if constexpr (HALF) {
+            // A word (two elements) at a time: the NaN lanes from one packed compare, counted
+            // and replaced by the shift in the sums (as add() does) and by the identities in
+            // the extremes; the sums take the elements in add()'s order and accumulators.
+            const unsigned int w[4] = {raw.x, raw.y, raw.z, raw.w};
+            unsigned int nan_bits = 0u;
+            unsigned int lo_in[4], hi_in[4];
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                const __half2 h = *reinterpret_cast<const __half2*>(&w[k]);
+                const unsigned int m = __hneu2_mask(h, h);  // 0xffff in each NaN lane
+                nan_bits += __popc(m);
+                const unsigned int clean = (w[k] & ~m) | (cv_w & m);
+                const __half2 hc = *reinterpret_cast<const __half2*>(&clean);
+                add_value(__low2float(hc), (2 * k) % ACC);
+                add_value(__high2float(hc), (2 * k + 1) % ACC);
+                const unsigned int key = HalfKeys::keys(w[k]);
+                lo_in[k] = (key & ~m) | (HalfKeys::PINF & m);
+                hi_in[k] = (key & ~m) | (HalfKeys::NINF & m);
+            }
+            lo_w = __vimin3_s16x2(__vimin3_s16x2(lo_w, lo_in[0], lo_in[1]), lo_in[2], lo_in[3]);
+            hi_w = __vimax3_s16x2(__vimax3_s16x2(hi_w, hi_in[0], hi_in[1]), hi_in[2], hi_in[3]);
+            nan += nan_bits >> 4;  // 16 bits per NaN lane
         } else {
             constexpr int VEC = 16 / sizeof(T);
             const T* e = reinterpret_cast<const T*>(&raw);
@@ -427,6 +485,14 @@ struct MomentAcc {
             for (int k = 1; k < ACC; ++k) {
                 a += s1[k];
                 b += s2[k];
+            }
+            if constexpr (HALF) {  // the lanes hold identities where they saw no element
+#pragma unroll
+                for (int j = 0; j < 2; ++j) {
+                    const E l = HalfKeys::value(lo_w, j), h = HalfKeys::value(hi_w, j);
+                    lo_all = (l < lo_all || (l == lo_all && sign_bit(l))) ? l : lo_all;
+                    hi_all = (h > hi_all || (h == hi_all && !sign_bit(h))) ? h : hi_all;
+                }
             }
         }
         MomentState<S, E> r;
