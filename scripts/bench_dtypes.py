@@ -62,6 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     import multireduce as mr
     from multireduce import _provenance
 
+    print(f"multireduce from {Path(mr.__file__).parent}", flush=True)  # which checkout is measured
+
     nbytes = int(opts.gib * 2**30)
     rows = []
     for name in opts.dtypes.split(","):
@@ -128,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         "git_commit": _provenance.git_commit(),
         "gpu": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(),
         "nvrtc": list(cp.cuda.nvrtc.getVersion()),
+        "multireduce_path": str(Path(mr.__file__).parent),
         "gib": opts.gib,
         "repeat": opts.repeat,
         "warmup": opts.warmup,
