@@ -48,15 +48,18 @@ __all__ = [
 
 SOURCE = Path(__file__).resolve().parent / "_native" / "hostcopy.c"
 #: One piece, as the C engine reads it (``mr_piece``): source, pinned and device addresses,
-#: byte count and CUDA stream.
-PIECE_DTYPE = np.dtype([("src", "<u8"), ("staged", "<u8"), ("device", "<u8"), ("nbytes", "<u8"), ("stream", "<u8")])
+#: byte count and CUDA stream. Aligned as the C struct (8 bytes), so that ``flags.aligned``
+#: tells whether C may read a table in place.
+PIECE_DTYPE = np.dtype(
+    [("src", "<u8"), ("staged", "<u8"), ("device", "<u8"), ("nbytes", "<u8"), ("stream", "<u8")], align=True
+)
 #: ``flags`` bit: copy into pinned memory with non-temporal (streaming) stores.
 STREAMING_STORES = 1
 #: The most threads one :func:`stage` call takes (``MR_MAX_THREADS`` in the C source).
 MAX_THREADS = 256
 _CFLAGS = ("-O2", "-shared", "-fPIC", "-pthread", "-std=c11")
 # The engine's own error codes (hostcopy.c's MR_ERR_*).
-_ENGINE_ERRORS = {-1: "a copy thread could not be started", -2: "bad arguments to mr_stage"}
+_ENGINE_ERRORS = {-2: "bad arguments to mr_stage"}
 
 
 class NativeUnavailable(RuntimeError):
@@ -265,8 +268,9 @@ def stage(
         On the first failed upload (later pieces are not copied); the message names the piece
         and the error, through ``describe(code)`` if given (a CUDA error name).
     """
-    if pieces.dtype != PIECE_DTYPE or not pieces.flags.c_contiguous:
-        raise TypeError("pieces must be a C-contiguous array of _hostcopy.PIECE_DTYPE")
+    if pieces.dtype != PIECE_DTYPE or not pieces.flags.c_contiguous or not pieces.ctypes.data % 8 == 0:
+        # C reads the uint64 fields in place: a table at an odd address is undefined behaviour there.
+        raise TypeError("pieces must be a C-contiguous, 8-byte aligned array of _hostcopy.PIECE_DTYPE")
     # Checked here: ctypes would cut a larger Python int to the C int's low bits.
     threads = _settings.integer(threads, "threads", f"an integer from 1 to {MAX_THREADS}", low=1, high=MAX_THREADS)
     accepted = f"0 or STREAMING_STORES ({STREAMING_STORES})"

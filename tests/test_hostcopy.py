@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import functools
 import multiprocessing
+import os
+import shutil
+import subprocess
+import sys
 import warnings
 
 import numpy as np
@@ -128,8 +132,72 @@ def test_bad_tables_are_refused(lib):
         _hostcopy.stage(np.zeros(3, np.uint64), 1, upload(lib))
     with pytest.raises(TypeError, match="PIECE_DTYPE"):
         _hostcopy.stage(np.zeros(6, _hostcopy.PIECE_DTYPE)[::2], 1, upload(lib))
+    # A table at an odd address: C reads its uint64 fields in place (undefined behaviour there).
+    odd = np.zeros(_hostcopy.PIECE_DTYPE.itemsize * 2 + 1, np.uint8)[1:].view(_hostcopy.PIECE_DTYPE)
+    with pytest.raises(TypeError, match="8-byte aligned"):
+        _hostcopy.stage(odd, 1, upload(lib))
     with pytest.raises(ValueError, match="threads must be an integer from 1 to 256, got 0"):
         _hostcopy.stage(np.zeros(1, _hostcopy.PIECE_DTYPE), 0, upload(lib))
+
+
+# hostcopy.c linked with a pthread_create that fails from its BUDGET-th call on: the workers
+# that could be started do the job (a call under a thread limit used to fail, and every later
+# call with it).
+_FEW_THREADS = r"""
+#include <errno.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+#include "hostcopy.c"
+
+static atomic_int budget;
+int __real_pthread_create(pthread_t *, const pthread_attr_t *, void *(*)(void *), void *);
+int __wrap_pthread_create(pthread_t *t, const pthread_attr_t *a, void *(*f)(void *), void *arg) {
+    if (atomic_fetch_sub(&budget, 1) <= 0) return EAGAIN;
+    return __real_pthread_create(t, a, f, arg);
+}
+static int up(uint64_t dst, const void *src, size_t n, void *stream) {
+    (void)stream;
+    memcpy((void *)(uintptr_t)dst, src, n);
+    return 0;
+}
+static int job(int threads) {
+    static char src[64 * 4096], staged[64 * 4096], dev[64 * 4096];
+    mr_piece p[64];
+    for (int i = 0; i < 64 * 4096; ++i) src[i] = (char)(i * 7 + threads);
+    memset(dev, 0, sizeof dev);
+    for (int i = 0; i < 64; ++i)
+        p[i] = (mr_piece){(uintptr_t)(src + 4096 * i), (uintptr_t)(staged + 4096 * i),
+                          (uintptr_t)(dev + 4096 * i), 4096, 0};
+    size_t failed;
+    int rc = mr_stage(p, 64, threads, 0, up, NULL, NULL, &failed);
+    return rc != 0 ? rc : memcmp(src, dev, sizeof dev) != 0 ? 1000 : 0;
+}
+int main(void) {
+    atomic_store(&budget, 2);  /* 2 workers of the 7 asked for */
+    int a = job(8);
+    int workers = mr_pool_workers();
+    atomic_store(&budget, 0);  /* none more */
+    int b = job(16);
+    printf("%d %d %d\n", a, workers, b);
+    return 0;
+}
+"""
+
+
+def test_a_call_under_a_thread_limit_uses_the_workers_it_has(tmp_path):
+    cc = shutil.which(os.environ.get("CC", "cc"))
+    if cc is None or not sys.platform.startswith("linux"):
+        pytest.skip("needs a C compiler and GNU ld's --wrap (Linux)")
+    (tmp_path / "few.c").write_text(_FEW_THREADS)
+    exe = tmp_path / "few"
+    subprocess.run(
+        [cc, "-std=c11", "-O1", "-pthread", f"-I{_hostcopy.SOURCE.parent}", "-Wl,--wrap=pthread_create",
+         "-o", str(exe), str(tmp_path / "few.c")],
+        check=True,
+    )  # fmt: skip
+    done = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60, check=True)
+    assert done.stdout.split() == ["0", "2", "0"], done.stdout
 
 
 def test_the_library_is_cached_by_source_and_compiler(monkeypatch, tmp_path):

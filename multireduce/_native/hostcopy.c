@@ -31,8 +31,7 @@
 #define MR_MAX_THREADS 256
 
 /* Errors of the engine itself (the upload function's own codes are positive CUresults). */
-#define MR_ERR_THREADS (-1) /* a worker thread could not be started */
-#define MR_ERR_ARGS (-2)    /* bad arguments */
+#define MR_ERR_ARGS (-2) /* bad arguments (-1, a worker that could not be started, is no error now) */
 
 /* CUresult (*)(CUdeviceptr dst, const void *src, size_t bytes, CUstream stream) */
 typedef int (*mr_upload_fn)(uint64_t dst, const void *src, size_t nbytes, void *stream);
@@ -209,7 +208,7 @@ static int grow_pool(int want) {
 
 /*
  * Copy and upload every piece, on `nthreads` threads (the calling thread and nthreads - 1
- * pool workers). Returns when every piece has been copied and its upload queued, or after
+ * pool workers; fewer where the system cannot start more threads). Returns when every piece has been copied and its upload queued, or after
  * the first failure (the pieces not yet taken are then skipped). Returns 0, the upload or
  * context function's nonzero code, or a negative MR_ERR_* (MR_ERR_ARGS for nthreads outside
  * 1..MR_MAX_THREADS); *failed is the failing piece (SIZE_MAX for a failure to set the context).
@@ -246,12 +245,10 @@ int mr_stage(const mr_piece *pieces, size_t npieces, int nthreads, unsigned flag
     int pooled = nthreads > 1 && pthread_mutex_trylock(&pool.call) == 0;
     if (pooled) {
         pthread_mutex_lock(&pool.mutex);
-        if (grow_pool(nthreads - 1) < nthreads - 1) {
-            pthread_mutex_unlock(&pool.mutex);
-            pthread_mutex_unlock(&pool.call);
-            return MR_ERR_THREADS;
-        }
-        job.helpers = nthreads - 1;
+        /* Under a thread or process limit fewer workers may exist than asked for: the job runs
+           on those and the calling thread (failing the call would fail every later one too). */
+        int have = grow_pool(nthreads - 1);
+        job.helpers = have < nthreads - 1 ? have : nthreads - 1;
         pool.job = &job;
         pool.generation += 1;
         pthread_cond_broadcast(&pool.start);
