@@ -327,7 +327,9 @@ template <class T> struct PackedLanes {
 };
 
 // One thread's accumulators of the moments kernel. Three kinds of element:
-//   floats: NaN count and float64 shifted sums (the sum is derived from them);
+//   floats: NaN count and float64 shifted sums (the sum is derived from them); float16 a
+//     word (two elements) at a time, its NaN lanes from one packed compare and its extremes
+//     as packed order keys (HalfKeys), the sums element by element in the same order;
 //   integers of 1 or 2 bytes and bool: the exact raw sums of x and x**2 (int64 and uint64,
 //     modulo 2**64), folded a 16-byte vector at a time with packed-lane instructions
 //     (PackedLanes), and once per thread the exact shifted sums s1 = sum(x - c) and
