@@ -7,7 +7,7 @@ rank alone (reading a file, allocating device memory) is followed by a collectiv
 rank's message. Anything that escapes without agreement (a bug) aborts the whole job with
 ``MPI_Abort``: the other ranks may be waiting in a collective that this rank will never reach.
 
-Exit status: 0 success, 1 error, 2 usage error, 3 a result failed its check.
+Exit status: 0 success, 1 error, 2 usage error, 3 a result failed its check, 130 interrupted.
 """
 
 from __future__ import annotations
