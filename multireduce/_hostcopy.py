@@ -268,7 +268,7 @@ def stage(
         On the first failed upload (later pieces are not copied); the message names the piece
         and the error, through ``describe(code)`` if given (a CUDA error name).
     """
-    if pieces.dtype != PIECE_DTYPE or not pieces.flags.c_contiguous or not pieces.ctypes.data % 8 == 0:
+    if pieces.dtype != PIECE_DTYPE or not pieces.flags.c_contiguous or not pieces.flags.aligned:
         # C reads the uint64 fields in place: a table at an odd address is undefined behaviour there.
         raise TypeError("pieces must be a C-contiguous, 8-byte aligned array of _hostcopy.PIECE_DTYPE")
     # Checked here: ctypes would cut a larger Python int to the C int's low bits.

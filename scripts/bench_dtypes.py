@@ -32,6 +32,8 @@ import sys
 from fractions import Fraction
 from pathlib import Path
 
+import numpy as np
+
 REPO = Path(__file__).resolve().parent.parent
 
 DTYPES = ["bool", "int8", "uint8", "int16", "uint16", "float16", "float32", "int32", "float64", "int64"]
@@ -57,7 +59,6 @@ def main(argv: list[str] | None = None) -> int:
     # archive` under the checkout, PYTHONPATH naming the tree) measured the tree's instead.
     sys.path.insert(0, str(REPO))
     import cupy as cp
-    import numpy as np
 
     import multireduce as mr
     from multireduce import _provenance
@@ -89,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
             if dt.kind in "biu" and op not in totals_ops:
                 totals = exact_totals(cp, x)
                 totals_ops = {"sum", "mean", "var", "std"}
-            ref, ok = check(cp, np, x, op, got, theirs, totals if dt.kind in "biu" else None)
+            ref, ok = check(cp, x, op, got, theirs, totals if dt.kind in "biu" else None)
             cases = {f"multireduce.{op}": lambda x=x, f=ours: f(x), f"cupy.{op}": lambda x=x, f=theirs: f(x)}
             times: dict[str, list[float]] = {k: [] for k in cases}
             peer_rounds = opts.warmup + (opts.repeat if opts.peer_repeat is None else opts.peer_repeat)
@@ -176,7 +177,7 @@ def exact_totals(cp, x) -> tuple[int, int, float]:
     return s1, s2, sa
 
 
-def check(cp, np, x, op: str, got, theirs, totals) -> tuple[float | int, bool]:
+def check(cp, x, op: str, got, theirs, totals) -> tuple[float | int, bool]:
     """(reference, whether ``got`` matches it) for ``op`` of ``x`` (the module docstring's rules)."""
     n = x.size
     eps_bound = (math.log2(max(n, 1)) + 4) * 2.0**-52

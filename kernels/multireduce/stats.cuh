@@ -84,14 +84,20 @@ template <> struct IsHalf<__half> { static constexpr bool value = true; };
 // 16-bit integer that orders as the values do with -0.0 below +0.0 (negative values get
 // their magnitude bits flipped; the map is its own inverse). NaN lanes are replaced by the
 // identity's key before the packed min/max.
+// prmt.b32 of w and 0: a selector nibble with its top bit set replicates the sign of the
+// byte its low bits select; nibble 4 selects a zero byte.
+__device__ __forceinline__ unsigned int prmt_with_zero(unsigned int w, unsigned int selector) {
+    unsigned int r;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(w), "r"(0u), "r"(selector));
+    return r;
+}
+
 struct HalfKeys {
     static constexpr unsigned int PINF = 0x7c007c00u;  // +inf in both lanes (its own key)
     static constexpr unsigned int NINF = 0x83ff83ffu;  // the key of -inf (0xfc00) in both lanes
     // Both lanes of w mapped to keys (or keys back to bits): prmt replicates each lane's sign.
     static __device__ __forceinline__ unsigned int keys(unsigned int w) {
-        unsigned int sign;
-        asm("prmt.b32 %0, %1, %2, %3;" : "=r"(sign) : "r"(w), "r"(0u), "r"(0xBB99u));
-        return w ^ (sign & 0x7fff7fffu);
+        return w ^ (prmt_with_zero(w, 0xBB99u) & 0x7fff7fffu);
     }
     // Lane j of packed keys as the float value it stands for.
     static __device__ __forceinline__ float value(unsigned int packed_keys, int j) {
@@ -266,14 +272,11 @@ template <class T> struct PackedLanes {
     static constexpr bool BYTES = sizeof(T) == 1;
 
     // The even and the odd bytes of w (1-byte T) in two 16-bit lanes, widened with sign or zero.
-    static __device__ __forceinline__ unsigned int even(unsigned int w) { return prmt(w, SIGNED ? 0xA280u : 0x4240u); }
-    static __device__ __forceinline__ unsigned int odd(unsigned int w) { return prmt(w, SIGNED ? 0xB391u : 0x4341u); }
-    // prmt.b32 of w and 0: a selector nibble with its top bit set replicates the sign of the
-    // byte its low bits select; nibble 4 selects a zero byte.
-    static __device__ __forceinline__ unsigned int prmt(unsigned int w, unsigned int selector) {
-        unsigned int r;
-        asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(w), "r"(0u), "r"(selector));
-        return r;
+    static __device__ __forceinline__ unsigned int even(unsigned int w) {
+        return prmt_with_zero(w, SIGNED ? 0xA280u : 0x4240u);
+    }
+    static __device__ __forceinline__ unsigned int odd(unsigned int w) {
+        return prmt_with_zero(w, SIGNED ? 0xB391u : 0x4341u);
     }
 
     static __device__ __forceinline__ unsigned int lo3(unsigned int a, unsigned int b, unsigned int c) {
@@ -381,9 +384,9 @@ struct MomentAcc {
         }
     }
 
-    // A finite (or infinite) float element into the shifted sums of accumulator k, as add().
-    __device__ __forceinline__ void add_value(float x, int k) {
-        const double d = static_cast<double>(x) - c;
+    // An element's value (not NaN) into the float64 shifted sums of accumulator k.
+    __device__ __forceinline__ void add_value(double x, int k) {
+        const double d = x - c;
         s1[k] += d;
         s2[k] = fma(d, d, s2[k]);
     }
@@ -393,9 +396,7 @@ struct MomentAcc {
         if constexpr (FLOAT) {
             const bool is_nan = x != x;
             nan += is_nan ? 1u : 0u;
-            const double d = static_cast<double>(is_nan ? cv : x) - c;  // 0 for NaN
-            s1[k] += d;
-            s2[k] = fma(d, d, s2[k]);
+            add_value(static_cast<double>(is_nan ? cv : x), k);  // NaN as the shift: d = 0
             // NaN compares false both ways and is skipped; -0.0 orders below +0.0.
             const E e = static_cast<E>(x);
             lo = (e < lo || (e == lo && sign_bit(e))) ? e : lo;
@@ -409,9 +410,7 @@ struct MomentAcc {
             hi = Max::combine(hi, static_cast<E>(x));
         } else {
             total += static_cast<S>(x);  // wraps modulo 2**64, as NumPy's int64/uint64 sum
-            const double d = static_cast<double>(x) - c;
-            s1[k] += d;
-            s2[k] = fma(d, d, s2[k]);
+            add_value(static_cast<double>(x), k);
             lo = Min::combine(lo, static_cast<E>(x));
             hi = Max::combine(hi, static_cast<E>(x));
         }
@@ -444,8 +443,8 @@ struct MomentAcc {
                 nan_bits += __popc(m);
                 const unsigned int clean = (w[k] & ~m) | (cv_w & m);
                 const __half2 hc = *reinterpret_cast<const __half2*>(&clean);
-                add_value(__low2float(hc), (2 * k) % ACC);
-                add_value(__high2float(hc), (2 * k + 1) % ACC);
+                add_value(static_cast<double>(__low2float(hc)), (2 * k) % ACC);
+                add_value(static_cast<double>(__high2float(hc)), (2 * k + 1) % ACC);
                 const unsigned int key = HalfKeys::keys(w[k]);
                 lo_in[k] = (key & ~m) | (HalfKeys::PINF & m);
                 hi_in[k] = (key & ~m) | (HalfKeys::NINF & m);
