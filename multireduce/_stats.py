@@ -422,6 +422,41 @@ def warn_moments(op: Op, count: Any, correction: float) -> None:
         warnings.warn(message, RuntimeWarning, stacklevel=_outside_stacklevel())
 
 
+#: Below this bound on ``n * max(|lo|, |hi|)`` an integer state's total cannot have wrapped
+#: (int64 and uint64 totals hold 2**63 at least), so its mean is that total over n.
+EXACT_TOTAL_BOUND = 2.0**62
+
+
+def state_mean(state: Moments) -> np.ndarray:
+    """The mean a moments state stands for (where ``n > 0``; the state's own mean elsewhere).
+
+    For integer and bool input the total is an exact integer unless it wrapped, which it
+    cannot where ``n * max(|lo|, |hi|) < 2**62`` (tested in float64): there the mean is
+    ``float64(total) / float64(n)``, NumPy's formula (its float64 sum is exact below 2**53).
+    So a mean does not depend on how the elements were split into merged states (Chan's
+    update gives -4e-16 where the exact mean is 0); elsewhere, and for float input, the
+    state's float64 mean. ``stats_finalize_kernel`` (``kernels/multireduce/stats.cuh``)
+    applies the same rule with the same float64 operations.
+    """
+    if state.total.dtype.kind not in "iu":
+        return state.mean
+    n = state.n.astype(np.float64)
+    largest = np.maximum(np.abs(state.lo.astype(np.float64)), np.abs(state.hi.astype(np.float64)))
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        exact = state.total.astype(np.float64) / n
+        return np.where((state.n > 0) & (n * largest < EXACT_TOTAL_BOUND), exact, state.mean)
+
+
+def _state_mean_scalar(state: Moments) -> float:
+    # state_mean for a 0-d state with n > 0, in Python floats (the same IEEE operations).
+    total = state.total[()]
+    if total.dtype.kind in "iu":
+        n = float(int(state.n))
+        if n * max(abs(float(state.lo[()])), abs(float(state.hi[()]))) < EXACT_TOTAL_BOUND:
+            return float(total) / n
+    return float(state.mean)
+
+
 def finalize_moments(state: Moments, op: Op, result: np.dtype, correction: float = 0.0) -> Any:
     """The value of the moments op ``op`` (mean, nanmean, var, std) from a state.
 
@@ -438,7 +473,7 @@ def finalize_moments(state: Moments, op: Op, result: np.dtype, correction: float
     nan = state.nan
     warn_moments(op, n if skipna else n + nan, correction)
     if op.name in ("mean", "nanmean"):
-        value = np.where(n > 0, state.mean, np.float64(np.nan))
+        value = np.where(n > 0, state_mean(state), np.float64(np.nan))
         if not skipna:
             value = _nan_where(nan > 0, value)
         return _as_result(value, result)
@@ -458,7 +493,7 @@ def _finalize_moments_scalar(state: Moments, op: Op, result: np.dtype, correctio
     n, nan = int(state.n), int(state.nan)
     warn_moments(op, n if op.name == "nanmean" else n + nan, correction)
     if op.name in ("mean", "nanmean"):
-        value = float(state.mean) if n > 0 and (nan == 0 or op.name == "nanmean") else math.nan
+        value = _state_mean_scalar(state) if n > 0 and (nan == 0 or op.name == "nanmean") else math.nan
         return result.type(value)
     dof = n - correction
     value = float(state.m2) / dof if dof > 0 and nan == 0 else math.nan
@@ -565,7 +600,7 @@ def _finalize_stats_scalar(state: Moments, dtype: np.dtype, correction: float) -
         sum=np.asarray(total).astype(OPS["sum"].result_dtype(dtype))[()],
         min=np.asarray(lo).astype(dtype)[()],
         max=np.asarray(hi).astype(dtype)[()],
-        mean=mean_dt.type(float(state.mean) if n > 0 and not nan else math.nan),
+        mean=mean_dt.type(_state_mean_scalar(state) if n > 0 and not nan else math.nan),
         var=mean_dt.type(float(state.m2) / dof if dof > 0 and not nan else math.nan),
     )
 

@@ -1109,3 +1109,23 @@ def test_host_states_remember_the_chunks_device():
         )
     with pytest.raises(TypeError, match="expected multireduce partial states"):
         mdask._moments_combine([part, 1.0], (0,), True)
+
+
+@pytest.mark.parametrize("dtype", ["int16", "int64", "uint32", "bool"])
+def test_integer_means_are_numpys_whatever_the_chunks(dtype):
+    # Integer chunks' moments merge by Chan's update, which gave -4e-16 where the mean is 0;
+    # the mean comes from the exact integer total now (_stats.state_mean), as NumPy's does.
+    rng = np.random.default_rng(3)
+    x = rng.integers(0, 2, 1003).astype(bool) if dtype == "bool" else rng.integers(-300, 300, 1003).astype(dtype)
+    if dtype in ("int16", "int64"):
+        x[-1] = 0
+        x[-1] = -x.sum()  # the mean is exactly 0
+    for chunks in (1003, 250, 7):
+        d = da.from_array(x, chunks=chunks)
+        got = [
+            d.treereduce("mean").compute(scheduler="sync"),
+            mdask.stats(d).compute(scheduler="sync").mean,
+            d.reshape(1, -1).treereduce("mean", axis=1).compute(scheduler="sync")[0],
+        ]
+        for value in got:
+            assert np.float64(value).tobytes() == np.mean(x).tobytes(), (chunks, got, np.mean(x))

@@ -546,3 +546,21 @@ def test_gpu_moments_warnings_come_from_the_shape():
             warnings.simplefilter("ignore", RuntimeWarning)
             want = multireduce.reduce(host, op, **kw)
         assert bits_equal(cupy.asnumpy(got), np.asarray(want)), (op, got, want)
+
+
+@pytest.mark.parametrize("dtype", ["int8", "int32", "int64", "uint16", "bool"])
+@pytest.mark.parametrize("n", [1, 4097, 2**20 + 3])
+def test_integer_stats_mean_is_numpys(dtype, n):
+    # The state's mean for integer input is float64(total) / n (stats_finalize_kernel's
+    # state_mean), as NumPy's, where the total cannot have wrapped: bit for bit, also over
+    # rows, and exactly 0 where the sum is 0.
+    rng = np.random.default_rng(n)
+    host = rng.integers(0, 2, n).astype(bool) if dtype == "bool" else rng.integers(-100, 100, n).astype(dtype)
+    if dtype in ("int32", "int64") and n > 1:
+        host[-1] = 0
+        host[-1] = -host.sum()
+    got = multireduce.stats(cupy.asarray(host)).mean
+    assert bits_equal(cupy.asnumpy(got), np.mean(host)), (got, np.mean(host))
+    rows = host[: n - n % 3].reshape(3, -1) if n >= 3 else host.reshape(1, -1)
+    got = multireduce.stats(cupy.asarray(rows), axis=1).mean
+    assert bits_equal(cupy.asnumpy(got), np.mean(rows, axis=1)), (got, np.mean(rows, axis=1))

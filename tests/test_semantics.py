@@ -21,6 +21,7 @@ from __future__ import annotations
 import itertools
 import math
 import warnings
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -695,6 +696,49 @@ def test_merge_all_equals_pair_by_pair_merges_bit_for_bit(count, shape):
         assert np.asarray(getattr(got, f)).tobytes() == np.asarray(getattr(want, f)).tobytes(), f
     assert int(got.total) == 5 * count * (count - 1) // 2 + 10 * count  # sum over i of i + (i+1) + ... + (i+4)
     assert int(got.n) == 5 * count
+
+
+@pytest.mark.parametrize("dtype", ["int8", "int32", "int64", "uint16", "uint64", "bool"])
+@pytest.mark.parametrize("parts", [1, 2, 3, 7])
+def test_integer_means_do_not_depend_on_the_split(dtype, parts):
+    # An integer state's mean is float64(total) / n wherever the total cannot have wrapped
+    # (_stats.state_mean), so merged states give NumPy's mean bit for bit: Chan's update alone
+    # gave -4e-16 where the mean is 0. Both finalize paths (0-d states in Python floats, and
+    # arrays) and the mean op.
+    rng = np.random.default_rng(parts)
+    for n in (1, 2, 10, 1001):
+        if dtype == "bool":
+            x = rng.integers(0, 2, n).astype(bool)
+        else:
+            info = np.iinfo(dtype)
+            x = rng.integers(max(info.min, -1000), min(info.max, 1000), n, endpoint=True).astype(dtype)
+        if dtype in ("int32", "int64") and n > 1:
+            x[-1] = 0
+            x[-1] = -x.sum()  # the mean is exactly 0
+        states = [_stats.moments(p, (0,)) for p in np.array_split(x, parts) if p.size]
+        merged = _stats.merge_all(states)
+        want = np.mean(x)  # float64(sum) / n, exact here
+        row = merged.map(lambda a: np.asarray(a).reshape(1))  # the array finalize paths
+        f64 = np.dtype(np.float64)
+        for got in (
+            _stats.finalize_stats(merged, x.dtype).mean,
+            _stats.finalize_moments(merged, OPS["mean"], f64),
+            _stats.finalize_stats(row, x.dtype).mean[0],
+            _stats.finalize_moments(row, OPS["mean"], f64)[0],
+        ):
+            assert np.float64(got).tobytes() == want.tobytes(), (dtype, parts, n, got, want)
+
+
+def test_integer_mean_after_a_wrapped_total_is_the_merged_mean():
+    # Where n * max(|lo|, |hi|) reaches 2**62 the int64 total may have wrapped (here it has):
+    # the mean is then Chan's merged mean, close to the exact one, not the wrapped total's.
+    x = np.array([2**62, 2**62, 2**62 - 8, 2**62 + 8], dtype=np.int64)
+    merged = _stats.merge_all([_stats.moments(p, (0,)) for p in np.array_split(x, 2)])
+    assert int(merged.total) != sum(x.tolist())  # wrapped, as NumPy's int64 sum does
+    exact = Fraction(sum(x.tolist()), x.size)
+    f64 = np.dtype(np.float64)
+    for got in (_stats.finalize_stats(merged, x.dtype).mean, _stats.finalize_moments(merged, OPS["mean"], f64)):
+        assert abs(Fraction(float(got)) - exact) <= exact * Fraction(2, 2**52), got
 
 
 _SCALAR_MERGE_BLOCKS = {

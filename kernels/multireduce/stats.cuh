@@ -823,6 +823,20 @@ arg_rows_kernel(const T* __restrict__ in, long long rows, long long length, ArgP
 // var; a float sum of zeros is +0.0; mean needs n > 0, var needs n - correction > 0 (else
 // NaN). Each result is rounded once from the float64 value, as NumPy's astype.
 
+// The mean a state with n > 0 stands for: multireduce._stats.state_mean, with the same
+// float64 operations. An integer total is exact unless it wrapped, which it cannot where
+// n * max(|lo|, |hi|) < 2**62; there the mean is double(total) / double(n), so that it does
+// not depend on how the elements were split into merged states. Else the state's mean.
+template <class S, class E>
+__device__ __forceinline__ double state_mean(const MomentState<S, E>& st) {
+    if constexpr (!IsFloating<S>::value) {
+        const double n = static_cast<double>(st.n);
+        const double largest = fmax(fabs(static_cast<double>(st.lo)), fabs(static_cast<double>(st.hi)));
+        if (n * largest < 0x1p62) return static_cast<double>(st.total) / n;
+    }
+    return st.mean;
+}
+
 template <class T, class S, class E, class SumOut, class MeanOut>
 __global__ void stats_finalize_kernel(const MomentState<S, E>* __restrict__ states, long long rows, double correction,
                                       long long* __restrict__ count, long long* __restrict__ nan_count,
@@ -849,7 +863,7 @@ __global__ void stats_finalize_kernel(const MomentState<S, E>* __restrict__ stat
             hi[r] = static_cast<T>(st.hi);
         }
         const double dof = static_cast<double>(st.n) - correction;
-        mean[r] = Convert<MeanOut, double>::apply(st.n > 0 && !has_nan ? st.mean : qnan);
+        mean[r] = Convert<MeanOut, double>::apply(st.n > 0 && !has_nan ? state_mean(st) : qnan);
         var[r] = Convert<MeanOut, double>::apply(dof > 0.0 && !has_nan ? st.m2 / dof : qnan);
     }
 }

@@ -294,6 +294,25 @@ def check_stats() -> None:
     expect_everywhere(lambda: mpi.stats(to_device(np.zeros(0))), ValueError, "zero-size array to stats")
 
 
+def check_integer_means() -> None:
+    # Integer means are exact however the ranks split the data: Chan's update, which merges
+    # the ranks' moments, gave -4e-16 where the mean is 0 (_stats.state_mean).
+    global CASES
+    rng = np.random.default_rng(17)
+    for dtype in (np.int8, np.int32, np.int64, np.uint16, np.bool_):
+        for n in (1, 7, 1001):
+            g = global_data(np.dtype(dtype), n, "small", int(rng.integers(1 << 30)))
+            want = np.mean(g)  # float64(sum) / n: exact sums here
+            local = to_device(g[mpi.shard(g.size)])
+            got = [to_host(mpi.stats(local).mean), to_host(mpi.allreduce(local, "mean"))]
+            CASES += 1
+            same_everywhere(got)
+            assert all(bits_equal(v, want, np.dtype(np.float64)) for v in got), (dtype, n, got, want)
+    g = np.array([3, -1, -2, 5, -5] * 7, dtype=np.int32)  # the mean is exactly 0
+    got = to_host(mpi.stats(to_device(g[mpi.shard(g.size)])).mean)
+    assert bits_equal(got, np.float64(0.0), np.dtype(np.float64)), got
+
+
 def _numpy_empty_message(op: str) -> str:
     try:
         getattr(np, op)(np.zeros(0))
@@ -497,6 +516,7 @@ def main() -> int:
     check_special_floats()
     check_dtype_argument()
     check_new_ops()  # every op: on the CPU, or on the GPU's kernels
+    check_integer_means()
     if XP is np:
         check_stats()
     else:
