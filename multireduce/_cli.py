@@ -285,9 +285,9 @@ def _setup(args, comm, mpi) -> _Context:
         # The one collective step comes first on every rank, before anything that can fail on
         # one rank alone: a rank that failed earlier would be in agree() while the others are in
         # local_rank()'s agreement, which raises the failure here, and they would then wait in
-        # agree() below for a rank that has left. select_device starts with local_rank's
-        # agreement and Split_type; CPU ranks take part in them through local_rank (one call,
-        # as the agreement counts them).
+        # agree() below for a rank that has left. select_device makes local_rank's two
+        # agreements around its Split_type; CPU ranks take part in them through local_rank
+        # (one call, as the agreement counts them).
         if backend == "gpu":
             import cupy
 

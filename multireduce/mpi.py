@@ -1219,20 +1219,39 @@ def local_rank(comm=None) -> tuple[int, int]:
     Uses ``Split_type(COMM_TYPE_SHARED)``, after the agreement that every collective function
     here begins with: if some rank is in another of them, every rank raises
     ``ValueError("call differs across ranks")`` (a rank in :func:`select_device` is in the same
-    call), or the failure if a rank passed one to :func:`agree`.
+    call), or the failure if a rank passed one to :func:`agree`. A second agreement follows,
+    which raises :class:`RankError` here if a rank in :func:`select_device` could not make
+    its device current.
     """
-    return _local_rank(_comm(comm), "mpi.local_rank()")
+    local, size, _ = _local_rank(_comm(comm), "mpi.local_rank()")
+    return local, size
 
 
-def _local_rank(comm, call: str, error: BaseException | None = None) -> tuple[int, int]:
-    # Without the agreement, a rank in the Split_type and one in another call's Allreduce
-    # waited for each other forever (MPICH). ``error``: the caller's local failure, agreed.
+def _local_rank(comm, call: str, error: BaseException | None = None, then=None) -> tuple[int, int, Any]:
+    """The node-local rank and size, between two agreements; and ``then(local)``'s value.
+
+    Without the first agreement, a rank in the Split_type and one in another call's Allreduce
+    waited for each other forever (MPICH); ``error`` is the caller's local failure, agreed
+    there. The second agrees on what ``then`` (select_device's activation of its device)
+    raises: without it, a rank whose device could not be made current raised alone, and the
+    others went on to their next collective and waited there. local_rank() makes the same
+    two agreements (with no ``then``), so that the CLI's CPU ranks, which call it while its
+    GPU ranks call select_device, meet them in both.
+    """
     _agree_values(comm, error, call)
     node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
     try:
-        return node.Get_rank(), node.Get_size()
+        local, size = node.Get_rank(), node.Get_size()
     finally:
         node.Free()
+    value = error = None
+    if then is not None:
+        try:
+            value = then(local)
+        except BaseException as exc:  # agreed below, then re-raised on this rank
+            error = exc
+    _agree_values(comm, error, call)
+    return local, size, value
 
 
 def select_device(comm=None, *, device: int | None = None) -> int:
@@ -1242,9 +1261,10 @@ def select_device(comm=None, *, device: int | None = None) -> int:
     node spread over its GPUs (and share them when there are more ranks than GPUs).
     ``device=``, or else the environment variable ``MULTIREDUCE_DEVICE``, overrides it.
     Collective (the node-local rank needs ``Split_type``, after :func:`local_rank`'s
-    agreement), even when overridden. The errors below are agreed with the other ranks (in
-    ``select_device`` or :func:`local_rank`): the rank that has one raises it, and the others
-    raise :class:`RankError` (without the agreement they went on to their next collective and
+    agreement), even when overridden. The errors below, and CUDA's error if the device cannot
+    be made current, are agreed with the other ranks (in ``select_device`` or
+    :func:`local_rank`): the rank that has one raises it, and the others raise
+    :class:`RankError` (without the agreement they went on to their next collective and
     waited there for the failed rank forever).
 
     Raises
@@ -1269,13 +1289,13 @@ def select_device(comm=None, *, device: int | None = None) -> int:
         requested = _requested_device(device, count, os.environ)
     except BaseException as exc:  # agreed in _local_rank, then re-raised on this rank
         error = exc
-    local, _ = _local_rank(comm, "mpi.select_device()", error)
-    device = local % count if requested is None else requested
-    # The last collective is behind: a failure to make the device current (not expected for
-    # an ordinal in range) is this rank's alone. Agreeing it would take a collective that the
-    # ranks calling local_rank() beside this one (the CLI's CPU ranks) do not make.
-    _use_device(device)
-    return device
+
+    def activate(local: int) -> int:
+        device = local % count if requested is None else requested
+        _use_device(device)
+        return device
+
+    return _local_rank(comm, "mpi.select_device()", error, activate)[2]
 
 
 def _device_count() -> int:

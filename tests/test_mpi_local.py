@@ -793,6 +793,20 @@ def node():
     return mpi.select_device() if FIRST else list(mpi.local_rank())
 
 
+def use_fails(other):
+    # Rank 0 cannot make its device current (after the last agreement of select_device, before
+    # it had a second one); rank 1 calls ``other``: select_device, or local_rank as the CLI's
+    # CPU ranks do.
+    if not FIRST:
+        return other()
+
+    def fail(device):
+        raise RuntimeError(f"cudaErrorDevicesUnavailable: device {device} is busy")
+
+    mpi._use_device = fail
+    return mpi.select_device()
+
+
 class Interrupting:
     # Ctrl-C arriving on one rank while it converts its input (or a path that is not one).
     def __array__(self, *args, **kwargs):
@@ -844,6 +858,8 @@ CASES = {
     "interrupt-read_shard": lambda: mpi.read_shard(Interrupting() if FIRST else raw, dtype="float64"),
     "badstr-sum": lambda: mpi.allreduce(Unprintable() if FIRST else x, "sum"),
     "select_device-range": lambda: mpi.select_device(device=0 if FIRST else 3),
+    "select_device-use": lambda: use_fails(lambda: mpi.select_device()),
+    "select_device-use-local_rank": lambda: use_fails(lambda: mpi.local_rank()),
     "agreeing": agreeing,
 }
 
@@ -1006,6 +1022,18 @@ def test_select_device_errors_are_agreed(mpiexec, tmp_path):
     assert second["message"].startswith("select_device: device=3: device 3 does not exist")
     assert first["type"] == "RankError" and first["failures"] == [1]
     assert first["message"].startswith("rank 1 of 2 failed: ValueError: select_device: device=3")
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("case", ["select_device-use", "select_device-use-local_rank"])
+def test_a_device_that_cannot_be_made_current_is_agreed(mpiexec, tmp_path, case):
+    # Rank 0's device cannot be made current. Before, that came after select_device's last
+    # collective: rank 0 raised alone and rank 1 returned, to wait in its next collective.
+    first, second = _on_two_ranks(mpiexec, tmp_path, case)
+    assert first["type"] == "RuntimeError" and first["failures"] == [0], first
+    assert first["message"] == "cudaErrorDevicesUnavailable: device 0 is busy"
+    assert second["type"] == "RankError" and second["failures"] == [0], second
+    assert second["message"].startswith("rank 0 of 2 failed: RuntimeError: cudaErrorDevicesUnavailable")
 
 
 @pytest.mark.mpi
