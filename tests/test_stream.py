@@ -415,6 +415,22 @@ def test_pinned_sources_skip_the_host_copy():
     got, _ = sim_reduce(x, "sum", device=dev)
     check(x, "sum", got)
     assert dev.direct_uploads == dev.uploads == 80_000 // (4 * KIB) + 1 and dev.host_copies == 0
+    # Consecutive pieces take PINNED_SLOTS slots in turn (with one, each upload waited in its
+    # stream for the previous piece's kernel), or as many as the budget holds.
+    assert dev.slots_allocated == stream.PINNED_SLOTS == 3
+    used = []
+    real = dev.upload_from
+    dev.upload_from = lambda slot, source: (used.append(id(slot)), real(slot, source))[1]
+    got, _ = sim_reduce(x, "min", device=dev)
+    check(x, "min", got)
+    assert len(used) == 20 and len(set(used)) == 3
+    assert all(used[k] != used[k + 1] and used[k] == used[k + 3] for k in range(len(used) - 3))
+    one = stream.SimulatedDevice()
+    y = one.pinned_empty(10_000, np.float64)
+    y[:] = x
+    got, _ = sim_reduce(y, "sum", device=one, budget=8 * KIB)
+    check(y, "sum", got)
+    assert one.slots_allocated == 2
     # A strided view of pinned memory is not contiguous: it is staged.
     got, _ = sim_reduce(x[::2], "max", device=dev)
     check(x[::2], "max", got)
