@@ -574,6 +574,10 @@ class _CupyDevice:
     def host_ready(self, slot: _Slot) -> None:
         slot.copied.synchronize()  # returns at once for an event never recorded
 
+    def idle(self, slot: _Slot) -> bool:
+        """Whether :meth:`host_ready` would return at once (the slot's last work has ended)."""
+        return slot.copied.done
+
     def bind(self) -> Any:
         """A context in which the calling thread's CUDA calls go to this device."""
         return self.cupy.cuda.Device(self.device)
@@ -776,6 +780,10 @@ class SimulatedDevice:
         if slot.copied is not None:
             futures.wait([slot.copied])  # its outcome belongs to the call that issued it
 
+    def idle(self, slot: _Slot) -> bool:
+        """Whether :meth:`host_ready` would return at once."""
+        return slot.copied is None or slot.copied.done()
+
     def _copy(self, slot: _Slot, source: np.ndarray, offset: int = 0) -> None:
         if self.upload_delay:
             threading.Event().wait(self.upload_delay)
@@ -929,9 +937,7 @@ class _Pipeline:
                     self._waiting.append(ticket)
                 self._cond.wait()
             self._leave(ticket)
-            # The most recently returned first: a small input's calls keep reusing the same
-            # few pinned buffers, which stay in the CPU's caches and TLB.
-            taken = [self._free.pop() for _ in range(min(count, len(self._free)))]
+            taken = self._take_free(count, limit)
             new = count - len(taken)
             self.allocated += new
             self.in_use += count
@@ -946,6 +952,26 @@ class _Pipeline:
                 self._cond.notify_all()
             raise
         return taken + made
+
+    def _take_free(self, count: int, limit: int) -> list[_Slot]:
+        """Free slots for :meth:`acquire_all` (under the lock); the rest of ``count`` are made new.
+
+        Idle slots first (their last uploads and kernel have ended), the most recently returned
+        first: a small input's calls keep reusing the same few pinned buffers, which stay in
+        the CPU's caches and TLB. Then new slots, while fewer than ``limit`` exist. Then slots
+        still in use by the GPU, the oldest first. Taking the most recently returned slots
+        whether idle or not gave a large input's next group of segments the slots of the group
+        before it, so its copies waited for those uploads while the slots that the budget
+        still allowed were never made.
+        """
+        free = list(self._free)  # the oldest first
+        idle = [k for k in range(len(free) - 1, -1, -1) if self.device.idle(free[k])][:count]
+        new = min(count - len(idle), max(0, limit - self.allocated))
+        chosen = set(idle)
+        busy = [k for k in range(len(free)) if k not in chosen][: count - len(idle) - new]
+        chosen.update(busy)
+        self._free = collections.deque(slot for k, slot in enumerate(free) if k not in chosen)
+        return [free[k] for k in idle + busy]
 
     def _allocate(self, count: int) -> list[_Slot]:
         """Make ``count`` slots, already counted in ``allocated`` and ``in_use``.

@@ -291,6 +291,7 @@ def main(argv=None) -> int:
     threads = extra["threads_default"] if args.threads is None else args.threads
     print(f"bench_stream: {gpu}, budget {args.budget / GIB:.2f} GiB, copy threads {threads}")
     print(f"copy engine: {extra['copy_engine']}")
+    print(f"multireduce from {Path(sys.modules['multireduce'].__file__).parent}")  # the checkout measured
     print(f"{'case':<10} {'peer':<20} {'median ms':>10} {'p10':>9} {'p90':>9} {'GB/s':>8}  targets")
     for r in b.records:
         verdicts = "; ".join(

@@ -815,6 +815,34 @@ def test_acquire_all():
     p.free()
 
 
+def test_acquire_all_takes_idle_slots_then_new_ones_then_busy_ones():
+    # A large input's groups of segments: the group before still uploads out of its slots.
+    # Taking those (the most recently returned) made this group's copies wait for the uploads
+    # while the budget allowed new slots.
+    dev = stream.SimulatedDevice()
+    p = stream._Pipeline(dev, 1024)
+    pending = Future()  # work still queued in a slot's stream
+    first = p.acquire_all(2, 4)
+    for slot in first:
+        slot.copied = pending
+        p.release(slot)
+    second = p.acquire_all(2, 4)
+    assert dev.slots_allocated == 4 and not {id(s) for s in second} & {id(s) for s in first}
+    for slot in second:  # idle
+        p.release(slot)
+    # Idle slots first, the most recently returned first (a small input's calls reuse the
+    # same pinned buffers), and no new slot is made while idle ones are free.
+    assert [id(s) for s in p.acquire_all(1, 8)] == [id(second[1])]
+    p.release(second[1])
+    third = p.acquire_all(4, 4)  # at the limit: the idle ones, then the busy ones, oldest first
+    assert [id(s) for s in third] == [id(second[1]), id(second[0]), id(first[0]), id(first[1])]
+    assert dev.slots_allocated == 4
+    pending.set_result(None)
+    for slot in third:
+        p.release(slot)
+    p.free()
+
+
 def test_freeing_slots_in_use_is_refused():
     dev = stream.SimulatedDevice()
     p = stream._Pipeline(dev, 1024)
