@@ -131,11 +131,6 @@ PIECES_PER_THREAD = 2
 #: (2^24 float32 between other work: 4.3-4.4 ms ramped, 3.7 ms uniform). Ramping a Dask
 #: task's chunk (streamed by that task's thread alone) was slower too: 47-52 ms against 46.
 RAMP = "large"
-#: Slots that the pieces of a pinned input take in turn (fewer if the budget holds fewer).
-#: With one, as before, each piece's upload waited in the slot's stream for the previous
-#: piece's kernel, and the link idled for each kernel: 4 GiB from pinned memory ran at 53.1
-#: GB/s, against 54.7 for ``cupy.asarray`` (one 4 GiB copy) and a sum (h200_3f00b95).
-PINNED_SLOTS = 3
 #: Allocate the pinned staging buffers write-combined (``cudaHostAllocWriteCombined``): CPU
 #: writes skip the caches (no read for ownership), and the CPU never reads them.
 WRITE_COMBINED = False
@@ -574,10 +569,6 @@ class _CupyDevice:
     def host_ready(self, slot: _Slot) -> None:
         slot.copied.synchronize()  # returns at once for an event never recorded
 
-    def idle(self, slot: _Slot) -> bool:
-        """Whether :meth:`host_ready` would return at once (the slot's last work has ended)."""
-        return slot.copied.done
-
     def bind(self) -> Any:
         """A context in which the calling thread's CUDA calls go to this device."""
         return self.cupy.cuda.Device(self.device)
@@ -780,10 +771,6 @@ class SimulatedDevice:
         if slot.copied is not None:
             futures.wait([slot.copied])  # its outcome belongs to the call that issued it
 
-    def idle(self, slot: _Slot) -> bool:
-        """Whether :meth:`host_ready` would return at once."""
-        return slot.copied is None or slot.copied.done()
-
     def _copy(self, slot: _Slot, source: np.ndarray, offset: int = 0) -> None:
         if self.upload_delay:
             threading.Event().wait(self.upload_delay)
@@ -937,7 +924,9 @@ class _Pipeline:
                     self._waiting.append(ticket)
                 self._cond.wait()
             self._leave(ticket)
-            taken = self._take_free(count, limit)
+            # The most recently returned first: a small input's calls keep reusing the same
+            # few pinned buffers, which stay in the CPU's caches and TLB.
+            taken = [self._free.pop() for _ in range(min(count, len(self._free)))]
             new = count - len(taken)
             self.allocated += new
             self.in_use += count
@@ -952,26 +941,6 @@ class _Pipeline:
                 self._cond.notify_all()
             raise
         return taken + made
-
-    def _take_free(self, count: int, limit: int) -> list[_Slot]:
-        """Free slots for :meth:`acquire_all` (under the lock); the rest of ``count`` are made new.
-
-        Idle slots first (their last uploads and kernel have ended), the most recently returned
-        first: a small input's calls keep reusing the same few pinned buffers, which stay in
-        the CPU's caches and TLB. Then new slots, while fewer than ``limit`` exist. Then slots
-        still in use by the GPU, the oldest first. Taking the most recently returned slots
-        whether idle or not gave a large input's next group of segments the slots of the group
-        before it, so its copies waited for those uploads while the slots that the budget
-        still allowed were never made.
-        """
-        free = list(self._free)  # the oldest first
-        idle = [k for k in range(len(free) - 1, -1, -1) if self.device.idle(free[k])][:count]
-        new = min(count - len(idle), max(0, limit - self.allocated))
-        chosen = set(idle)
-        busy = [k for k in range(len(free)) if k not in chosen][: count - len(idle) - new]
-        chosen.update(busy)
-        self._free = collections.deque(slot for k, slot in enumerate(free) if k not in chosen)
-        return [free[k] for k in idle + busy]
 
     def _allocate(self, count: int) -> list[_Slot]:
         """Make ``count`` slots, already counted in ``allocated`` and ``in_use``.
@@ -1082,15 +1051,16 @@ class _Pipeline:
     def run(self, a: np.ndarray, op: Op, result: np.dtype, plan: StreamPlan) -> np.generic:
         flat = _dense_1d(a)
         if flat is not None and self.device.is_pinned(flat):
-            # No host copy to parallelize: one thread keeps the link busy. Consecutive pieces
-            # go to different slots, each with its own stream, so that a piece's upload does
-            # not wait in its stream for the previous piece's kernel.
-            pieces = plan_pieces(flat.shape, max(1, plan.slot_bytes // a.itemsize))
-            slots = self.acquire_all(min(PINNED_SLOTS, len(pieces), plan.n_slots), plan.n_slots)
-            try:
-                parts = [self.direct(slots[k % len(slots)], flat[i], op, result) for k, i in enumerate(pieces)]
-            finally:
-                for slot in slots:
+            # No host copy to parallelize: one thread keeps the link busy, a slot at a time.
+            # (Three slots in turn, so that an upload need not wait in its stream for the
+            # previous piece's kernel, measured 53.4 and 49.5 GB/s at 4 GiB against 53.1 with
+            # one: bench/results/h200_f72a15e. Not kept.)
+            parts = []
+            for index in plan_pieces(flat.shape, max(1, plan.slot_bytes // a.itemsize)):
+                slot = self.acquire(plan.n_slots)
+                try:
+                    parts.append(self.direct(slot, flat[index], op, result))
+                finally:
                     self.release(slot)
         elif flat is not None and self.device.native:
             cells, counts = self.device.cells(_native_segments(flat, plan)), []
