@@ -330,7 +330,8 @@ def reduce(
     (+0.0 is larger than -0.0), so that the result does not depend on element order; nanmax
     and nanmin ignore NaN and return NaN only where every element is NaN. Sums of zeros are
     +0.0. mean, var and std accumulate in float64 from one pass (Chan et al.'s update; a GPU
-    mean is the float64 sum over the count); the mean of zero elements is NaN, and var/std
+    mean, and a CPU mean along the trailing axes of a C-contiguous array, is the float64 sum
+    over the count); the mean of zero elements is NaN, and var/std
     are NaN where ``N - correction <= 0`` (the standard's rule; NumPy gives inf there).
     argmin/argmax return the first index of the extreme in the same order as min/max, NaN
     first.
@@ -404,6 +405,10 @@ def _reduce(x: Any, op: str | Op, axis: Any, keepdims: bool, dtype: Any, correct
             # shape alone, except nanmean's, which counts the non-NaN elements.
             _stats.warn_moments(op, math.prod(arr.shape[a] for a in axes), corr)
             value = backend.moments_result(arr, axes, op, result, corr)
+        elif backend is not _cupy_backend and op.name == "mean" and arr.size and backend.sums_pairwise(arr, axes):
+            # The CPU's mean, as the GPU's: the float64 sum over the count (no warning: every
+            # reduced slice has elements).
+            value = backend.mean_result(arr, axes, result)
         else:
             value = _stats.finalize_moments(backend.moments(arr, axes, op), op, result, corr)
             if backend is _cupy_backend:  # the state came to the host; the result lives on the device

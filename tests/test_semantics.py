@@ -634,6 +634,56 @@ def test_moments_over_many_blocks_along_any_axis(shape, axis):
     assert np.all(s.count == x.size // np.asarray(ref_mean).size)
 
 
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")  # float16 sums, as NumPy's
+@pytest.mark.parametrize("case", ["zeros", "infinities", "nan"])
+@pytest.mark.parametrize("shape, axis", [((300_001,), None), ((3, 100_003), 1), ((100_003, 3), 0)])
+def test_float16_stats_extremes_over_many_blocks(case, shape, axis):
+    # Without NaN the CPU takes float16 extremes from the block's exact float64 copy (NumPy's
+    # float16 min/max have no SIMD); with NaN from the elements. Signed zeros as extremes and
+    # infinities, at block edges, bit for bit against the IEEE reference.
+    rng = np.random.default_rng(len(shape))
+    x = (rng.standard_normal(shape) * 10).astype(np.float16)
+    flat = x.reshape(-1)
+    if case == "zeros":  # every element <= -0.0 or >= +0.0 with both zeros as the extremes' ties
+        x = np.where(x > 0, -x, x)
+        flat = x.reshape(-1)
+        flat[[0, 131_071, 131_072, flat.size - 1]] = [-0.0, 0.0, -0.0, 0.0]
+    elif case == "infinities":
+        flat[[5, 131_073]] = [np.inf, -np.inf]
+    else:
+        flat[[7, 262_144]] = np.nan
+    axes = _norm_axes(axis, x.ndim)
+    s = multireduce.stats(x, axis=axis)
+    _bits_equal(s.min, ref_extreme(x, "min", axes))
+    _bits_equal(s.max, ref_extreme(x, "max", axes))
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64", "int32", "uint8", "bool"])
+@pytest.mark.parametrize(
+    "shape, axis", [((1,), None), ((1001,), None), ((5, 333), 1), ((2, 3, 400), (1, 2)), ((4, 7), 0)]
+)
+def test_cpu_mean_is_the_float64_sum_over_the_count(monkeypatch, dtype, shape, axis):
+    # Along the trailing axes of a C-contiguous array the CPU's mean is the GPU's: the float64
+    # sum (NumPy's pairwise sum there) over the count, rounded once. Elsewhere NumPy would add
+    # sequentially, and the mean comes from the blocked moments (more accurate), as before.
+    rng = np.random.default_rng(sum(shape))
+    x = (rng.standard_normal(shape) * 100 + 3).astype(dtype) if dtype != "bool" else rng.random(shape) < 0.3
+    axes = _norm_axes(axis, x.ndim)
+    count = math.prod(x.shape[a] for a in axes)
+    result = np.dtype(OPS["mean"].result_dtype(x.dtype))
+    if axes == tuple(range(x.ndim - len(axes), x.ndim)):
+        want = np.asarray(np.add.reduce(x, axis=axes, dtype=np.float64) / count).astype(result)
+        with monkeypatch.context() as m:  # one pass of the sum: no moments state (M2) made
+            m.setattr(_stats, "moments", lambda *args: pytest.fail("the mean made a moments state"))
+            got = np.asarray(multireduce.mean(x, axis=axis))
+    else:
+        got = np.asarray(multireduce.mean(x, axis=axis))
+        want = np.asarray(_stats.finalize_moments(_stats.moments(x, axes), OPS["mean"], result))
+    _bits_equal(got, want)
+    # A transposed view takes the moments: the same values, within the float64 sums' rounding.
+    close(multireduce.mean(x.T, axis=tuple(x.ndim - 1 - a for a in axes)), want, result, atol=0, rtol=4e-15)
+
+
 def test_moments_merge_is_chan_and_empty_is_neutral():
     rng = np.random.default_rng(5)
     a, b = rng.standard_normal(1000) * 3 + 7, rng.standard_normal(37) - 2

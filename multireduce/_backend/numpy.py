@@ -5,10 +5,12 @@ It is the reference that GPU results are tested against, and the path CI and lap
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .. import _exact, _stats
-from ..ops import Op
+from ..ops import OPS, Op
 
 
 def _as_result(value, result: np.dtype):
@@ -41,6 +43,29 @@ def reduce_full(x: np.ndarray, op: Op, acc: np.dtype, result: np.dtype) -> np.ge
 def moments(x: np.ndarray, axes: tuple[int, ...], op: Op) -> _stats.Moments:
     """The moments state of ``x`` over ``axes`` (:func:`multireduce._stats.moments`)."""
     return _stats.moments(x, axes)
+
+
+def sums_pairwise(x: np.ndarray, axes: tuple[int, ...]) -> bool:
+    """Whether NumPy sums ``x`` over ``axes`` pairwise: the reduced axes are the trailing axes of a C-contiguous array.
+
+    Along other axes NumPy adds sequentially, which the blocked moments (pairwise sums merged
+    by Chan's update) beat in accuracy, so :func:`mean_result` is used only here.
+    """
+    return x.flags.c_contiguous and axes == tuple(range(x.ndim - len(axes), x.ndim))
+
+
+def mean_result(x: np.ndarray, axes: tuple[int, ...], result: np.dtype):
+    """The mean of the non-empty ``x`` over ``axes``: the float64 sum over the count, rounded once.
+
+    As the GPU's mean (the fold kernel's float64 sum, then ``mean_from_sum_kernel``): one pass
+    of the sum, without the M2 that a moments state costs (three more passes over float64
+    copies: float32 input took 5.7 ms against 1.2 ms for 2**22 elements). For the reductions
+    that :func:`sums_pairwise` names; the others, and var and std, are finalized from
+    :func:`moments`.
+    """
+    count = math.prod(x.shape[a] for a in axes)
+    total = OPS["sum"].host_reduce(x, np.dtype(np.float64), axes)
+    return _as_result(total / count, result)
 
 
 def stats(x: np.ndarray, axes: tuple[int, ...], correction: float) -> _stats.Stats:

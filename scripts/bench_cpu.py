@@ -1,0 +1,160 @@
+"""The CPU backend (NumPy input) against NumPy's own functions, in one run.
+
+For each dtype and size: multireduce's sum, max, argmax, mean, var, std and stats against
+NumPy's sum, max, argmax, mean, var, std and, for stats, sum + min + max + mean + var. Data:
+``standard_normal * 100`` in the dtype (bool: ``> 0``), generated once per size and dtype.
+
+Method: wall time of each call, the cases interleaved in each repetition so that drift hits
+all of them alike; median, p10 and p90 over ``--repeat`` repetitions after ``--warmup``. GB/s
+= bytes of the input / time. Every multireduce result is checked against NumPy in float64
+(relative 1e-6 for float32/float16 results, 1e-12 for float64; exact for integers and extremes)
+before timing; a mismatch exits with status 1.
+
+No target is set by an issue. This is the measurement behind the README's "CPU backend" rows:
+``python scripts/bench_cpu.py --output bench/results/cpu_<commit>/bench_cpu.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # this checkout first: an older one on PYTHONPATH must not be measured
+
+from _benchutil import interleaved, stats  # noqa: E402
+
+import multireduce as mr  # noqa: E402
+from multireduce._provenance import git_state  # noqa: E402
+
+OPS = ("sum", "max", "argmax", "mean", "var", "std", "stats")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--dtypes", default="float32,float64,float16,int32,int8,bool")
+    p.add_argument("--sizes", default="16,22,25", help="log2 of the element counts, comma-separated")
+    p.add_argument("--ops", default=",".join(OPS))
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--repeat", type=int, default=9)
+    p.add_argument("--output", type=Path, default=None)
+    return p.parse_args(argv)
+
+
+def numpy_stats(x):
+    return (np.sum(x), np.min(x), np.max(x), np.mean(x), np.var(x))
+
+
+def peers(op: str):
+    """(multireduce's call, NumPy's call) for ``op``."""
+    if op == "stats":
+        return mr.stats, numpy_stats
+    return getattr(mr, op), getattr(np, op)
+
+
+def _close(got, want: float) -> bool:
+    """``got`` against the float64 reference ``want`` rounded to ``got``'s dtype: within a few ulps."""
+    g = np.asarray(got)
+    with np.errstate(over="ignore"):
+        w = np.float64(want).astype(g.dtype)
+    if np.isinf(w) or np.isinf(g):
+        return bool(g == w)
+    finfo = np.finfo(g.dtype)
+    rtol = (64 if g.dtype == np.float64 else 4) * float(finfo.eps)
+    return abs(float(g) - float(w)) <= rtol * abs(float(w)) + float(finfo.smallest_subnormal)
+
+
+def check(op: str, x: np.ndarray) -> str | None:
+    """None if multireduce's ``op`` of ``x`` matches the reference, else what differs.
+
+    Extremes and argmax exactly (NumPy's), integer sums exactly (Python integers), the rest
+    against NumPy in float64 rounded to the result dtype, within a few ulps.
+    """
+    f = x.astype(np.float64)
+    got = mr.stats(x) if op == "stats" else getattr(mr, op)(x)
+    exact_sum = int(x.astype(np.int64).sum()) if x.dtype.kind in "biu" else None
+    if op == "stats":
+        checks = [("sum", got.sum, f.sum()), ("mean", got.mean, f.mean()), ("var", got.var, f.var())]
+        checks += [("min", got.min, np.min(x)), ("max", got.max, np.max(x))]
+    else:
+        want = {"argmax": np.argmax(x), "max": np.max(x)}.get(op)
+        checks = [(op, got, getattr(np, op)(f) if want is None else want)]
+    for name, g, want in checks:
+        if name in ("min", "max", "argmax"):
+            ok = bool(np.asarray(g) == np.asarray(want))
+        elif name == "sum" and exact_sum is not None:
+            ok = int(g) == exact_sum
+        else:
+            ok = _close(g, float(want))
+        if not ok:
+            return f"{op} ({name}): {g!r} against {want!r}"
+    return None
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    dtypes = [np.dtype(d) for d in args.dtypes.split(",") if d]
+    sizes = [1 << int(s) for s in args.sizes.split(",") if s]
+    ops = [o for o in args.ops.split(",") if o]
+    unknown = sorted(set(ops) - set(OPS))
+    if unknown:
+        print(f"unknown ops {unknown}; choose from {', '.join(OPS)}", file=sys.stderr)
+        return 2
+    print(f"multireduce from {Path(mr.__file__).parent}", flush=True)
+    rng = np.random.default_rng(0)
+    records, failures = [], []
+    for n in sizes:
+        for dt in dtypes:
+            base = rng.standard_normal(n) * 100
+            x = base > 0 if dt == np.bool_ else base.astype(dt)
+            cases = {}
+            for op in ops:
+                problem = check(op, x)
+                if problem is not None:
+                    failures.append(f"{dt} n={n} {problem}")
+                ours, theirs = peers(op)
+                cases[f"{op}/multireduce"] = lambda ours=ours, x=x: ours(x)
+                cases[f"{op}/numpy"] = lambda theirs=theirs, x=x: theirs(x)
+            samples = interleaved(cases, args.warmup, args.repeat, lambda: None)
+            for op in ops:
+                a, b = stats(samples[f"{op}/multireduce"]), stats(samples[f"{op}/numpy"])
+                rec = {
+                    "dtype": dt.name,
+                    "n": n,
+                    "op": op,
+                    "multireduce": a,
+                    "numpy": b,
+                    "speedup_vs_numpy": b["median_ms"] / a["median_ms"],
+                    "multireduce_GBps": x.nbytes / a["median_ms"] / 1e6,
+                }
+                records.append(rec)
+                print(
+                    f"{dt.name:>8} 2^{n.bit_length() - 1:<2} {op:<7} multireduce {a['median_ms']:9.3f} ms"
+                    f"  numpy {b['median_ms']:9.3f} ms  {rec['speedup_vs_numpy']:5.2f}x",
+                    flush=True,
+                )
+    doc = {
+        "git": git_state(),
+        "host": {"machine": platform.machine(), "processor": platform.processor(), "cpus": os.cpu_count()},
+        "versions": {"python": platform.python_version(), "numpy": np.__version__},
+        "method": {"warmup": args.warmup, "repeat": args.repeat, "interleaved": True},
+        "records": records,
+        "check_failures": failures,
+    }
+    out = args.output or REPO / "bench" / "results" / "bench_cpu.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=2) + "\n")
+    print(f"wrote {out}")
+    for f in failures:
+        print(f"CHECK FAILED: {f}", file=sys.stderr)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
