@@ -10,6 +10,12 @@ all of them alike; median, p10 and p90 over ``--repeat`` repetitions after ``--w
 (relative 1e-6 for float32/float16 results, 1e-12 for float64; exact for integers and extremes)
 before timing; a mismatch exits with status 1.
 
+``--fresh`` also times multireduce's and NumPy's mean, var and stats each in a new process
+whose data was made without freeing a large array: glibc raises its threshold for returning
+freed memory to the system only once a large block is freed, so a process that never did
+(a short script, a CLI run) pays a page fault per fresh page for every large temporary. The
+interleaved runs above, in one long process, never see that.
+
 No target is set by an issue. This is the measurement behind the README's "CPU backend" rows:
 ``python scripts/bench_cpu.py --output bench/results/cpu_<commit>/bench_cpu.json``.
 """
@@ -43,6 +49,7 @@ def parse_args(argv=None):
     p.add_argument("--ops", default=",".join(OPS))
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--repeat", type=int, default=9)
+    p.add_argument("--fresh", action="store_true", help="also time mean, var and stats in new processes")
     p.add_argument("--output", type=Path, default=None)
     return p.parse_args(argv)
 
@@ -97,6 +104,51 @@ def check(op: str, x: np.ndarray) -> str | None:
     return None
 
 
+_FRESH = """
+import statistics, sys, time
+sys.path.insert(0, {repo!r})
+import numpy as np
+import multireduce as mr
+n, dt = {n}, np.dtype({dtype!r})
+x = np.empty(n, dt)
+step = 1 << 14  # small blocks: no large array is freed before the timed calls
+for i in range(0, n, step):
+    x[i : i + step] = (np.arange(i, min(n, i + step)) % 251 - 125).astype(dt)
+fn = {call}
+fn(x)
+times = []
+for _ in range({repeat}):
+    t = time.perf_counter()
+    fn(x)
+    times.append(time.perf_counter() - t)
+print(statistics.median(times) * 1e3)
+"""
+
+_FRESH_CALLS = {
+    ("mean", "multireduce"): "mr.mean",
+    ("mean", "numpy"): "np.mean",
+    ("var", "multireduce"): "mr.var",
+    ("var", "numpy"): "np.var",
+    ("stats", "multireduce"): "mr.stats",
+    ("stats", "numpy"): "lambda x: (np.sum(x), np.min(x), np.max(x), np.mean(x), np.var(x))",
+}
+
+
+def fresh_records(dtypes, n: int, repeat: int) -> list[dict]:
+    """Median ms of each op of ``_FRESH_CALLS`` in a new process per (dtype, op, library)."""
+    import subprocess
+
+    records = []
+    for dt in dtypes:
+        for (op, lib), call in _FRESH_CALLS.items():
+            code = _FRESH.format(repo=str(REPO), n=n, dtype=dt.name, call=call, repeat=repeat)
+            done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+            ms = float(done.stdout.strip().splitlines()[-1])
+            records.append({"dtype": dt.name, "n": n, "op": op, "library": lib, "median_ms": ms})
+            print(f"fresh {dt.name:>8} 2^{n.bit_length() - 1:<2} {op:<6} {lib:<11} {ms:9.3f} ms", flush=True)
+    return records
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     dtypes = [np.dtype(d) for d in args.dtypes.split(",") if d]
@@ -139,12 +191,14 @@ def main(argv=None) -> int:
                     f"  numpy {b['median_ms']:9.3f} ms  {rec['speedup_vs_numpy']:5.2f}x",
                     flush=True,
                 )
+    fresh = fresh_records([d for d in dtypes if d != np.bool_], max(sizes), args.repeat) if args.fresh else []
     doc = {
         "git": git_state(),
         "host": {"machine": platform.machine(), "processor": platform.processor(), "cpus": os.cpu_count()},
         "versions": {"python": platform.python_version(), "numpy": np.__version__},
         "method": {"warmup": args.warmup, "repeat": args.repeat, "interleaved": True},
         "records": records,
+        "fresh_process": fresh,
         "check_failures": failures,
     }
     out = args.output or REPO / "bench" / "results" / "bench_cpu.json"
