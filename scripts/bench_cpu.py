@@ -3,6 +3,7 @@
 For each dtype and size: multireduce's sum, max, argmax, mean, var, std and stats against
 NumPy's sum, max, argmax, mean, var, std and, for stats, sum + min + max + mean + var. Data:
 ``standard_normal * 100`` in the dtype (bool: ``> 0``), generated once per size and dtype.
+``var0`` is var over axis 0 of the data as rows of 1,024 columns, against ``np.var(axis=0)``.
 
 Method: wall time of each call, the cases interleaved in each repetition so that drift hits
 all of them alike; median, p10 and p90 over ``--repeat`` repetitions after ``--warmup``. GB/s
@@ -39,7 +40,10 @@ from _benchutil import interleaved, stats  # noqa: E402
 import multireduce as mr  # noqa: E402
 from multireduce._provenance import git_state  # noqa: E402
 
-OPS = ("sum", "max", "argmax", "mean", "var", "std", "stats")
+OPS = ("sum", "max", "argmax", "mean", "var", "std", "stats", "var0")
+#: ``var0``: var over axis 0 of the data viewed as rows of this many columns (per-column
+#: variance of a data matrix).
+COLUMNS = 1024
 
 
 def parse_args(argv=None):
@@ -62,6 +66,8 @@ def peers(op: str):
     """(multireduce's call, NumPy's call) for ``op``."""
     if op == "stats":
         return mr.stats, numpy_stats
+    if op == "var0":
+        return (lambda x: mr.var(x.reshape(-1, COLUMNS), axis=0)), (lambda x: np.var(x.reshape(-1, COLUMNS), axis=0))
     return getattr(mr, op), getattr(np, op)
 
 
@@ -84,6 +90,10 @@ def check(op: str, x: np.ndarray) -> str | None:
     against NumPy in float64 rounded to the result dtype, within a few ulps.
     """
     f = x.astype(np.float64)
+    if op == "var0":
+        got, want = peers(op)[0](x), np.var(f.reshape(-1, COLUMNS), axis=0)
+        ok = all(_close(g, float(w)) for g, w in zip(np.asarray(got), want, strict=True))
+        return None if ok else f"var0: {got!r} against {want!r}"
     got = mr.stats(x) if op == "stats" else getattr(mr, op)(x)
     exact_sum = int(x.astype(np.int64).sum()) if x.dtype.kind in "biu" else None
     if op == "stats":

@@ -634,6 +634,48 @@ def test_moments_over_many_blocks_along_any_axis(shape, axis):
     assert np.all(s.count == x.size // np.asarray(ref_mean).size)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "int16", "bool"])
+@pytest.mark.parametrize(
+    ("shape", "axis"), [((3000, 70), 0), ((2, 2500, 66), 1), ((5, 300, 70), (0, 1)), ((1100, 1, 80), 0)]
+)
+def test_moments_over_leading_axes_read_in_memory_order(monkeypatch, dtype, shape, axis):
+    # A C-contiguous array reduced over adjacent axes followed by a kept run of at least 64
+    # bytes goes through the column path (blocks read in memory order; moving the reduced
+    # axes last read them a cache line per element). Against exact references per column,
+    # with NaN, infinities and signed zeros at block edges; extremes bit for bit.
+    rng = np.random.default_rng(sum(shape))
+    x = (rng.standard_normal(shape) * 50 + 3).astype(dtype) if dtype != "bool" else rng.random(shape) < 0.4
+    axes = _norm_axes(axis, x.ndim)
+    flat = x.reshape(-1)
+    if dtype.startswith("float"):
+        flat[[0, 1025 * shape[-1], flat.size - 1]] = [-0.0, np.inf, np.nan]
+    monkeypatch.setattr(_stats, "_split_axes", lambda *a: pytest.fail("took the row path"))
+    s = multireduce.stats(x, axis=axis, correction=1)
+    monkeypatch.undo()
+    kept = [a for a in range(x.ndim) if a not in axes]
+    rows = np.transpose(x, kept + list(axes)).reshape(-1, math.prod(x.shape[a] for a in axes)).astype(np.float64)
+    ref_mean, ref_var = [], []
+    for r in rows:
+        if np.isnan(r).any() or np.isinf(r).any():
+            ref_mean.append(np.mean(r))
+            ref_var.append(np.nan)
+            continue
+        m = math.fsum(r.tolist()) / r.size
+        ref_mean.append(m)
+        ref_var.append(math.fsum((v - m) ** 2 for v in r.tolist()) / (r.size - 1))
+    kshape = s.count.shape
+    dt = np.asarray(s.mean).dtype
+    eps = float(np.finfo(dt).eps)
+    scale = 60.0 if dtype != "bool" else 1.0
+    close(s.mean, np.array(ref_mean).reshape(kshape), dt, atol=1e-14 * scale, rtol=2 * eps)
+    close(s.var, np.array(ref_var).reshape(kshape), dt, atol=1e-12 * scale * scale, rtol=4 * eps)
+    _bits_equal(s.min, ref_extreme(x, "min", axes))
+    _bits_equal(s.max, ref_extreme(x, "max", axes))
+    # A transposed view of the same data takes the row path: the same values within rounding.
+    t = multireduce.stats(np.asfortranarray(x), axis=axis, correction=1)
+    close(t.var, s.var, dt, atol=1e-12 * scale * scale, rtol=8 * eps)
+
+
 @pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")  # float16 sums, as NumPy's
 @pytest.mark.parametrize("case", ["zeros", "infinities", "nan"])
 @pytest.mark.parametrize("shape, axis", [((300_001,), None), ((3, 100_003), 1), ((100_003, 3), 0)])
