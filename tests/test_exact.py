@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+from multireduce import _exact
 from multireduce._exact import LIMBS, ExactSum, exact_sum, round_to_dtype
 
 FLOATS = [np.float16, np.float32, np.float64]
@@ -140,3 +141,24 @@ def test_round_to_dtype_ties_to_even():
 def test_rejects_non_floats():
     with pytest.raises(TypeError, match="float16, float32 or float64"):
         exact_sum(np.arange(3))
+
+
+@pytest.mark.parametrize("dt", FLOATS)
+def test_every_bit_pattern_across_blocks_and_views(dt):
+    # The accumulator buckets elements by their exponent field: random bit patterns reach
+    # every field (subnormals, the largest exponents, NaN and infinities), over more than one
+    # block (_exact._BLOCK) and through strided and reversed views, against Fraction sums.
+    uint = UINT[np.dtype(dt).itemsize]
+    rng = np.random.default_rng(np.dtype(dt).itemsize)
+    x = rng.integers(0, np.iinfo(uint).max, _exact._BLOCK + 7, dtype=uint, endpoint=True).view(dt)
+    x[[5, _exact._BLOCK + 2]] = [np.inf, -np.inf]  # random patterns seldom hit the two infinities
+    finite = x[np.isfinite(x)]
+    for view in (finite, finite[::3], finite[::-1]):
+        acc = exact_sum(view)
+        assert Fraction(acc.value(), 2**1074) == fraction_sum(view)
+        assert acc.flags.tolist() == [0, 0, 0] and acc.count == view.size
+    acc = exact_sum(x)
+    assert Fraction(acc.value(), 2**1074) == fraction_sum(finite)
+    specials = x[~np.isfinite(x)]
+    want = [int(np.isnan(specials).sum()), int((specials == np.inf).sum()), int((specials == -np.inf).sum())]
+    assert acc.flags.tolist() == want and min(want) > 0
