@@ -131,12 +131,6 @@ PIECES_PER_THREAD = 2
 #: (2^24 float32 between other work: 4.3-4.4 ms ramped, 3.7 ms uniform). Ramping a Dask
 #: task's chunk (streamed by that task's thread alone) was slower too: 47-52 ms against 46.
 RAMP = "large"
-#: Slots that the pieces of a pinned input take in turn (fewer if the budget holds fewer).
-#: With one slot, each piece's upload waited in the slot's stream for the previous piece's
-#: kernel, and the link idled for it: 4 GiB at 53.1 GB/s against 54.7 for one
-#: ``cupy.asarray`` copy and a sum (h200_3f00b95). With three slots whose uploads went on their
-#: own streams, 53.4 and 49.5 GB/s (h200_f72a15e): the uploads now share one stream.
-PINNED_SLOTS = 3
 #: Allocate the pinned staging buffers write-combined (``cudaHostAllocWriteCombined``): CPU
 #: writes skip the caches (no read for ownership), and the CPU never reads them.
 WRITE_COMBINED = False
@@ -612,24 +606,10 @@ class _CupyDevice:
             slot.copied.record(slot.stream)
 
     def upload_from(self, slot: _Slot, source: np.ndarray) -> None:
-        """Copy the pinned, contiguous ``source`` straight into the slot's device buffer.
-
-        The copy goes on the calling thread's upload stream for this device, after the
-        slot's last kernel (``slot.copied``), and the slot's stream waits for it. So the
-        uploads of consecutive pieces follow each other on one stream, and a piece's upload
-        does not wait for the previous piece's kernel as it did in the slot's own stream.
-        """
-        cupy = self.cupy
+        """Copy the pinned, contiguous ``source`` straight into the slot's device buffer."""
         raw = source.reshape(-1).view(np.uint8)
-        with cupy.cuda.Device(self.device):
-            up = getattr(self._local, "upload_stream", None)
-            if up is None:
-                up = self._local.upload_stream = cupy.cuda.Stream(non_blocking=True)
-            up.wait_event(slot.copied)  # a never-recorded event: no wait
-            slot.device_buffer[: raw.size].set(raw, stream=up)
-            done = cupy.cuda.Event(disable_timing=True)
-            done.record(up)
-            slot.stream.wait_event(done)
+        with self.cupy.cuda.Device(self.device):
+            slot.device_buffer[: raw.size].set(raw, stream=slot.stream)
 
     def reduce(self, slot: _Slot, dtype: np.dtype, count: int, op: Op, result: np.dtype) -> _partials.Partial:
         cupy = self.cupy
@@ -1071,15 +1051,18 @@ class _Pipeline:
     def run(self, a: np.ndarray, op: Op, result: np.dtype, plan: StreamPlan) -> np.generic:
         flat = _dense_1d(a)
         if flat is not None and self.device.is_pinned(flat):
-            # No host copy to parallelize: one thread keeps the link busy. The pieces take
-            # PINNED_SLOTS slots in turn, and their uploads follow each other on one stream
-            # (upload_from), each after the kernel that last read its slot.
-            pieces = plan_pieces(flat.shape, max(1, plan.slot_bytes // a.itemsize))
-            slots = self.acquire_all(min(PINNED_SLOTS, len(pieces), plan.n_slots), plan.n_slots)
-            try:
-                parts = [self.direct(slots[k % len(slots)], flat[i], op, result) for k, i in enumerate(pieces)]
-            finally:
-                for slot in slots:
+            # No host copy to parallelize: one thread keeps the link busy, a slot at a time.
+            # (Three slots in turn, so that an upload need not wait in its stream for the
+            # previous piece's kernel, measured 53.4 and 49.5 GB/s at 4 GiB against 53.1 with
+            # one, bench/results/h200_f72a15e; with their uploads on one stream, 53.4 and 52.3
+            # against 53.2 and 52.9, h200_527f732. Not kept: cupy.asarray's single copy and a
+            # sum take 54.7.)
+            parts = []
+            for index in plan_pieces(flat.shape, max(1, plan.slot_bytes // a.itemsize)):
+                slot = self.acquire(plan.n_slots)
+                try:
+                    parts.append(self.direct(slot, flat[index], op, result))
+                finally:
                     self.release(slot)
         elif flat is not None and self.device.native:
             cells, counts = self.device.cells(_native_segments(flat, plan)), []
