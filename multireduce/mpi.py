@@ -1244,13 +1244,13 @@ def _local_rank(comm, call: str, error: BaseException | None = None, then=None) 
         local, size = node.Get_rank(), node.Get_size()
     finally:
         node.Free()
-    value = error = None
+    value = failure = None
     if then is not None:
         try:
             value = then(local)
         except BaseException as exc:  # agreed below, then re-raised on this rank
-            error = exc
-    _agree_values(comm, error, call)
+            failure = exc
+    _agree_values(comm, failure, call)
     return local, size, value
 
 
