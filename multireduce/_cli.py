@@ -1,7 +1,9 @@
 """The command line: ``python -m multireduce [run | info | bench] [options]``.
 
 It runs alone or under ``mpirun -n N``. Arguments are parsed before MPI starts, so ``--help``
-and usage errors need no MPI. Output comes once, from rank 0. Every step that can fail on one
+and usage errors need no MPI when run alone; under a launcher with other processes a usage
+error joins the first agreement, so that ranks started with other arguments (an MPMD launch)
+stop too. Output comes once, from rank 0. Every step that can fail on one
 rank alone (reading a file, allocating device memory) is followed by a collective agreement
 (:func:`multireduce.mpi.agree`), so that all ranks stop together and rank 0 prints the failing
 rank's message. Anything that escapes without agreement (a bug) aborts the whole job with
@@ -1070,6 +1072,41 @@ def guarded(job, comm, mpi) -> int:
         return status
 
 
+def _env_size() -> int:
+    # The launcher's process count, known before MPI starts (1 without a launcher).
+    for name in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"):
+        value = os.environ.get(name, "").strip()
+        if value.isdigit():
+            return int(value)
+    return 1
+
+
+def _usage_error(exc: UsageError) -> int:
+    """Report a bad command line (rank 0 prints it) and return exit status 2.
+
+    Under a launcher with other processes, this rank first joins the command line's agreement
+    (:func:`_setup`'s) with the error: ranks started with other, valid arguments (an MPMD
+    launch, ``mpiexec -n 1 A : -n 1 B``) wait in it, and without this rank they waited
+    forever. They raise the failure there (rank 0 prints it if its own arguments were valid).
+    """
+    if _env_size() > 1:
+        try:
+            from . import mpi
+        except ImportError:  # no MPI here: every rank fails alike, and prints nothing more
+            pass
+        else:
+            try:
+                mpi._agree_values(
+                    mpi.MPI.COMM_WORLD, exc, "python -m multireduce", (("the command line", 0, "", ValueError),)
+                )
+            except BaseException as agreed:  # this rank's own UsageError, marked as agreed
+                if mpi.rank_failures(agreed) is None:
+                    raise
+    if _env_rank() == 0:
+        print(exc, file=sys.stderr)
+    return EXIT_USAGE
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m multireduce`` and of the ``multireduce`` script.
 
@@ -1079,9 +1116,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = _parse(argv)
     except UsageError as exc:
-        if _env_rank() == 0:
-            print(exc, file=sys.stderr)
-        return EXIT_USAGE
+        return _usage_error(exc)
     except SystemExit as exc:  # --help and --version print and exit through argparse
         return int(exc.code or 0)
     try:

@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import shlex
+import sys
 from fractions import Fraction
 
 import numpy as np
 import pytest
+from mpi_scripts import launch
 from mpi_scripts.launch import run
 from reference import float_sum, ieee_extreme, same_float, ulp
 
@@ -84,6 +88,23 @@ def test_usage_error_is_printed_once(mpiexec):
     done = run(mpiexec, 3, [*CLI, "--op", "median"])
     assert done.returncode == 2
     assert done.stderr.count("unknown op 'median'") == 1, done.output
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("bad_rank", [0, 1])
+def test_a_usage_error_on_one_rank_of_an_mpmd_launch_ends_the_job(mpiexec, bad_rank):
+    # mpiexec -n 1 A : -n 1 B, one of them with a bad --op: that rank joins the first
+    # agreement of the valid one with its usage error (before, it exited alone with status 2
+    # and the other rank waited in that agreement forever). Rank 0 prints the error once.
+    extra = shlex.split(os.environ.get("MULTIREDUCE_MPIEXEC_ARGS", ""))
+    good, bad = [*CLI, "--cpu", "--n", "1000"], [*CLI, "--op", "median"]
+    first, second = (bad, good) if bad_rank == 0 else (good, bad)
+    cmd = [mpiexec, *extra, "-n", "1", sys.executable, *first, ":", "-n", "1", sys.executable, *second]
+    returncode, stdout, stderr = launch._mpiexec.run_group(cmd, cwd=launch.REPO, env=launch.env(), timeout=60)
+    assert returncode != 0, stdout + stderr
+    assert stderr.count("unknown op 'median'") == 1, stdout + stderr
+    if bad_rank == 1:
+        assert "rank 1 of 2 failed: UsageError" in stderr, stderr
 
 
 # ------------------------------------------------------------------ run
