@@ -1073,8 +1073,10 @@ def guarded(job, comm, mpi) -> int:
 
 
 def _env_size() -> int:
-    # The launcher's process count, known before MPI starts (1 without a launcher).
-    for name in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"):
+    # The process count that mpiexec (Open MPI's, or MPICH's and Intel MPI's Hydra) gives each
+    # process it starts, known before MPI starts; 1 otherwise. (SLURM_NTASKS is also set in a
+    # batch script outside any launch: not used.)
+    for name in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
         value = os.environ.get(name, "").strip()
         if value.isdigit():
             return int(value)
