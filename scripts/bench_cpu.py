@@ -4,8 +4,9 @@ For each dtype and size: multireduce's sum, max, argmax, mean, var, std and stat
 NumPy's sum, max, argmax, mean, var, std and, for stats, sum + min + max + mean + var. Data:
 ``standard_normal * 100`` in the dtype (bool: ``> 0``), generated once per size and dtype.
 ``var0`` is var over axis 0 of the data as rows of 1,024 columns, against ``np.var(axis=0)``;
-``sum_repro`` is ``multireduce.sum(x, reproducible=True)`` (exact, correctly rounded) against
-NumPy's ``sum``.
+``var1f`` is var over axis 1 of the data as a Fortran-order matrix of 1,024 columns (made
+before the timing); ``sum_repro`` is ``multireduce.sum(x, reproducible=True)`` (exact,
+correctly rounded) against NumPy's ``sum``.
 
 Method: wall time of each call, the cases interleaved in each repetition so that drift hits
 all of them alike; median, p10 and p90 over ``--repeat`` repetitions after ``--warmup``. GB/s
@@ -43,7 +44,7 @@ from _benchutil import interleaved, stats  # noqa: E402
 import multireduce as mr  # noqa: E402
 from multireduce._provenance import git_state  # noqa: E402
 
-OPS = ("sum", "max", "argmax", "mean", "var", "std", "stats", "var0", "sum_repro")
+OPS = ("sum", "max", "argmax", "mean", "var", "std", "stats", "var0", "var1f", "sum_repro")
 #: ``var0``: var over axis 0 of the data viewed as rows of this many columns (per-column
 #: variance of a data matrix).
 COLUMNS = 1024
@@ -71,6 +72,8 @@ def peers(op: str):
         return mr.stats, numpy_stats
     if op == "var0":
         return (lambda x: mr.var(x.reshape(-1, COLUMNS), axis=0)), (lambda x: np.var(x.reshape(-1, COLUMNS), axis=0))
+    if op == "var1f":  # x: the Fortran-order matrix (made once, outside the timing)
+        return (lambda x: mr.var(x, axis=1)), (lambda x: np.var(x, axis=1))
     if op == "sum_repro":
         return (lambda x: mr.sum(x, reproducible=True)), np.sum
     return getattr(mr, op), getattr(np, op)
@@ -96,6 +99,10 @@ def check(op: str, x: np.ndarray) -> str | None:
     """
     f = x.astype(np.float64)
     exact_sum = int(x.astype(np.int64).sum()) if x.dtype.kind in "biu" else None
+    if op == "var1f":  # x is the Fortran-order matrix; the reference sums each row pairwise
+        got, want = peers(op)[0](x), np.var(np.ascontiguousarray(f), axis=1)
+        ok = all(_close(g, float(w)) for g, w in zip(np.asarray(got), want, strict=True))
+        return None if ok else f"var1f: {got!r} against {want!r}"
     if op == "var0":
         # The reference sums each column pairwise (a contiguous copy of the transpose): NumPy's
         # own var over axis 0 adds the rows one after another and is off by up to 9e-13 here.
@@ -187,13 +194,15 @@ def main(argv=None) -> int:
             base = rng.standard_normal(n) * 100
             x = base > 0 if dt == np.bool_ else base.astype(dt)
             cases = {}
+            fortran = np.asfortranarray(x.reshape(-1, COLUMNS))
             for op in ops:
-                problem = check(op, x)
+                arg = fortran if op == "var1f" else x
+                problem = check(op, arg)
                 if problem is not None:
                     failures.append(f"{dt} n={n} {problem}")
                 ours, theirs = peers(op)
-                cases[f"{op}/multireduce"] = lambda ours=ours, x=x: ours(x)
-                cases[f"{op}/numpy"] = lambda theirs=theirs, x=x: theirs(x)
+                cases[f"{op}/multireduce"] = lambda ours=ours, x=arg: ours(x)
+                cases[f"{op}/numpy"] = lambda theirs=theirs, x=arg: theirs(x)
             with np.errstate(all="ignore"):  # NumPy's float16 var overflows its squares; not ours to report
                 samples = interleaved(cases, args.warmup, args.repeat, lambda: None)
             for op in ops:
