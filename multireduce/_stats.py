@@ -372,6 +372,8 @@ def _block_moments(b: np.ndarray, work: tuple[np.ndarray, np.ndarray], axis: int
 #: Reduced positions per block of the column path (:func:`_column_moments`): NumPy sums a
 #: block's columns one row after another, so this bounds that sequential part of each sum.
 _COLUMN_BLOCK_ROWS = 1024
+#: Kept positions per block of the column path, at most.
+_COLUMN_BLOCK_COLS = 4096
 
 
 def _column_moments(y: np.ndarray) -> Moments:
@@ -383,7 +385,11 @@ def _column_moments(y: np.ndarray) -> Moments:
     axis is long (float32 var over axis 0 of 1024 x 4096: 51 ms, NumPy 2.3 ms).
     """
     outer, reduced, inner = y.shape
-    cols = min(inner, _BLOCK_ELEMENTS)
+    # Runs of at most _COLUMN_BLOCK_COLS kept elements: whole runs of a very long kept axis
+    # left a block only a few rows, and the merges of long states (one per block) cost more
+    # than the blocks (2**25 float32 as a 1024 x 32768 column reduction: 126 ms in blocks of 4
+    # rows). Shorter runs than that read memory in pieces too short for the prefetchers.
+    cols = min(inner, _COLUMN_BLOCK_COLS)
     rows = min(reduced, _COLUMN_BLOCK_ROWS, max(1, _BLOCK_ELEMENTS // cols))
     depth = min(outer, max(1, _BLOCK_ELEMENTS // (rows * cols)))
     size = depth * rows * cols  # the largest block
