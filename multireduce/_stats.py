@@ -325,6 +325,18 @@ def _split_axes(x: np.ndarray, axes: tuple[int, ...]) -> tuple[np.ndarray, tuple
     return np.transpose(x, kept + list(axes)).reshape(kshape + (reduced,)), kshape
 
 
+def _like(buffer: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The first ``b.size`` elements of ``buffer`` as an array of ``b``'s shape, in ``b``'s memory order.
+
+    As ``b.astype(...)`` lays out its copy (order "K"): a copy into a C-order buffer from a
+    block laid out otherwise transposed it element by element, and the float64 sums over it
+    would add in another order than the temporaries this buffer replaces.
+    """
+    order = sorted(range(b.ndim), key=lambda k: -abs(b.strides[k]))  # outermost axis first
+    laid = buffer[: b.size].reshape([b.shape[k] for k in order])
+    return laid.transpose(np.argsort(order))
+
+
 def _block_moments(b: np.ndarray, work: tuple[np.ndarray, np.ndarray], axis: int = -1) -> Moments:
     """The moments state of the block ``b`` over its axis ``axis``.
 
@@ -335,10 +347,10 @@ def _block_moments(b: np.ndarray, work: tuple[np.ndarray, np.ndarray], axis: int
     The values are those of the temporaries they replace.
     """
     m = b.shape[axis]
-    f = work[0][: b.size].reshape(b.shape)
+    f = _like(work[0], b)
     nanmask = None
     if b.dtype.kind == "f":
-        nanmask = np.isnan(b, out=work[1][: b.size].reshape(b.shape))
+        nanmask = np.isnan(b, out=_like(work[1], b))
         if not nanmask.any():
             nanmask = None
     if nanmask is not None:
