@@ -274,14 +274,22 @@ def _arguments_code(args) -> tuple[int, str]:
     return int.from_bytes(digest, "little", signed=True), shown
 
 
+def _agree_command_line(comm, mpi, error: BaseException | None, code: int, shown: str) -> None:
+    """The CLI's first collective: the agreement on every rank's command line, or on its usage error.
+
+    :func:`_setup` and :func:`_usage_error` make it with the same record, so that ranks
+    started with different arguments meet in it whichever of the two they reached.
+    """
+    mpi._agree_values(comm, error, "python -m multireduce", (("the command line", code, shown, ValueError),))
+
+
 def _setup(args, comm, mpi) -> _Context:
     backend, reason = _detect_backend(args.cpu)
     ctx = _Context(comm, mpi, comm.Get_rank(), comm.Get_size(), backend, reason)
     # Ranks started with different arguments (an MPMD launch, a wrapper script) would make
     # different collective calls (a hang, or MPI's "message truncated") or split different
     # lengths (a wrong result): every rank raises instead.
-    code, shown = _arguments_code(args)
-    mpi._agree_values(comm, None, "python -m multireduce", (("the command line", code, shown, ValueError),))
+    _agree_command_line(comm, mpi, None, *_arguments_code(args))
     error = None
     try:
         # The one collective step comes first on every rank, before anything that can fail on
@@ -1098,9 +1106,7 @@ def _usage_error(exc: UsageError) -> int:
             pass
         else:
             try:
-                mpi._agree_values(
-                    mpi.MPI.COMM_WORLD, exc, "python -m multireduce", (("the command line", 0, "", ValueError),)
-                )
+                _agree_command_line(mpi.MPI.COMM_WORLD, mpi, exc, 0, "")  # a failed rank's code is not read
             except BaseException as agreed:  # this rank's own UsageError, marked as agreed
                 if mpi.rank_failures(agreed) is None:
                     raise

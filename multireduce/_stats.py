@@ -381,6 +381,23 @@ def _block_moments(b: np.ndarray, work: tuple[np.ndarray, np.ndarray], axis: int
     return Moments(n=n, nan=nan, total=total, mean=mean, m2=m2, lo=np.asarray(lo), hi=np.asarray(hi))
 
 
+def _work_buffers(size: int) -> tuple[np.ndarray, np.ndarray]:
+    """The float64 and bool work buffers of one :func:`moments` call, for blocks of up to ``size`` elements."""
+    return np.empty(size, np.float64), np.empty(size, np.bool_)
+
+
+def _merged_blocks(blocks, work: tuple[np.ndarray, np.ndarray], axis: int = -1) -> Moments:
+    """The merged moments state of ``blocks`` (consecutive pieces along the reduced axis ``axis``).
+
+    The first block needs no merge (merging with the empty state is neutral).
+    """
+    state = None
+    for b in blocks:
+        block = _block_moments(b, work, axis)
+        state = block if state is None else merge(state, block)
+    return state
+
+
 #: Reduced positions per block of the column path (:func:`_column_moments`): NumPy sums a
 #: block's columns one row after another, so this bounds that sequential part of each sum.
 _COLUMN_BLOCK_ROWS = 1024
@@ -404,15 +421,12 @@ def _column_moments(y: np.ndarray) -> Moments:
     cols = min(inner, _COLUMN_BLOCK_COLS)
     rows = min(reduced, _COLUMN_BLOCK_ROWS, max(1, _BLOCK_ELEMENTS // cols))
     depth = min(outer, max(1, _BLOCK_ELEMENTS // (rows * cols)))
-    size = depth * rows * cols  # the largest block
-    work = (np.empty(size, np.float64), np.empty(size, np.bool_))
+    work = _work_buffers(depth * rows * cols)  # the largest block
     out = empty_moments(y.dtype, (outer, inner))
     for o0 in range(0, outer, depth):
         for c0 in range(0, inner, cols):
-            state = None
-            for r0 in range(0, reduced, rows):
-                block = _block_moments(y[o0 : o0 + depth, r0 : r0 + rows, c0 : c0 + cols], work, axis=1)
-                state = block if state is None else merge(state, block)
+            tile = y[o0 : o0 + depth, :, c0 : c0 + cols]
+            state = _merged_blocks((tile[:, r0 : r0 + rows] for r0 in range(0, reduced, rows)), work, axis=1)
             for name in _MOMENTS_FIELDS:
                 getattr(out, name)[o0 : o0 + depth, c0 : c0 + cols] = getattr(state, name)
     return out
@@ -456,14 +470,10 @@ def moments(x: np.ndarray, axes: tuple[int, ...]) -> Moments:
     if reduced == 0 or kept == 0:
         return empty_moments(x.dtype, kshape)
     out = None if kept <= rows else empty_moments(x.dtype, (kept,))
-    size = min(rows, kept) * min(cols, reduced)  # the largest block
-    work = (np.empty(size, np.float64), np.empty(size, np.bool_))
+    work = _work_buffers(min(rows, kept) * min(cols, reduced))  # the largest block
     for r0 in range(0, kept, rows):
         r1 = min(kept, r0 + rows)
-        state = None  # the tile's first block needs no merge (merging with the empty state is neutral)
-        for c0 in range(0, reduced, cols):
-            block = _block_moments(y[r0:r1, c0 : c0 + cols], work)
-            state = block if state is None else merge(state, block)
+        state = _merged_blocks((y[r0:r1, c0 : c0 + cols] for c0 in range(0, reduced, cols)), work)
         if out is None:  # one tile holds every row
             return state.map(lambda a: np.asarray(a).reshape(kshape))
         for name in _MOMENTS_FIELDS:
