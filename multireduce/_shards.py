@@ -32,6 +32,8 @@ __all__ = [
 _NPY_MAGIC = b"\x93NUMPY"
 # np.load takes a file that starts with either as an .npz archive (a zip file).
 _ZIP_MAGICS = (b"PK\x03\x04", b"PK\x05\x06")
+# The most bytes a NumPy array may span (np.load refuses a shape beyond, even an empty one).
+_MAX_BYTES = int(np.iinfo(np.intp).max)
 # What parsing a damaged header can raise besides ValueError (NumPy's own complaints) and
 # EOFError (a short file): ast.literal_eval's SyntaxError, the Python 2 header filter's
 # tokenize.TokenError, TypeError from odd literals, and RecursionError or MemoryError from
@@ -161,13 +163,19 @@ def _npy_layout(path: Path, fh, size: int, dtype) -> FileLayout:
     file_dtype = check_dtype(file_dtype, what=f"{path}:")
     if dtype is not None and np.dtype(dtype) != file_dtype:
         raise TypeError(f"{path} holds {file_dtype}, but dtype {np.dtype(dtype)} was requested")
-    # NumPy checks that the dimensions are ints, not their sign; the product is taken in Python
-    # ints, which cannot overflow (an int64 product of a corrupt shape can wrap to 0).
+    # NumPy's header check takes bools and negative numbers as dimensions, which np.load then
+    # refuses; the products are taken in Python ints, which cannot overflow (an int64 product of
+    # a corrupt shape can wrap to 0).
+    corrupt = f"{path}: not a valid .npy file (truncated or corrupt header): shape {shape}"
+    if any(type(d) is not int for d in shape):
+        raise ValueError(f"{corrupt} has a dimension that is not an integer")
     if any(d < 0 for d in shape):
-        raise ValueError(
-            f"{path}: not a valid .npy file (truncated or corrupt header): shape {shape} has a negative dimension"
-        )
+        raise ValueError(f"{corrupt} has a negative dimension")
     count = math.prod(shape)
+    # np.load's limit: the bytes of the nonzero dimensions must fit an intp. A shape with
+    # elements beyond it is longer than any file (below); an empty one is checked here.
+    if not count and math.prod(d for d in shape if d) * file_dtype.itemsize > _MAX_BYTES:
+        raise ValueError(f"{corrupt} is too big: its nonzero dimensions span more than {_MAX_BYTES} bytes")
     expected = offset + count * file_dtype.itemsize
     if size < expected:
         raise ValueError(
@@ -228,7 +236,7 @@ def inspect_npy(path: str | os.PathLike, dtype=None) -> FileLayout:
         differs from the file's.
     ValueError
         If the file does not start with the NumPy magic string, its header is corrupt (a
-        negative dimension included), or it is shorter than its header says.
+        negative, bool or too big dimension included), or it is shorter than its header says.
     """
     path = Path(path)
     layout, head, _ = _probe(path, dtype)
@@ -269,8 +277,9 @@ def inspect_file(path: str | os.PathLike, dtype=None, n: int | None = None) -> F
     ValueError
         If the file is truncated (shorter than its header says, or, for raw files, not a
         whole number of elements or shorter than ``n``), if a ``.npy`` header is corrupt (it
-        does not parse, or its shape has a negative dimension or more bytes than the file),
-        or if a raw file comes without ``dtype``.
+        does not parse, or its shape has a negative or bool dimension, more bytes than the
+        file, or, empty, more than NumPy allows in its other dimensions), or if a raw file
+        comes without ``dtype``.
     """
     path = Path(path)
     layout, head, size = _probe(path, dtype)

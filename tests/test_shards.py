@@ -66,7 +66,47 @@ def test_header_that_fits_the_file_is_accepted(tmp_path):
     for inspect in (inspect_file, inspect_npy):
         layout = inspect(path)
         assert (layout.kind, layout.dtype, layout.n, layout.offset) == ("npy", np.dtype("<f4"), 4, 128)
-    assert inspect_file(write_npy(tmp_path / "zero.npy", header((0, 2**62)), b"")).n == 0
+    # The largest empty shape np.load takes (the other dimensions' bytes fit an intp).
+    assert inspect_file(write_npy(tmp_path / "zero.npy", header((0, 2**61 - 1)), b"")).n == 0
+
+
+def _numpy_refuses(path) -> bool:
+    try:
+        np.load(path, mmap_mode="r", allow_pickle=False)
+    except (ValueError, TypeError, OverflowError):
+        return True
+    return False
+
+
+@pytest.mark.parametrize("inspect", [inspect_file, inspect_npy], ids=["inspect_file", "inspect_npy"])
+@pytest.mark.parametrize(
+    ("shape", "descr"),
+    [
+        ((True, 4), "<f4"),  # bool is an int to Python, not to np.load ("an integer is required")
+        ((4, False), "<f4"),  # read as 0 elements
+        ((0, 2**61), "<f4"),  # 2**63 bytes beside the zero: "array is too big"
+        ((0, 2**63 - 1), "<f4"),
+        ((2**64, 0), "|u1"),  # more than an intp
+        ((0, 2**62, 2**62), "|u1"),
+    ],
+)
+def test_shapes_numpy_refuses_are_refused(tmp_path, inspect, shape, descr):
+    # An empty shape whose other dimensions are absurd was read as 0 elements (n=0), and
+    # bool dimensions as 1 and 0; np.load refuses all of them.
+    path = write_npy(tmp_path / "odd.npy", header(shape, descr))
+    assert _numpy_refuses(path)
+    with pytest.raises(ValueError, match=rf"^{re.escape(f'{path}: {CORRUPT}: shape {shape}')}"):
+        inspect(path)
+
+
+@pytest.mark.parametrize(
+    ("shape", "descr"), [((0, 2**61 - 1), "<f4"), ((0, 2**63 - 1), "|u1"), ((2**62 - 1, 0), "<f2")]
+)
+def test_largest_empty_shapes_numpy_takes_are_taken(tmp_path, shape, descr):
+    path = write_npy(tmp_path / "empty.npy", header(shape, descr), b"")
+    assert np.load(path, mmap_mode="r", allow_pickle=False).shape == shape
+    for inspect in (inspect_file, inspect_npy):
+        assert inspect(path).n == 0
 
 
 @pytest.mark.parametrize(
