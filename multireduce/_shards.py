@@ -250,8 +250,9 @@ def inspect_file(path: str | os.PathLike, dtype=None, n: int | None = None) -> F
     """Read the layout of a ``.npy`` or raw binary file without reading its data.
 
     A file is taken as ``.npy`` if it starts with the NumPy magic string, whatever its name;
-    an ``.npz`` archive (a file that starts with a zip magic, or one named ``*.npz``) is
-    refused; anything else is raw binary of ``dtype`` in native byte order.
+    an ``.npz`` archive (a file that starts with a zip magic, or one named ``*.npz``) and a
+    file named ``*.npy`` without the magic (damaged, or raw data misnamed) are refused;
+    anything else is raw binary of ``dtype`` in native byte order.
 
     Parameters
     ----------
@@ -279,7 +280,8 @@ def inspect_file(path: str | os.PathLike, dtype=None, n: int | None = None) -> F
         whole number of elements or shorter than ``n``), if a ``.npy`` header is corrupt (it
         does not parse, or its shape has a negative or bool dimension, more bytes than the
         file, or, empty, more than NumPy allows in its other dimensions), or if a raw file
-        comes without ``dtype``.
+        comes without ``dtype``, or if a file named ``*.npy`` does not start with the NumPy
+        magic string.
     """
     path = Path(path)
     layout, head, size = _probe(path, dtype)
@@ -288,6 +290,11 @@ def inspect_file(path: str | os.PathLike, dtype=None, n: int | None = None) -> F
             raise ValueError(f"{path} is a .npy file, which knows its length; n applies to raw files only")
         return layout
     _refuse_archive(path, head, "give one .npy file (save one array of it with numpy.save)")
+    if path.suffix.lower() == ".npy":  # as for *.npz: not read as raw data, header bytes and all
+        raise ValueError(
+            f"{path} is named as a .npy file but does not start with the NumPy magic string (damaged, or raw "
+            "data under a .npy name?); give raw binary data a name that does not end in .npy"
+        )
     if dtype is None:
         raise ValueError(f"{path} is not a .npy file; give the dtype of its raw binary data (--dtype)")
     dt = check_dtype(dtype)

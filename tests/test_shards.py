@@ -368,3 +368,36 @@ def test_file_truncated_while_it_is_read_is_an_error_not_sigbus(tmp_path, kind):
         timeout=120,
     )
     assert done.returncode == 0, (done.returncode, done.stdout, done.stderr)  # -7: SIGBUS (the old memory map)
+
+
+# ---------------------------------------------------------------------------------- names
+
+
+@pytest.mark.parametrize("dtype", [None, "float32", "int8"])
+@pytest.mark.parametrize("name", ["data.npy", "DATA.NPY"])
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"",  # an empty (never written) .npy
+        np.arange(8, dtype=np.float32).tobytes(),  # raw data under a .npy name
+        b"\0NUMPY\x01\x00" + b"\0" * 120,  # a damaged magic
+    ],
+    ids=["empty", "raw", "damaged-magic"],
+)
+def test_npy_named_file_without_the_magic_is_refused(tmp_path, dtype, name, content):
+    # With a dtype, its bytes (the header's too) were summed as raw data, exit status 0; np.load
+    # refuses such a file. Without one, the error asked for the dtype of its raw data.
+    path = tmp_path / name
+    path.write_bytes(content)
+    with pytest.raises((ValueError, EOFError)):
+        np.load(path, mmap_mode="r", allow_pickle=False)
+    message = (
+        f"{path} is named as a .npy file but does not start with the NumPy magic string (damaged, or raw "
+        "data under a .npy name?); give raw binary data a name that does not end in .npy"
+    )
+    with pytest.raises(ValueError) as info:
+        inspect_file(path, dtype=dtype)
+    assert str(info.value) == message
+    with pytest.raises(ValueError) as info:
+        inspect_npy(path, dtype=dtype)
+    assert str(info.value) == f"{path} is not a .npy file (no NumPy magic)"
