@@ -7,6 +7,7 @@ them with ``comm=`` conveniences.
 
 from __future__ import annotations
 
+import ast
 import errno
 import math
 import os
@@ -30,6 +31,9 @@ __all__ = [
 ]
 
 _NPY_MAGIC = b"\x93NUMPY"
+# The longest header text np.load parses (its default max_header_size, read_array_header_*'s
+# too): ast.literal_eval of longer text can take a long time or crash.
+_MAX_HEADER_CHARS = 10_000
 # np.load takes a file that starts with either as an .npz archive (a zip file).
 _ZIP_MAGICS = (b"PK\x03\x04", b"PK\x05\x06")
 # The most bytes a NumPy array may span (np.load refuses a shape beyond, even an empty one).
@@ -121,11 +125,43 @@ def _npy_header(fh) -> tuple[tuple[int, ...], np.dtype, int]:
     # safe to read even when the data would be pickled objects.
     if version == (1, 0):
         shape, _, dtype = np.lib.format.read_array_header_1_0(fh)
-    elif version in ((2, 0), (3, 0)):
+    elif version == (2, 0):
         shape, _, dtype = np.lib.format.read_array_header_2_0(fh)
+    elif version == (3, 0):
+        shape, dtype = _npy_header_3_0(fh)
     else:
-        raise ValueError(f"unsupported .npy format version {version}")
+        raise ValueError(
+            f"unsupported .npy format version {version} (1.0, 2.0 and 3.0 are; save the array again with numpy.save)"
+        )
     return shape, dtype, fh.tell()
+
+
+def _npy_header_3_0(fh) -> tuple[tuple[int, ...], np.dtype]:
+    """Read a format 3.0 header as np.load does: 2.0's, but UTF-8 text, never Python 2's.
+
+    NumPy has no public reader of it (read_array_header_2_0 decodes Latin-1 and retries a
+    header that does not parse with its Python 2 filter, where np.load refuses such a 3.0
+    file). The text is checked here, then read_array_header_2_0 makes NumPy's other checks:
+    text that parses as UTF-8 parses the same as Latin-1, but for the characters in its
+    strings and comments (the bytes of UTF-8's other characters are not quotes, backslashes
+    or line ends), so the dtype is made from the UTF-8 reading (field names).
+    """
+    start = fh.tell()
+    size = fh.read(4)
+    raw = fh.read(int.from_bytes(size, "little"))
+    header = None
+    if len(size) == 4 and len(raw) == int.from_bytes(size, "little"):  # else read_array_header_2_0 says EOF
+        text = raw.decode("utf-8")  # UnicodeDecodeError: np.load's error for such a file
+        if len(text) <= _MAX_HEADER_CHARS:  # else read_array_header_2_0 refuses it unparsed
+            try:
+                header = ast.literal_eval(text)
+            except SyntaxError as exc:
+                raise ValueError(f"Cannot parse header: {text!r}") from exc
+    fh.seek(start)
+    shape, _, dtype = np.lib.format.read_array_header_2_0(fh, max_header_size=_MAX_HEADER_CHARS)
+    if isinstance(header, dict):  # it is, with NumPy's keys, since read_array_header_2_0 took it
+        dtype = np.lib.format.descr_to_dtype(header["descr"])
+    return shape, dtype
 
 
 def _regular_size(path: Path) -> int:

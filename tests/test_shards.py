@@ -144,12 +144,14 @@ def test_overwritten_header_bytes(tmp_path):
 
 # Damaged headers make NumPy warn (Python 2 header filter) and the parser (escape sequences).
 @pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning", "ignore::SyntaxWarning")
-def test_random_header_damage_is_always_named(tmp_path):
+@pytest.mark.parametrize("version", [(1, 0), (3, 0)])
+def test_random_header_damage_is_always_named(tmp_path, version):
     # Whatever a damaged header holds, the answer is the layout or a ValueError / TypeError
     # (unsupported dtype) that names the file: never another exception type.
-    np.save(tmp_path / "good.npy", np.arange(10, dtype=np.float32))
+    with open(tmp_path / "good.npy", "wb") as fh:
+        np.lib.format.write_array(fh, np.arange(10, dtype=np.float32), version=version)
     good = (tmp_path / "good.npy").read_bytes()
-    end = 10 + int.from_bytes(good[8:10], "little")
+    end = (10 if version == (1, 0) else 12) + int.from_bytes(good[8 : 10 if version == (1, 0) else 12], "little")
     alphabet = b"(){}[]'\",:-0123456789abcdefLjx <>|\\\n#."
     rng = random.Random(20240611)
     path = tmp_path / "damaged.npy"
@@ -401,3 +403,55 @@ def test_npy_named_file_without_the_magic_is_refused(tmp_path, dtype, name, cont
     with pytest.raises(ValueError) as info:
         inspect_npy(path, dtype=dtype)
     assert str(info.value) == f"{path} is not a .npy file (no NumPy magic)"
+
+
+# ---------------------------------------------------------------------------------- versions
+
+
+def write_npy_version(path, text: bytes, version: int, data: bytes = b"\0" * 16):
+    """A .npy file of format ``version`` (1, 2 or 3) with the header ``text``, padded as NumPy pads it."""
+    prefix = 10 if version == 1 else 12
+    text += b" " * ((64 - (prefix + len(text) + 1) % 64) % 64) + b"\n"
+    length = len(text).to_bytes(2 if version == 1 else 4, "little")
+    path.write_bytes(b"\x93NUMPY" + bytes([version, 0]) + length + text + data)
+    return path
+
+
+@pytest.mark.filterwarnings("ignore:Reading `.npy` or `.npz` file required additional header parsing:UserWarning")
+@pytest.mark.parametrize("version", [1, 2, 3])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "{'descr': '<f4', 'fortran_order': False, 'shape': (4,), } # \u00e9\u20ac".encode(),  # UTF-8
+        b"{'descr': '<f4', 'fortran_order': False, 'shape': (4,), } # \xff",  # not UTF-8
+        b"{'descr': '<f4', 'fortran_order': False, 'shape': (4L,), }",  # Python 2's long
+        "{'descr': [('\u00e9\u20ac', '<f4')], 'fortran_order': False, 'shape': (4,), }".encode(),
+    ],
+    ids=["utf8-comment", "latin1-comment", "python2-long", "utf8-field"],
+)
+def test_each_format_version_is_read_as_numpy_reads_it(tmp_path, version, text):
+    # Version 3.0 headers are UTF-8 (2.0's are Latin-1) and never Python 2's: they were read
+    # with read_array_header_2_0, so a 3.0 file np.load refuses (bytes that are not UTF-8, a
+    # Python 2 header) was read, and UTF-8 field names came out garbled in the refusal.
+    path = write_npy_version(tmp_path / "v.npy", text, version, np.arange(4, dtype="<f4").tobytes())
+    try:
+        expected = np.load(path, mmap_mode="r", allow_pickle=False)
+    except ValueError as exc:  # UnicodeDecodeError included
+        with pytest.raises(ValueError, match=rf"^{re.escape(f'{path}: {CORRUPT}: {type(exc).__name__}: ')}"):
+            inspect_file(path)
+        return
+    if expected.dtype.names:
+        with pytest.raises(TypeError, match=re.escape(f"dtype {expected.dtype}")):
+            inspect_file(path)
+        return
+    layout = inspect_file(path)
+    assert (layout.dtype, layout.n) == (expected.dtype, expected.size)
+    assert read_shard(layout, 0, 1).tolist() == expected.ravel().tolist()
+
+
+def test_unknown_format_version_names_the_known_ones(tmp_path):
+    path = write_npy_version(tmp_path / "v4.npy", b"{'descr': '<f4', 'fortran_order': False, 'shape': (4,), }", 4)
+    with pytest.raises(ValueError):
+        np.load(path, mmap_mode="r", allow_pickle=False)
+    with pytest.raises(ValueError, match=r": unsupported \.npy format version \(4, 0\) \(1\.0, 2\.0 and 3\.0 are"):
+        inspect_file(path)
