@@ -196,6 +196,12 @@ def _npy_layout(path: Path, fh, size: int, dtype) -> FileLayout:
             f"{path} holds Python objects (dtype {file_dtype}); multireduce never unpickles data. "
             "Save a numeric array instead."
         )
+    if file_dtype.byteorder == ">":  # a dtype multireduce supports in the other byte order?
+        native = check_dtype(file_dtype.newbyteorder("="), what=f"{path}:")
+        raise TypeError(
+            f"{path} holds big-endian {native} data ({file_dtype.str}); multireduce reads little-endian data "
+            f"only: convert the file once, e.g. numpy.save(path, numpy.load(path).astype('{native.str}'))"
+        )
     file_dtype = check_dtype(file_dtype, what=f"{path}:")
     if dtype is not None and np.dtype(dtype) != file_dtype:
         raise TypeError(f"{path} holds {file_dtype}, but dtype {np.dtype(dtype)} was requested")
@@ -268,8 +274,8 @@ def inspect_npy(path: str | os.PathLike, dtype=None) -> FileLayout:
         If the file cannot be opened.
     TypeError
         If the file is an ``.npz`` archive (a zip magic, or named ``*.npz``), holds Python
-        objects (it is never unpickled) or a dtype multireduce does not support, or ``dtype``
-        differs from the file's.
+        objects (it is never unpickled) or a dtype multireduce does not support (big-endian
+        data: the message says how to convert it), or ``dtype`` differs from the file's.
     ValueError
         If the file does not start with the NumPy magic string, its header is corrupt (a
         negative, bool or too big dimension included), or it is shorter than its header says.
@@ -309,8 +315,9 @@ def inspect_file(path: str | os.PathLike, dtype=None, n: int | None = None) -> F
         If the file cannot be opened.
     TypeError
         If the file is an ``.npz`` archive (with or without ``dtype``), the ``.npy`` holds
-        Python objects (it is never unpickled) or a dtype multireduce does not support, or
-        ``dtype`` differs from the ``.npy`` file's.
+        Python objects (it is never unpickled) or a dtype multireduce does not support
+        (big-endian data: the message says how to convert it), or ``dtype`` differs from the
+        ``.npy`` file's.
     ValueError
         If the file is truncated (shorter than its header says, or, for raw files, not a
         whole number of elements or shorter than ``n``), if a ``.npy`` header is corrupt (it

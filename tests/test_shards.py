@@ -455,3 +455,24 @@ def test_unknown_format_version_names_the_known_ones(tmp_path):
         np.load(path, mmap_mode="r", allow_pickle=False)
     with pytest.raises(ValueError, match=r": unsupported \.npy format version \(4, 0\) \(1\.0, 2\.0 and 3\.0 are"):
         inspect_file(path)
+
+
+# ---------------------------------------------------------------------------------- byte order
+
+
+@pytest.mark.parametrize("descr", [">f4", ">f8", ">f2", ">i8", ">u2", ">i4"])
+def test_big_endian_npy_is_refused_with_the_way_to_convert_it(tmp_path, descr):
+    # np.load reads these; the error said "does not support PATH: dtype >f4" and listed dtypes
+    # (float32 among them), without saying that the byte order was the problem or what to do.
+    path = tmp_path / "be.npy"
+    np.save(path, np.arange(7).astype(descr))
+    assert np.load(path, allow_pickle=False).tolist() == list(range(7))  # NumPy reads it
+    native = np.dtype(descr).newbyteorder("=")
+    message = (
+        f"{path} holds big-endian {native} data ({descr}); multireduce reads little-endian data only: "
+        f"convert the file once, e.g. numpy.save(path, numpy.load(path).astype('{native.str}'))"
+    )
+    for inspect in (inspect_file, inspect_npy):
+        with pytest.raises(TypeError) as info:
+            inspect(path)
+        assert str(info.value) == message
