@@ -252,7 +252,7 @@ def _refuse_archive(path: Path, head: bytes, advice: str) -> None:
         raise TypeError(f"{path} is named as an .npz archive but is not a zip file (damaged?); {advice}")
 
 
-def inspect_npy(path: str | os.PathLike, dtype=None) -> FileLayout:
+def inspect_npy(path: str | bytes | os.PathLike, dtype=None) -> FileLayout:
     """Read and check the layout of a ``.npy`` file without reading its data.
 
     The checks of :func:`inspect_file` for ``.npy`` files, for a file that must be one
@@ -260,7 +260,7 @@ def inspect_npy(path: str | os.PathLike, dtype=None) -> FileLayout:
 
     Parameters
     ----------
-    path : path-like
+    path : str, bytes or path-like
     dtype : dtype, optional
         If given, it must equal the file's dtype.
 
@@ -280,7 +280,7 @@ def inspect_npy(path: str | os.PathLike, dtype=None) -> FileLayout:
         If the file does not start with the NumPy magic string, its header is corrupt (a
         negative, bool or too big dimension included), or it is shorter than its header says.
     """
-    path = Path(path)
+    path = Path(os.fsdecode(path))  # str, bytes or path-like, as np.load takes
     layout, head, _ = _probe(path, dtype)
     if layout is not None:
         return layout
@@ -288,7 +288,7 @@ def inspect_npy(path: str | os.PathLike, dtype=None) -> FileLayout:
     raise ValueError(f"{path} is not a .npy file (no NumPy magic)")
 
 
-def inspect_file(path: str | os.PathLike, dtype=None, n: int | None = None) -> FileLayout:
+def inspect_file(path: str | bytes | os.PathLike, dtype=None, n: int | None = None) -> FileLayout:
     """Read the layout of a ``.npy`` or raw binary file without reading its data.
 
     A file is taken as ``.npy`` if it starts with the NumPy magic string, whatever its name;
@@ -298,7 +298,7 @@ def inspect_file(path: str | os.PathLike, dtype=None, n: int | None = None) -> F
 
     Parameters
     ----------
-    path : path-like
+    path : str, bytes or path-like
     dtype : dtype, optional
         Required for raw files. For ``.npy`` files, if given, it must equal the file's dtype.
     n : int, optional
@@ -326,7 +326,7 @@ def inspect_file(path: str | os.PathLike, dtype=None, n: int | None = None) -> F
         comes without ``dtype``, or if a file named ``*.npy`` does not start with the NumPy
         magic string.
     """
-    path = Path(path)
+    path = Path(os.fsdecode(path))  # str, bytes or path-like, as np.load takes
     layout, head, size = _probe(path, dtype)
     if layout is not None:
         if n is not None:

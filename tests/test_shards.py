@@ -476,3 +476,24 @@ def test_big_endian_npy_is_refused_with_the_way_to_convert_it(tmp_path, descr):
         with pytest.raises(TypeError) as info:
             inspect(path)
         assert str(info.value) == message
+
+
+# ---------------------------------------------------------------------------------- paths
+
+
+def test_paths_as_str_path_and_bytes(tmp_path):
+    # np.load takes bytes paths (os.fspath's); Path(bytes) raised "argument should be a str".
+    np.save(tmp_path / "a.npy", np.arange(5, dtype=np.int16))
+    np.arange(6, dtype=np.float64).tofile(tmp_path / "a.raw")
+    for path in (tmp_path / "a.npy", str(tmp_path / "a.npy"), os.fsencode(tmp_path / "a.npy")):
+        expected = np.load(path, allow_pickle=False)
+        for inspect in (inspect_file, inspect_npy):
+            layout = inspect(path)
+            assert layout.path == tmp_path / "a.npy"
+            assert read_shard(layout, 0, 1).tolist() == expected.tolist()
+    for path in (tmp_path / "a.raw", str(tmp_path / "a.raw"), os.fsencode(tmp_path / "a.raw")):
+        layout = inspect_file(path, dtype="float64")
+        assert read_shard(layout, 1, 2).tolist() == [3.0, 4.0, 5.0]
+    for inspect in (inspect_file, inspect_npy):
+        with pytest.raises(TypeError, match="not int"):
+            inspect(3)
