@@ -203,7 +203,7 @@ def _npy_layout(path: Path, fh, size: int, dtype) -> FileLayout:
             f"only: convert the file once, e.g. numpy.save(path, numpy.load(path).astype('{native.str}'))"
         )
     file_dtype = check_dtype(file_dtype, what=f"{path}:")
-    if dtype is not None and np.dtype(dtype) != file_dtype:
+    if dtype is not None and check_dtype(dtype) != file_dtype:  # checked as a raw file's dtype
         raise TypeError(f"{path} holds {file_dtype}, but dtype {np.dtype(dtype)} was requested")
     # NumPy's header check takes bools and negative numbers as dimensions, which np.load then
     # refuses; the products are taken in Python ints, which cannot overflow (an int64 product of

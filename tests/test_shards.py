@@ -497,3 +497,17 @@ def test_paths_as_str_path_and_bytes(tmp_path):
     for inspect in (inspect_file, inspect_npy):
         with pytest.raises(TypeError, match="not int"):
             inspect(3)
+
+
+@pytest.mark.parametrize("dtype", ["bogus", 3.5])
+def test_a_dtype_that_is_not_one_gets_the_same_error_for_npy_and_raw_files(tmp_path, dtype):
+    # For a .npy file, np.dtype's bare "data type 'bogus' not understood" came out (the raw
+    # files' error names the setting and lists the supported dtypes).
+    np.save(tmp_path / "a.npy", np.arange(4.0))
+    np.arange(4.0).tofile(tmp_path / "a.raw")
+    message = f"input dtype {dtype!r} is not a NumPy dtype; supported dtypes: bool, int8"
+    for path in (tmp_path / "a.npy", tmp_path / "a.raw"):
+        with pytest.raises(TypeError, match=f"^{re.escape(message)}"):
+            inspect_file(path, dtype=dtype)
+    with pytest.raises(TypeError, match=f"^{re.escape(message)}"):
+        inspect_npy(tmp_path / "a.npy", dtype=dtype)
