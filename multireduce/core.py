@@ -129,14 +129,26 @@ def _checked_axis(axis: Any) -> Any:
 
     NumPy's ``normalize_axis_tuple`` takes a bool as 0 or 1 (``operator.index(True)`` is 1)
     and a list as a tuple, where NumPy's reductions refuse both. Ints are anything
-    ``operator.index`` takes (NumPy integers, 0-d integer arrays), bools excepted.
+    ``operator.index`` takes (NumPy integers, 0-d integer arrays), bools excepted. An ndarray
+    has ``__index__`` whatever its shape and dtype, and ``normalize_axis_tuple`` iterated a
+    1-D array as a list of axes: only ``operator.index`` itself tells.
     """
     for item in axis if isinstance(axis, tuple) else (axis,):
-        if isinstance(item, bool | np.bool_) or not hasattr(type(item), "__index__"):
+        if isinstance(item, bool | np.bool_) or not _is_index(item):
             raise TypeError(
                 f"axis must be None, an int or a tuple of ints, got {axis!r} (an element of type {type(item).__name__})"
             )
     return axis
+
+
+def _is_index(item: Any) -> bool:
+    if type(item) is int:
+        return True  # the common case, without the call
+    try:
+        operator.index(item)
+    except TypeError:
+        return False
+    return True
 
 
 def _checked_keepdims(keepdims: Any) -> bool:

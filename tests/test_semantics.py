@@ -350,7 +350,11 @@ def _representable(value: int, dt: np.dtype) -> bool:
     return bool(np.isfinite(f)) and int(f) == value
 
 
-@pytest.mark.parametrize("axis", [True, False, np.True_, (0, True), [0, 1], [0], 1.0, (0, 1.0), "0"])
+@pytest.mark.parametrize(
+    "axis",
+    [True, False, np.True_, (0, True), [0, 1], [0], 1.0, (0, 1.0), "0"]
+    + [np.array([0, 1]), np.array([1]), (0, np.array([1])), np.array(1.0)],
+)
 def test_axis_that_is_not_an_int_or_a_tuple_of_ints_is_refused(axis):
     # NumPy refuses these with TypeError; its normalize_axis_tuple (which the core uses) took a
     # bool as 0 or 1 and a list as a tuple, so sum(x, axis=True) reduced axis 1.
