@@ -50,6 +50,15 @@ def _check_length(n, what: str = "n") -> int:
     return _settings.integer(n, what, "a non-negative integer", low=0)
 
 
+def _split(n, size) -> tuple[int, int, int]:
+    """The checked split of ``n`` over ``size`` ranks: each holds ``base``, the first ``extra`` one more."""
+    n = _check_length(n)
+    size = _check_length(size, "size")
+    if size == 0:
+        raise ValueError("size must be at least 1")
+    return *divmod(n, size), size
+
+
 def shard_counts(n: int, size: int) -> list[int]:
     """Count the elements each of ``size`` ranks holds of a global length ``n``.
 
@@ -69,11 +78,7 @@ def shard_counts(n: int, size: int) -> list[int]:
     >>> shard_counts(2, 3)
     [1, 1, 0]
     """
-    n = _check_length(n)
-    size = _check_length(size, "size")
-    if size == 0:
-        raise ValueError("size must be at least 1")
-    base, extra = divmod(n, size)
+    base, extra, size = _split(n, size)
     return [base + (r < extra) for r in range(size)]
 
 
@@ -88,13 +93,12 @@ def shard_range(n: int, rank: int, size: int) -> tuple[int, int]:
     >>> [shard_range(10, r, 4) for r in range(4)]
     [(0, 3), (3, 6), (6, 8), (8, 10)]
     """
-    counts = shard_counts(n, size)
+    base, extra, size = _split(n, size)  # without shard_counts's list of every rank's count
     rank = _check_length(rank, "rank")
     if rank >= size:
         raise ValueError(f"rank {rank} is out of range for {size} ranks")
-    base, extra = divmod(n, size)
     start = rank * base + min(rank, extra)
-    return start, start + counts[rank]
+    return start, start + base + (rank < extra)
 
 
 @dataclass(frozen=True)

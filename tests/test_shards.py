@@ -15,7 +15,7 @@ import re
 import numpy as np
 import pytest
 
-from multireduce._shards import inspect_file, inspect_npy, read_shard
+from multireduce._shards import inspect_file, inspect_npy, read_shard, shard_counts, shard_range
 
 CORRUPT = "not a valid .npy file (truncated or corrupt header)"
 
@@ -511,3 +511,49 @@ def test_a_dtype_that_is_not_one_gets_the_same_error_for_npy_and_raw_files(tmp_p
             inspect_file(path, dtype=dtype)
     with pytest.raises(TypeError, match=f"^{re.escape(message)}"):
         inspect_npy(tmp_path / "a.npy", dtype=dtype)
+
+
+# ---------------------------------------------------------------------------------- plan
+
+
+def test_every_element_is_read_once_in_rank_order(tmp_path):
+    data = np.arange(53, dtype=np.int32)
+    data.tofile(tmp_path / "a.raw")
+    for n in (0, 1, 2, 7, 52, 53):
+        layout = inspect_file(tmp_path / "a.raw", dtype="int32", n=n)
+        for size in range(1, 12):
+            counts = shard_counts(n, size)
+            ranges = [shard_range(n, r, size) for r in range(size)]
+            parts = [read_shard(layout, r, size) for r in range(size)]
+            assert [len(p) for p in parts] == counts == [b - a for a, b in ranges]
+            assert [a for a, _ in ranges] == [0] + [b for _, b in ranges[:-1]] and ranges[-1][1] == n
+            assert max(counts) - min(counts) <= 1 and sorted(counts, reverse=True) == counts
+            assert np.concatenate(parts).tolist() == data[:n].tolist()
+            # np.array_split's blocks, which the docstring promises
+            assert [len(p) for p in np.array_split(np.arange(n), size)] == counts
+
+
+SHARD_OF_MANY_RANKS = """
+import resource
+resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+from multireduce._shards import shard_range
+size = 2**62
+print([shard_range(10, r, size) for r in (0, 9, 10, size - 1)], shard_range(2**63 + 5, size - 1, size))
+"""
+
+
+def test_shard_range_takes_constant_time_in_the_rank_count():
+    # shard_range built the list of every rank's count: size 2**62 ran out of memory (a plain
+    # int size argument; 10**7 ranks took 0.5 s a call).
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", SHARD_OF_MANY_RANKS],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split("\n")[0] == f"[(0, 1), (9, 10), (10, 10), (10, 10)] ({2**63 + 3}, {2**63 + 5})"
