@@ -31,7 +31,6 @@ from ._transport import (
     CUDA_AWARE_ENV,
     CudaAwareness,
     decide_cuda_aware,
-    decode_extreme,
     decode_extreme_scalar,
     encode_extreme,
     encode_extreme_scalar,
@@ -480,13 +479,18 @@ def allreduce(
     :func:`transport_counts` records which. Ranks may mix NumPy and CuPy shards (each gets
     its result as its shard's kind): where some rank hands MPI a device buffer, the agreement
     says so, and for max/min-type ops every rank then combines the keys in one more Allreduce
-    (the device rank's key is not in the agreement's record). A staged combine ends on the
-    host, and its GPU result is then a 0-d CuPy array over a cell of pinned host memory mapped
-    into the device's address space (the CPU stores the value; no copy is queued on the
-    stream, and kernels read the cell over the host link). Such a cell is reused only once nothing references the
+    (the device rank's key is not in the agreement's record). Every combine ends on the host
+    (a device buffer's combined 8 bytes come back through the stream's pinned slot), and a GPU
+    result is a 0-d CuPy array over a cell of pinned host memory mapped into the device's
+    address space (the CPU stores the value; no copy is queued on the stream, and kernels read
+    the cell over the host link). Such a cell is reused only once nothing references the
     result, and only after the stream's work queued before then has finished; work on another
     stream that reads a result must be finished before the result is dropped, as for CuPy's
-    pool memory.
+    pool memory. Whatever can fail on one rank (the local reduction, waiting for the stream,
+    taking the result's cells, which may allocate pinned memory) happens before the first
+    Allreduce, whose agreement makes every rank raise if one failed; after it a rank makes only
+    the collectives, host arithmetic and stores into those cells (and, handing MPI a device
+    buffer, the 8-byte copy back from it, which fails only if the device itself has failed).
 
     Examples
     --------
@@ -533,19 +537,20 @@ def allreduce(
 
 def _combine_exact(comm, plan: _Plan, acc, error):
     """Agree, then add every rank's exact accumulator with one integer Allreduce."""
+    reserved = None
+    if error is None and plan.on_gpu:
+        try:
+            reserved = _reserve_cells(plan, 1)
+        except BaseException as exc:  # agreed below, then re-raised on this rank
+            error = exc
     _agree(comm, plan.static, _meta(plan, error), error, options=plan.options)
     _transport_counts["host"] += 1
     # Normalized limbs are below 2**32, so up to 2**31 ranks add without overflow.
     packed = acc.normalize().to_array()
     comm.Allreduce(MPI.IN_PLACE, packed, op=MPI.SUM)
     value = _exact.ExactSum.from_array(packed).result(plan.static.result, mean=plan.op.name == "mean")
-    if plan.on_gpu:
-        import cupy
-
-        from ._backend import cupy as gpu
-
-        with cupy.cuda.Device(plan.device):
-            return gpu.constant(value, plan.static.result)
+    if reserved is not None:
+        return _store(reserved, [np.asarray(value).astype(plan.static.result)[()]])[0]
     return value
 
 
@@ -602,43 +607,51 @@ def stats(x_local: Any, *, comm=None, correction: float = 0.0) -> _stats.Stats:
         error = exc
     if error is not None:
         return _combine(comm, plan, None, error)
-    merged = _combine_states(comm, plan, state, correction, finalize=False, stats=True)
-    result = _stats.finalize_stats(merged, plan.static.in_dtype, correction)
-    if not plan.on_gpu:
-        return result
-    return _stats.Stats(*_on_device_all([getattr(result, name) for name in _STATS_FIELDS], plan))
+    return _combine_states(comm, plan, state, correction, stats=True)
 
 
 _STATS_FIELDS = _stats._field_names(_stats.Stats)
 
 
-def _combine_states(comm, plan: _Plan, state, correction: float, *, finalize: bool = True, stats: bool = False):
-    """Combine moments or arg states, merged in rank order on every rank.
+def _combine_states(comm, plan: _Plan, state, correction: float, *, stats: bool = False):
+    """Combine moments or arg states, merged in rank order on every rank; finalized.
 
     One agreement Allreduce (the same as :func:`_combine`'s first), then an allgather of
-    the small states.
+    the small states. Returns the op's result, or with ``stats`` a :class:`multireduce.Stats`;
+    for a GPU shard in result cells reserved before the agreement (:func:`_reserve_cells`).
     """
     st = plan.static
     empty_error = _stats.empty_stats_error if stats else (None if st.op.empty_allowed else st.op.empty_error)
-    _agree(comm, st, _meta(plan, None), None, empty_error=empty_error, options=plan.options)
+    error = reserved = None
+    if plan.on_gpu:
+        try:
+            reserved = _reserve_cells(plan, len(_STATS_FIELDS) if stats else 1)
+        except BaseException as exc:  # agreed below, then re-raised on this rank
+            error = exc
+    _agree(comm, st, _meta(plan, error), error, empty_error=empty_error, options=plan.options)
     _transport_counts["host"] += 1
     # One layout on every rank (an empty shard's arg state has the input's value dtype too).
     layout = (_stats.moments_dtype if st.op.kind == "moments" else _stats.arg_dtype)(st.in_dtype)
     records = _allgather_state(comm, state, layout, plan.count)
     if st.op.kind == "moments":
         merged = _stats.merge_records(records)
-        if not finalize:
-            return merged
-        return _on_device(_stats.finalize_moments(merged, st.op, st.result, correction), plan)
-    # argmin/argmax: a rank's indices are into its own shard; the global index adds the
-    # number of elements on the ranks before it (shards concatenate in rank order).
-    pairs = []
-    offset = 0
-    for record in records:
-        index = int(record["index"])
-        pairs.append((record["value"], index + offset if index >= 0 else index))
-        offset += int(record["count"])
-    return _on_device(_stats.arg_finalize(_stats.arg_merge_pairs(pairs, largest=st.op.name == "argmax"), st.op), plan)
+        if stats:
+            result = _stats.finalize_stats(merged, st.in_dtype, correction)
+            if reserved is None:
+                return result
+            return _stats.Stats(*_store(reserved, [getattr(result, name) for name in _STATS_FIELDS]))
+        value = _stats.finalize_moments(merged, st.op, st.result, correction)
+    else:
+        # argmin/argmax: a rank's indices are into its own shard; the global index adds the
+        # number of elements on the ranks before it (shards concatenate in rank order).
+        pairs = []
+        offset = 0
+        for record in records:
+            index = int(record["index"])
+            pairs.append((record["value"], index + offset if index >= 0 else index))
+            offset += int(record["count"])
+        value = _stats.arg_finalize(_stats.arg_merge_pairs(pairs, largest=st.op.name == "argmax"), st.op)
+    return value if reserved is None else _store(reserved, [value])[0]
 
 
 @functools.lru_cache(maxsize=64)
@@ -662,22 +675,37 @@ def _allgather_state(comm, state, layout: np.dtype, count: int) -> np.ndarray:
     return every
 
 
-def _on_device(value: np.generic, plan: _Plan):
-    """A host result as a 0-d CuPy array on the shard's device for GPU shards (bit-exact)."""
-    if not plan.on_gpu:
-        return value
-    return _on_device_all([value], plan)[0]
+def _reserve_cells(plan: _Plan, count: int, *, synchronize: bool = True) -> tuple[_ResultCells, list]:
+    """``count`` result cells of the current stream of a GPU shard's device, for :func:`_store`.
 
-
-def _on_device_all(values: list[np.generic], plan: _Plan) -> list:
-    """Host results as 0-d CuPy arrays (result cells, :func:`_from_host`) on a GPU shard's device."""
+    Made before a combine's agreement, because once the agreement has passed every rank must
+    finish the call as the others do: a step that fails on one rank alone after it leaves the
+    others in their next collective. So whatever may fail is done here: the stream's slots
+    are made if this is its first call, the cells reserved (taking one may allocate a block of
+    pinned memory), and with ``synchronize`` the stream waited for (which raises an earlier
+    asynchronous CUDA error here, and makes the cells safe to store into: see
+    :class:`_ResultCells`). After the collectives a combine does only host arithmetic and
+    stores into these cells.
+    """
     import cupy
 
     with cupy.cuda.Device(plan.device):
-        # Result cells are stored only after a synchronization of the stream (an empty
-        # shard's state involved no wait on it); see _ResultCells.
-        cupy.cuda.get_current_stream().synchronize()
-        return [_from_host(value, plan) for value in values]
+        stream = cupy.cuda.get_current_stream()
+        if synchronize:
+            stream.synchronize()
+        cells = _Staging.get(plan.device, stream.ptr).results
+        return cells, [cells.reserve() for _ in range(count)]
+
+
+def _store(reserved: tuple[_ResultCells, list], values: list) -> list:
+    """Host results (NumPy scalars) stored into the cells of :func:`_reserve_cells`, as 0-d CuPy arrays, bit for bit."""
+    cells, held = reserved
+    out = []
+    for cell, value in zip(held, values, strict=True):
+        array, box = cells.result(cell, np.asarray(value).dtype)
+        box[0] = value
+        out.append(array)
+    return out
 
 
 def _timed_allreduce(x_local: Any, op: str | Op, comm=None) -> tuple[Any, float, float]:
@@ -750,7 +778,7 @@ class _Slots:
 class _ResultCells:
     """The results of one (device, stream) as 0-d CuPy arrays over pinned, device-mapped host cells.
 
-    A combine that ends on the host (every staged one) hands its GPU caller a 0-d CuPy array
+    A combine (every one ends on the host) hands its GPU caller a 0-d CuPy array
     whose memory is one 8-byte cell of pinned host memory mapped into the device's address
     space. The CPU stores the value, and the array is usable by kernels at once: nothing is
     allocated on the device, no copy is queued on the stream, and a later synchronization has
@@ -806,6 +834,15 @@ class _ResultCells:
 
         Store the value through the view once the stream is synchronized (see the class notes).
         """
+        return self.result(self.reserve(), dtype)
+
+    def reserve(self) -> tuple[int, Any]:
+        """A free cell, held for a result whose dtype is not known yet: ``(index, its MemoryPointer)``.
+
+        The cell stays out of later calls while the caller holds the pointer; :meth:`result`
+        makes its array. This is all that may allocate (a new block of pinned memory), so a
+        combine reserves its cells before its collectives (see :func:`_reserve_cells`).
+        """
         cells, n = self._cells, len(self._cells)
         k = self._next
         for _ in range(n):
@@ -817,10 +854,15 @@ class _ResultCells:
         else:
             k = self._grow()
         self._next = k + 1
+        return k, cells[k][1]
+
+    def result(self, reserved: tuple[int, Any], dtype: np.dtype) -> tuple[Any, np.ndarray]:
+        """The reserved cell as ``(0-d CuPy array of dtype, one-element NumPy view of its bytes)``."""
+        k, pointer = reserved
         box = self._views.get((k, dtype))
         if box is None:
             box = self._views[k, dtype] = self._bytes[k][: dtype.itemsize].view(dtype)
-        return self._cupy.ndarray((), dtype, memptr=cells[k][1]), box
+        return self._cupy.ndarray((), dtype, memptr=pointer), box
 
 
 class _Staging:
@@ -963,7 +1005,7 @@ def _meta(plan: _Plan | None, error) -> np.ndarray:
 
 def _combine(comm, plan: _Plan | None, partial, error):
     use_device = False
-    host = wire = None
+    host = wire = reserved = None
     meta = None
     if error is None:
         try:
@@ -980,6 +1022,8 @@ def _combine(comm, plan: _Plan | None, partial, error):
                 host = _to_host(partial, plan)
                 if not _arith(plan.static):
                     meta[8] = encode_extreme_scalar(host, plan.static.positive, plan.op.nan_wins)
+            if plan.on_gpu:  # the result's cell, before the agreement (both paths waited above)
+                reserved = _reserve_cells(plan, 1, synchronize=False)
         except BaseException as exc:  # agreed below, then re-raised on this rank
             error = exc
     if error is not None:
@@ -990,10 +1034,12 @@ def _combine(comm, plan: _Plan | None, partial, error):
     _agree(comm, static, meta, error, empty_error=empty_error, options=options)
     st = plan.static
     if use_device:
-        return _combine_on_device(comm, plan, wire)
-    result = _global_value(comm, st, host, meta).astype(st.result)
-    if plan.on_gpu:
-        return _from_host(result, plan)
+        value = _combine_on_device(comm, plan, wire)
+    else:
+        value = _global_value(comm, st, host, meta)
+    result = value.astype(st.result)
+    if reserved is not None:
+        return _store(reserved, [result])[0]
     return result
 
 
@@ -1043,12 +1089,16 @@ def _device_wire(plan: _Plan, partial):
     return buf
 
 
-def _combine_on_device(comm, plan: _Plan, buf):
+def _combine_on_device(comm, plan: _Plan, buf) -> np.generic:
     """The combine of a rank that hands MPI its device buffer ``buf`` (:func:`_device_wire`), after the agreement.
 
     One Allreduce of the partial (sums, products) or of its key (max, min), both of one element;
     host ranks make the same one (:func:`_global_value`), because the agreement said that some
-    rank combines on the device.
+    rank combines on the device. Returns the global value in the accumulator dtype: the
+    combined 8 bytes come back through the stream's pinned slot (made before the agreement, by
+    :func:`_reserve_cells`) and are decoded on the host as the host ranks decode theirs, so
+    that nothing after the collectives allocates memory or launches a kernel, which could fail
+    on this rank alone.
     """
     import cupy
 
@@ -1056,11 +1106,15 @@ def _combine_on_device(comm, plan: _Plan, buf):
     _transport_counts["device"] += 1
     with cupy.cuda.Device(plan.device):
         comm.Allreduce(MPI.IN_PLACE, buf, op=_MPI_ARITH[st.op.mpi_name] if _arith(st) else MPI.MAX)
-        if _arith(st):
-            value = buf.view(st.acc)
-        else:
-            value = decode_extreme(buf, st.positive, st.acc, xp=cupy, nan_wins=st.op.nan_wins)
-        return value.astype(st.result).reshape(())
+        stream = cupy.cuda.get_current_stream()
+        slots = _Staging.get(plan.device, stream.ptr)
+        runtime = cupy.cuda.runtime
+        runtime.memcpyAsync(slots.ptr, buf.data.ptr, buf.nbytes, runtime.memcpyDeviceToHost, stream.ptr)
+        stream.synchronize()
+    if _arith(st):
+        return slots.host_view(st.acc)[0]  # the wire's bits are the accumulator's
+    key = int(slots.host_view(np.dtype(np.int64))[0])
+    return decode_extreme_scalar(key, st.positive, st.acc, st.op.nan_wins)
 
 
 class _Fast:

@@ -112,3 +112,101 @@ def test_gpu_results_are_cells_reused_only_when_free_and_after_the_stream():
     assert [c[1].ptr for c in cells._cells].index(again.data.ptr) == index  # the same cell
     assert float(again) == 1498500.0
     assert bool((out == 499500.0).all())
+
+
+@pytest.mark.parametrize("aware", [False, True], ids=["staged", "cuda-aware"])
+def test_gpu_general_combines_allocate_nothing_after_the_agreement(aware):
+    # Once the agreement has passed, a rank must end the call as the others do: a failure of its
+    # own after it (an allocation, a CUDA error) would leave the others in their next collective.
+    # So the general path reserves its result cells (a new block of pinned memory when all are
+    # held), makes the stream's slot and waits for the stream before the agreement. Here every
+    # allocation fails once the agreement has run, and every cell is held before each call, so
+    # that the call's cells must come from a new block: each call must still give the bits it
+    # gives without the failures. At one rank, in this process; "cuda-aware" hands MPI the device
+    # buffer (which MPI never reads at one rank) and decodes the combined value on the host.
+    import os
+
+    cupy = pytest.importorskip("cupy")
+    mpi = pytest.importorskip("multireduce.mpi")
+    import multireduce
+    from multireduce import _partials
+
+    rng = np.random.default_rng(7)
+    x = cupy.asarray(rng.standard_normal(10_001).astype(np.float32))
+    x[17] = -0.0
+    h = x.get()
+    calls = {
+        "sum": lambda: mpi.allreduce(x, get_op("sum")),
+        "max": lambda: mpi.allreduce(x, get_op("max")),
+        "min int8": lambda: mpi.allreduce(x.astype(cupy.int8), get_op("min")),
+        "sum dtype=": lambda: mpi.allreduce(x, "sum", dtype=np.float64),
+        "mean": lambda: mpi.allreduce(x, "mean"),
+        "var": lambda: mpi.allreduce(x, "var", correction=1),
+        "argmax": lambda: mpi.allreduce(x, "argmax"),
+        "exact": lambda: mpi.allreduce(x, "sum", reproducible=True),
+        "stats": lambda: mpi.stats(x),
+    }
+    numpy = {
+        "sum": np.sum(h, dtype=np.float64),
+        "max": np.max(h),
+        "min int8": np.min(h.astype(np.int8)),
+        "sum dtype=": np.sum(h, dtype=np.float64),
+        "mean": np.mean(h, dtype=np.float64),
+        "var": np.var(h, dtype=np.float64, ddof=1),
+        "argmax": np.argmax(h),
+        "exact": multireduce.sum(h, reproducible=True),
+    }
+
+    def host(result):
+        if isinstance(result, multireduce.Stats):
+            return [getattr(result, f).get() for f in ("count", "nan_count", "sum", "min", "max", "mean", "var")]
+        assert isinstance(result, cupy.ndarray) and result.shape == (), result
+        return [result.get()]
+
+    saved = os.environ.get("MULTIREDUCE_CUDA_AWARE")
+    os.environ["MULTIREDUCE_CUDA_AWARE"] = "1" if aware else "0"
+    armed = []
+    real_agree, real_mapped = mpi._agree, _partials.mapped_host_memory
+
+    def refuse(*args, **kwargs):
+        raise MemoryError("an allocation after the agreement")
+
+    def agree_then_arm(*args, **kwargs):
+        real_agree(*args, **kwargs)
+        armed.append(True)
+        cupy.cuda.set_allocator(refuse)
+
+    def mapped(*args, **kwargs):
+        if armed:
+            refuse()
+        return real_mapped(*args, **kwargs)
+
+    try:
+        assert mpi.cuda_aware(refresh=True).enabled is aware
+        want = {name: host(call()) for name, call in calls.items()}  # the same calls, unarmed
+        for name, value in numpy.items():
+            assert want[name][0].dtype == np.asarray(value).dtype or name in ("sum", "mean", "var"), name
+            assert np.allclose(want[name][0], value, rtol=1e-6, atol=0), (name, want[name], value)
+        mpi._agree, _partials.mapped_host_memory = agree_then_arm, mapped
+        cells = mpi._Staging.get(x.device.id, cupy.cuda.get_current_stream().ptr).results
+        held = []
+        for name, call in calls.items():
+            free = sum(cells._refs(c) == cells._free_refs for c in cells._cells)
+            held += [cells.take(np.dtype(np.float64))[0] for _ in range(free)]
+            size = len(cells._cells)
+            try:
+                got = call()
+            finally:
+                cupy.cuda.set_allocator(cupy.get_default_memory_pool().malloc)
+            assert armed and len(cells._cells) > size, name  # agreed, and the cells grew first
+            armed.clear()
+            got = host(got)
+            assert [g.dtype for g in got] == [w.dtype for w in want[name]], (name, got, want[name])
+            assert [g.tobytes() for g in got] == [w.tobytes() for w in want[name]], (name, got, want[name])
+    finally:
+        mpi._agree, _partials.mapped_host_memory = real_agree, real_mapped
+        if saved is None:
+            os.environ.pop("MULTIREDUCE_CUDA_AWARE", None)
+        else:
+            os.environ["MULTIREDUCE_CUDA_AWARE"] = saved
+        mpi.cuda_aware(refresh=True)

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from mpi_scripts.fake_cupy import HostSlots, fake_cupy
 from mpi_scripts.launch import run
 
 from multireduce import get_op
@@ -328,71 +329,6 @@ def test_openmpi_probe_only_asks_open_mpi():
     assert answer is None and "MPI_T functions not exported" in detail
 
 
-class _FakeUnownedMemory:
-    """cupy.cuda.UnownedMemory's shape: a pointer, a size, an owner kept alive, a device."""
-
-    def __init__(self, ptr, size, owner, device_id):
-        self.ptr, self.size, self.owner, self.device_id = ptr, size, owner, device_id
-
-
-class _FakeMemoryPointer:
-    def __init__(self, mem, offset):
-        self.mem, self.ptr = mem, mem.ptr + offset
-
-    def __add__(self, offset):  # as CuPy's: a new pointer holding the memory
-        return _FakeMemoryPointer(self.mem, self.ptr - self.mem.ptr + offset)
-
-
-class _FakeArray:
-    """cupy.ndarray's references: ``data`` (its MemoryPointer) and, for views, ``base``."""
-
-    def __init__(self, shape, dtype, memptr):
-        self.shape, self.dtype, self.data, self.base = shape, np.dtype(dtype), memptr, None
-
-    def view(self):
-        out = _FakeArray(self.shape, self.dtype, self.data)
-        out.base = self
-        return out
-
-    def get(self):  # reads through the "device" pointer (the host address, as under UVA)
-        import ctypes
-
-        return np.frombuffer(ctypes.string_at(self.data.ptr, self.dtype.itemsize), dtype=self.dtype)[0]
-
-
-def _fake_cupy():
-    """A CPU stand-in for the parts of CuPy that mpi._ResultCells uses (pinned memory is a bytearray)."""
-    runtime = SimpleNamespace(
-        hostAllocPortable=1,
-        hostAllocMapped=2,
-        pointerGetAttributes=lambda ptr: SimpleNamespace(devicePointer=ptr),
-    )
-    cuda = SimpleNamespace(
-        runtime=runtime,
-        PinnedMemory=lambda size, flags: bytearray(size),
-        PinnedMemoryPointer=lambda memory, offset: memory,
-        UnownedMemory=_FakeUnownedMemory,
-        MemoryPointer=_FakeMemoryPointer,
-    )
-    return SimpleNamespace(cuda=cuda, ndarray=_FakeArray)
-
-
-class _HostSlots:
-    """A CPU stand-in for mpi._Slots: NumPy arrays where the GPU path has pinned memory."""
-
-    ptr = 0
-
-    def __init__(self):
-        mpi = pytest.importorskip("multireduce.mpi")
-        self.results = mpi._ResultCells(0, _fake_cupy())
-
-    def device_partial(self, dtype):
-        return np.zeros((), dtype)
-
-    def host_view(self, dtype):
-        return np.zeros(1, dtype)
-
-
 _FAST_CASES = [(name, False) for name, op in OPS.items() if op.kind == "fold"] + [(name, True) for name in KERNEL_OPS]
 
 
@@ -406,7 +342,7 @@ def test_per_call_path_entry_for_every_fold_op_and_dtype(monkeypatch, op, dt, gp
     mpi = pytest.importorskip("multireduce.mpi")
     stream = None
     if gpu:
-        slots = _HostSlots()
+        slots = HostSlots(pytest.importorskip("multireduce.mpi"))
         monkeypatch.setattr(mpi._Staging, "get", classmethod(lambda cls, device, stream: slots))
         stream = SimpleNamespace(ptr=0)
     static = mpi._static(get_op(op), np.dtype(dt), None)
@@ -432,7 +368,7 @@ def test_per_call_path_entry_for_every_fold_op_and_dtype(monkeypatch, op, dt, gp
 
 def _cells():
     mpi = pytest.importorskip("multireduce.mpi")
-    return mpi._ResultCells(3, _fake_cupy())
+    return mpi._ResultCells(3, fake_cupy())
 
 
 @pytest.mark.parametrize("dt", [np.dtype(d).name for d in SUPPORTED_DTYPES])

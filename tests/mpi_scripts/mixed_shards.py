@@ -23,6 +23,8 @@ import sys
 import types
 
 import numpy as np
+from fake_cupy import HostSlots
+from fake_cupy import fake_cupy as cells_cupy
 
 os.environ["MULTIREDUCE_CUDA_AWARE"] = "1"
 
@@ -37,22 +39,27 @@ ON_DEVICE = RANK in DEVICE_RANKS
 
 class FakeCupyArray(np.ndarray):
     """What multireduce.mpi takes for a CuPy array: its type's module is ``cupy``, and it has
-    ``.data.device_id``."""
+    ``.data.device_id`` and ``.data.ptr`` (its host address, standing for device memory)."""
 
     @property
     def data(self):
-        return types.SimpleNamespace(device_id=0)
+        return types.SimpleNamespace(device_id=0, ptr=self.ctypes.data)
 
 
 FakeCupyArray.__module__ = "cupy"
 
 fake_cupy = types.ModuleType("cupy")
-fake_cupy.where, fake_cupy.isnan = np.where, np.isnan
+fake_cupy.where = lambda *args: np.where(*args).view(FakeCupyArray)
+fake_cupy.isnan = np.isnan
 fake_cupy.cuda = types.SimpleNamespace(
     Device=lambda device: contextlib.nullcontext(),
-    get_current_stream=lambda: types.SimpleNamespace(synchronize=lambda: None),
+    get_current_stream=lambda: types.SimpleNamespace(synchronize=lambda: None, ptr=0),
+    runtime=cells_cupy().cuda.runtime,
 )
 sys.modules["cupy"] = fake_cupy
+# The stream's slot and result cells: host memory standing for pinned, device-mapped memory.
+_SLOTS = HostSlots(mpi)
+mpi._Staging.get = classmethod(lambda cls, device, stream: _SLOTS)
 
 _real_local_partial = mpi._local_partial
 
@@ -98,8 +105,13 @@ def shard_of(values: np.ndarray):
     return local.view(FakeCupyArray) if ON_DEVICE else local
 
 
+def host_value(got):
+    """A result as a NumPy array: a device rank's is a result cell (read through its pointer)."""
+    return np.asarray(got.get() if hasattr(got, "get") else got)
+
+
 def same_value(got, want: np.generic) -> bool:
-    got = np.asarray(got)
+    got = host_value(got)
     if got.dtype != want.dtype or got.shape != ():
         return False
     if want.dtype.kind == "f" and np.isnan(want):
@@ -119,7 +131,7 @@ def main() -> int:
             got = mpi.allreduce(local, how)
             count += 1
             assert same_value(got, want), (RANK, op, dtype, values, got, want)
-            bits = COMM.allgather(np.asarray(got).tobytes())
+            bits = COMM.allgather(host_value(got).tobytes())
             assert all(b == bits[0] for b in bits), (op, dtype, values, bits)
     # An all-empty global array: max's error on every rank, agreed before any path is taken.
     for op in ("max", "nanmin"):
