@@ -160,16 +160,29 @@ def _default_split_every(split_every: Any, x: da.Array, axes: tuple[int, ...]) -
     return value
 
 
-def _check_chunk(x, expected: np.dtype) -> None:
-    """Raise unless chunk ``x`` has the dtype its Dask array declares.
+def _check_chunk(x, expected: np.dtype):
+    """Chunk ``x`` as an array; raise unless it has the dtype its Dask array declares.
 
     The plan (result and accumulator dtypes, dtype= conversions) was made for that dtype.
+    Python scalars, lists and tuples (``da.from_delayed`` of a function that returns one;
+    Dask's own reductions take them) go through ``numpy.asarray``, as the core takes them,
+    and their dtype is checked as any chunk's.
     """
-    if x.dtype != expected:
+    if isinstance(x, list | tuple | int | float | bool):
+        x = np.asarray(x)
+    dtype = getattr(x, "dtype", None)
+    if not isinstance(dtype, np.dtype):
+        kind = f"{type(x).__module__}.{type(x).__qualname__}"
         raise TypeError(
-            f"a chunk of dtype {x.dtype} in a Dask array that declares dtype {expected}; "
+            f"a chunk of type {kind} in a Dask array that declares dtype {expected}; "
+            "multireduce reduces NumPy or CuPy chunks"
+        )
+    if dtype != expected:
+        raise TypeError(
+            f"a chunk of dtype {dtype} in a Dask array that declares dtype {expected}; "
             "give map_blocks (or whatever made the chunks) the chunks' real dtype"
         )
+    return x
 
 
 def _chunk(x, axis, keepdims, *, op: Op, dtype: np.dtype | None, expected: np.dtype, computing_meta: bool = False):
@@ -177,7 +190,7 @@ def _chunk(x, axis, keepdims, *, op: Op, dtype: np.dtype | None, expected: np.dt
         # Dask's placeholder call on x._meta (an empty array of the chunks' type): nothing is
         # reduced; the placeholder carries the array type to the next steps.
         return x
-    _check_chunk(x, expected)
+    x = _check_chunk(x, expected)
     return _partials.wrap(core.partial(x, op, dtype=dtype), x.size)
 
 
@@ -268,7 +281,7 @@ def _reduction(
 def _fold_chunk(x, axis, keepdims, *, op: Op, dtype: np.dtype | None, expected: np.dtype, computing_meta: bool = False):
     if computing_meta:
         return x
-    _check_chunk(x, expected)
+    x = _check_chunk(x, expected)
     return core.partial(x, op, axis=axis, keepdims=True, dtype=dtype)
 
 
@@ -299,7 +312,7 @@ def _fold_aggregate(x, axis, keepdims, *, op: Op, result: np.dtype, computing_me
 def _counted_chunk(x, axis, keepdims, *, op: Op, expected: np.dtype, computing_meta: bool = False):
     if computing_meta:
         return x
-    _check_chunk(x, expected)
+    x = _check_chunk(x, expected)
     count = math.prod(x.shape[a] for a in axis)  # per output element; one for the whole chunk
     return _partials.wrap(core.partial(x, op, axis=axis, keepdims=True), count)
 
@@ -418,7 +431,7 @@ def _to_chunks_device(value, device: int | None | frozenset, dtype: np.dtype):
 def _moments_chunk(x, axis, keepdims, *, op: Op, expected: np.dtype, computing_meta: bool = False):
     if computing_meta:
         return x
-    _check_chunk(x, expected)
+    x = _check_chunk(x, expected)
     return _HostState(_stats.to_structured(core.partial(x, op, axis=axis, keepdims=True)), _device_of(x))
 
 
@@ -456,7 +469,7 @@ def _moments_aggregate(
 
 
 def _arg_block(block, *, op: Op, axis: int | None, shape: tuple[int, ...], expected: np.dtype, block_info=None):
-    _check_chunk(block, expected)
+    block = _check_chunk(block, expected)
     location = block_info[0]["array-location"]
     axes = tuple(range(block.ndim)) if axis is None else (axis,)
     device = _device_of(block)
@@ -739,7 +752,7 @@ def treereduce(
 def _exact_chunk(x, axis, keepdims, *, dtype: np.dtype | None, expected: np.dtype, computing_meta: bool = False):
     if computing_meta:
         return x
-    _check_chunk(x, expected)
+    x = _check_chunk(x, expected)
     # A CuPy chunk's exact accumulator comes to the host (as moments and arg states do).
     return _HostState(core.partial(x, "sum", dtype=dtype, reproducible=True).normalize(), _device_of(x))
 

@@ -154,6 +154,47 @@ def test_chunks_of_another_dtype_than_declared_are_refused(op, kwargs):
         d.treereduce(op, **kwargs).compute(scheduler="sync")
 
 
+PYTHON_CHUNK_OPS = [
+    ("sum", {}),
+    ("max", {}),
+    ("nanmin", {"axis": 0}),
+    ("mean", {}),
+    ("var", {"axis": 0, "correction": 1}),
+    ("argmax", {}),
+    ("argmin", {"axis": 0}),
+    ("sum", {"reproducible": True}),
+    ("prod", {"axis": 0}),
+]
+
+
+@pytest.mark.parametrize(("op", "kwargs"), PYTHON_CHUNK_OPS)
+def test_python_scalar_and_list_chunks_are_reduced_as_the_core_takes_them(op, kwargs):
+    # A chunk that is a Python float or list (da.from_delayed of a function returning one;
+    # Dask's own reductions take them) failed when computed with "AttributeError: 'float'
+    # object has no attribute 'dtype'". The core takes them through numpy.asarray: so do the
+    # chunk steps, and the declared dtype is checked against the converted chunk.
+    for value, declared in ((3.5, np.float64), ([1.5, -2.0, 7.25], np.float64), ([4, 1, 9], np.int64)):
+        x = np.asarray(value, dtype=declared)
+        axis = kwargs.get("axis")
+        d = da.from_delayed(dask.delayed(lambda v=value: v)(), shape=x.shape, dtype=declared)
+        if x.ndim == 0 and axis is not None:
+            continue
+        got = d.treereduce(op, **kwargs).compute(scheduler="sync")
+        want = multireduce.reduce(x, op, **kwargs)
+        assert got.dtype == want.dtype and np.shape(got) == np.shape(want), (value, op)
+        assert got == want, (value, op, got, want)
+        if op in ("sum", "max", "argmax"):
+            assert got == {"sum": np.sum, "max": np.max, "argmax": np.argmax}[op](x)
+    # A Python float in an array that declares float32: the declared dtype is not the chunk's.
+    lying = da.from_delayed(dask.delayed(lambda: [1.0, 2.0])(), shape=(2,), dtype=np.float32)
+    with pytest.raises(TypeError, match="chunk of dtype float64 in a Dask array that declares dtype float32"):
+        lying.treereduce(op, **kwargs).compute(scheduler="sync")
+    # Anything else is not a chunk multireduce reduces: a TypeError naming its type.
+    text = da.from_delayed(dask.delayed(lambda: "ab")(), shape=(2,), dtype=np.float64)
+    with pytest.raises(TypeError, match="a chunk of type builtins.str in a Dask array"):
+        text.treereduce(op, **kwargs).compute(scheduler="sync")
+
+
 def test_keepdims_and_full_axis_tuples():
     x = np.arange(60, dtype=np.int32).reshape(3, 4, 5)
     d = da.from_array(x, chunks=2)
