@@ -203,8 +203,9 @@ def _npy_layout(path: Path, fh, size: int, dtype) -> FileLayout:
     if file_dtype.byteorder == ">":  # a dtype multireduce supports in the other byte order?
         native = check_dtype(file_dtype.newbyteorder("="), what=f"{path}:")
         raise TypeError(
-            f"{path} holds big-endian {native} data ({file_dtype.str}); multireduce reads little-endian data "
-            f"only: convert the file once, e.g. numpy.save(path, numpy.load(path).astype('{native.str}'))"
+            f"{path} holds big-endian {native} data ({file_dtype.str}), which multireduce does not support (it "
+            f"reads little-endian data): convert the file once, e.g. "
+            f"numpy.save(path, numpy.load(path).astype('{native.str}'))"
         )
     file_dtype = check_dtype(file_dtype, what=f"{path}:")
     if dtype is not None and check_dtype(dtype) != file_dtype:  # checked as a raw file's dtype

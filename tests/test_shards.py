@@ -469,8 +469,8 @@ def test_big_endian_npy_is_refused_with_the_way_to_convert_it(tmp_path, descr):
     assert np.load(path, allow_pickle=False).tolist() == list(range(7))  # NumPy reads it
     native = np.dtype(descr).newbyteorder("=")
     message = (
-        f"{path} holds big-endian {native} data ({descr}); multireduce reads little-endian data only: "
-        f"convert the file once, e.g. numpy.save(path, numpy.load(path).astype('{native.str}'))"
+        f"{path} holds big-endian {native} data ({descr}), which multireduce does not support (it reads "
+        f"little-endian data): convert the file once, e.g. numpy.save(path, numpy.load(path).astype('{native.str}'))"
     )
     for inspect in (inspect_file, inspect_npy):
         with pytest.raises(TypeError) as info:
