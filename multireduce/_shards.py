@@ -200,6 +200,11 @@ def _npy_layout(path: Path, fh, size: int, dtype) -> FileLayout:
             f"{path} holds Python objects (dtype {file_dtype}); multireduce never unpickles data. "
             "Save a numeric array instead."
         )
+    if file_dtype.names is not None:  # even one equal to a supported dtype (fields over its bytes)
+        raise TypeError(
+            f"{path} holds a structured dtype {file_dtype} (fields {', '.join(file_dtype.names)}), which "
+            "multireduce does not support: save a plain numeric array (one field: numpy.load(path)[name])"
+        )
     if file_dtype.byteorder == ">":  # a dtype multireduce supports in the other byte order?
         native = check_dtype(file_dtype.newbyteorder("="), what=f"{path}:")
         raise TypeError(

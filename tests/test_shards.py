@@ -557,3 +557,26 @@ def test_shard_range_takes_constant_time_in_the_rank_count():
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split("\n")[0] == f"[(0, 1), (9, 10), (10, 10), (10, 10)] ({2**63 + 3}, {2**63 + 5})"
+
+
+# ---------------------------------------------------------------------------------- structured
+
+
+@pytest.mark.parametrize(
+    "descr",
+    [
+        "('<f4', {'a': ('<i4', 0)})",  # float32 with a field over its bytes: equal to float32
+        "('<i8', {'lo': ('<u4', 0), 'hi': ('<u4', 4)})",
+        "[('a', '<f4')]",
+        "[('', '<i8')]",
+    ],
+)
+def test_structured_npy_is_refused(tmp_path, descr):
+    # A dtype with fields that compares equal to float32 passed the dtype check: the layout's
+    # dtype then failed mpi.read_shard and the CLI with a bare KeyError (its dtype code).
+    path = write_npy(tmp_path / "s.npy", "{'descr': " + descr + ", 'fortran_order': False, 'shape': (2,)}")
+    loaded = np.load(path, allow_pickle=False)  # NumPy reads it
+    message = f"{path} holds a structured dtype {loaded.dtype} (fields {', '.join(loaded.dtype.names)})"
+    for inspect in (inspect_file, inspect_npy, lambda p: inspect_file(p, dtype=loaded.dtype)):
+        with pytest.raises(TypeError, match=f"^{re.escape(message)}, which multireduce does not support"):
+            inspect(path)
