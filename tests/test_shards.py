@@ -580,3 +580,13 @@ def test_structured_npy_is_refused(tmp_path, descr):
     for inspect in (inspect_file, inspect_npy, lambda p: inspect_file(p, dtype=loaded.dtype)):
         with pytest.raises(TypeError, match=f"^{re.escape(message)}, which multireduce does not support"):
             inspect(path)
+
+
+def test_structured_dtype_for_a_raw_file_is_refused(tmp_path):
+    # check_dtype takes float32 with a field over its bytes (it compares equal to float32); the
+    # layout then failed mpi.read_shard and the CLI with a bare KeyError.
+    np.arange(4, dtype=np.float32).tofile(tmp_path / "a.raw")
+    union = np.dtype((np.float32, [("a", "<i4")]))
+    with pytest.raises(TypeError, match=r"^dtype \(numpy\.float32, \[\('a', '<i4'\)\]\) is structured \(fields a\), "):
+        inspect_file(tmp_path / "a.raw", dtype=union)
+    assert inspect_file(tmp_path / "a.raw", dtype=np.float32).dtype.names is None
