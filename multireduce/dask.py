@@ -578,7 +578,10 @@ def _composite_reduction(x, op: Op, result, axes, keepdims, split_every, correct
     )
     # The indices come back as the chunks' type (CuPy chunks: a CuPy array on their GPU).
     meta = da.utils.meta_from_array(x._meta, ndim=merged.ndim, dtype=np.int64)
-    return merged.map_blocks(_arg_finalize, op=op, dtype=np.int64, meta=meta, name=f"{name}-{token}")
+    # Named after the merge too: its tree follows the fan-in in force (the dask.config key
+    # where split_every is None), which the arguments alone do not say.
+    final = f"{name}-{tokenize(token, merged.name)}"
+    return merged.map_blocks(_arg_finalize, op=op, dtype=np.int64, meta=meta, name=final)
 
 
 def treereduce(

@@ -639,6 +639,26 @@ def test_every_key_carries_a_token_of_the_input_and_every_parameter():
     assert mdask.stats(z, axis=1).key == keys[0]
 
 
+@pytest.mark.parametrize("op", ["argmax", "argmin", "sum", "var", "max"])
+def test_a_shared_key_is_the_same_task_whatever_the_config_split_every(op):
+    # argmin/argmax's last layer was named from the split_every argument, not the fan-in in
+    # force: under another dask.config split_every the same call made a different tree whose
+    # last key was the same name (one of the two graphs' task won when computed together).
+    from dask.core import get_dependencies
+
+    x = da.from_array(np.arange(64.0) % 7, chunks=4)
+    with dask.config.set(split_every=2):
+        narrow = x.treereduce(op)
+    wide = x.treereduce(op)
+    a, b = dict(narrow.__dask_graph__()), dict(wide.__dask_graph__())
+    assert narrow.name != wide.name
+    for key in a.keys() & b.keys():  # shared keys (the input's, argmin's chunk states) depend on the same keys
+        assert get_dependencies(a, key) == get_dependencies(b, key), key
+    got = dask.compute(narrow, wide, scheduler="sync")
+    want = multireduce.reduce(x.compute(), op)
+    assert got[0] == got[1] == want
+
+
 def test_same_chunking_gives_the_same_bits_on_every_scheduler():
     x = make_data("float32", 100_000, np.random.default_rng(9))
     d = da.from_array(x, chunks=3000)
