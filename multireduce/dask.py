@@ -134,7 +134,9 @@ def _default_split_every(split_every: Any, x: da.Array, axes: tuple[int, ...]) -
     where the chunks along the reduced axes number at most ``n`` in all, one aggregate takes
     every partial, with no combine level (Dask's own rule would split ``n`` into
     ``int(n ** (1 / len(axes)))`` per axis, and blocks (2, 8) with ``n = 16`` would get a
-    combine level); beyond that Dask's rule applies.
+    combine level); beyond that Dask's rule applies: ``max(int(n ** (1 / k)), 2)`` per each
+    of the ``k`` reduced axes, so a task takes up to ``2 ** k`` partials where ``n`` is
+    smaller (4 for ``n = 2`` or 3 over two reduced axes).
 
     Full reductions default to 64: their partials are scalars or small fixed-size states,
     and a task that combines 64 of them takes tens of microseconds on the host (37 µs for
@@ -626,8 +628,9 @@ def treereduce(
         How many partials one combine or aggregate task takes. An int (at least 2) is the
         most per task: where the chunks along the reduced axes number at most that many in
         all, no combine step runs and one aggregate takes every partial (for any number of
-        reduced axes); beyond that, Dask's rule (``int(n ** (1 / len(axes)))`` per reduced
-        axis). A dict maps axes of ``x`` (negative allowed) to ints of at least 2, as in
+        reduced axes); beyond that, Dask's rule (``max(int(n ** (1 / k)), 2)`` per each of
+        the ``k`` reduced axes: a task takes up to ``2 ** k`` partials where ``n`` is
+        smaller). A dict maps axes of ``x`` (negative allowed) to ints of at least 2, as in
         ``dask.array.reduction`` (a reduced axis it leaves out takes 2; keys of kept axes
         are ignored). Anything else raises when the graph is built (TypeError for another
         type, ValueError for a fan-in below 2 or a key that is not an axis of ``x``).
@@ -780,7 +783,8 @@ def _exact_aggregate(parts, axis, keepdims, *, result: np.dtype, mean: bool, com
         return parts
     total, device = _exact_merged(parts)
     value = total.result(result, mean=mean)
-    value = np.asarray(value).reshape((1,) * len(axis)) if keepdims else value
+    if keepdims and axis:  # (a 0-d array keeps no axis: its value stays a NumPy scalar)
+        value = np.asarray(value).reshape((1,) * len(axis))
     return _to_chunks_device(value, device, result)
 
 
@@ -813,7 +817,8 @@ def stats(x: da.Array, *, axis: Any = None, correction: float = 0.0, split_every
     TypeError
         If ``x`` is not a Dask array, or for an unsupported dtype.
     ValueError
-        When computed, over zero elements (min and max are undefined).
+        Over zero elements (min and max are undefined): at once where a reduced axis is
+        known to be empty, else (chunk sizes unknown, NaN) when computed.
 
     Examples
     --------

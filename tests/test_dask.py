@@ -676,6 +676,24 @@ def test_meta_is_not_reduced():
     assert isinstance(r._meta, np.ndarray)
 
 
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("reproducible", [False, True])
+def test_results_of_0d_arrays_are_numpy_scalars_as_numpys(reproducible):
+    # A 0-d array's full reduction with keepdims=True is a NumPy scalar in NumPy and the
+    # core; the reproducible sum and mean gave a 0-d ndarray (every other op a scalar).
+    x = np.array(2.5)
+    for op in ("sum", "mean", "max", "var", "argmax", "any", "nansum", "prod"):
+        for keepdims in (False, True):
+            try:
+                want = multireduce.reduce(x, op, keepdims=keepdims, reproducible=reproducible)
+            except NotImplementedError:  # reproducible=True of var, prod, nansum: the core refuses
+                continue
+            ref = getattr(np, op)(x, keepdims=keepdims)
+            got = da.from_array(x).treereduce(op, keepdims=keepdims, reproducible=reproducible).compute()
+            assert type(got) is type(ref) is type(want), (op, keepdims, type(got), type(ref))
+            assert got == ref and np.shape(got) == np.shape(ref) == ()
+
+
 @settings(max_examples=25, deadline=None)
 @given(
     n=st.integers(0, 300),
