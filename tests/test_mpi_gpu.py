@@ -187,17 +187,19 @@ def test_gpu_general_combines_allocate_nothing_after_the_agreement(aware):
         for name, value in numpy.items():
             assert want[name][0].dtype == np.asarray(value).dtype or name in ("sum", "mean", "var"), name
             assert np.allclose(want[name][0], value, rtol=1e-6, atol=0), (name, want[name], value)
-        mpi._agree, _partials.mapped_host_memory = agree_then_arm, mapped
-        cells = mpi._Staging.get(x.device.id, cupy.cuda.get_current_stream().ptr).results
+        slots = mpi._Staging.get(x.device.id, cupy.cuda.get_current_stream().ptr)
         held = []
         for name, call in calls.items():
-            free = sum(cells._refs(c) == cells._free_refs for c in cells._cells)
-            held += [cells.take(np.dtype(np.float64))[0] for _ in range(free)]
+            # A new pool of cells (one block), every cell of it held.
+            cells = slots.results = mpi._ResultCells(x.device.id, cupy)
+            held += [cells.take(np.dtype(np.float64))[0] for _ in range(len(cells._cells))]
             size = len(cells._cells)
+            mpi._agree, _partials.mapped_host_memory = agree_then_arm, mapped
             try:
                 got = call()
             finally:
                 cupy.cuda.set_allocator(cupy.get_default_memory_pool().malloc)
+                mpi._agree, _partials.mapped_host_memory = real_agree, real_mapped
             assert armed and len(cells._cells) > size, name  # agreed, and the cells grew first
             armed.clear()
             got = host(got)
