@@ -545,6 +545,20 @@ def state_mean(state: Moments) -> np.ndarray:
         return np.where((state.n > 0) & (n * largest < EXACT_TOTAL_BOUND), exact, state.mean)
 
 
+def dtype_total_bound(dtype: np.dtype, count: int) -> bool:
+    """Whether ``count`` elements of the integer or bool ``dtype`` pass :func:`state_mean`'s bound, whatever they are.
+
+    ``n * max(|min|, |max|) < EXACT_TOTAL_BOUND`` (in float64) over the dtype's range: their
+    exact total cannot have wrapped, and their mean is ``float64(total) / n``. Where this is
+    false the data's own extremes decide (:func:`state_mean`).
+    """
+    dtype = np.dtype(dtype)
+    if dtype.kind == "b":
+        return float(count) < EXACT_TOTAL_BOUND
+    info = np.iinfo(dtype)
+    return float(count) * max(abs(float(info.min)), float(info.max)) < EXACT_TOTAL_BOUND
+
+
 def _state_mean_scalar(state: Moments) -> float:
     # state_mean for a 0-d state with n > 0, in Python floats (the same IEEE operations).
     total = state.total[()]

@@ -564,3 +564,35 @@ def test_integer_stats_mean_is_numpys(dtype, n):
     rows = host[: n - n % 3].reshape(3, -1) if n >= 3 else host.reshape(1, -1)
     got = multireduce.stats(cupy.asarray(rows), axis=1).mean
     assert bits_equal(cupy.asnumpy(got), np.mean(rows, axis=1)), (got, np.mean(rows, axis=1))
+
+
+@pytest.mark.parametrize("dtype", ["int64", "uint64", "int32", "uint32", "int8", "bool"])
+@pytest.mark.parametrize("n", [2, 6, 19, 4097])
+def test_integer_mean_is_the_cpus_and_stats_mean(dtype, n):
+    # The mean of integers is float64(exact total) / n wherever the total cannot have wrapped,
+    # on both backends (the CPU's since db25b85): mean(x), mean of a reversed view, stats(x).mean
+    # and the CPU's mean are the same bits. int64/uint64 values in 2**54..2**57 make a float64
+    # sum round (the old GPU mean, a float64 sum over the count, differed from stats().mean in
+    # the last bits for most such arrays); they take stats's finalize, the narrower dtypes the
+    # exact sum. Also over rows and columns, and where the total wraps (the state's mean).
+    rng = np.random.default_rng(n)
+    if dtype in ("int64", "uint64"):
+        host = rng.integers(2**54, 2**57, (3, n), dtype=np.int64)
+        signs = np.where(rng.random((3, n)) < 0.5, -1, 1) if dtype == "int64" else 1
+        host = (host * signs).astype(dtype)
+    elif dtype == "bool":
+        host = rng.random((3, n)) < 0.5
+    else:
+        info = np.iinfo(dtype)
+        host = rng.integers(info.min, int(info.max) + 1, (3, n), dtype=np.int64).astype(dtype)
+    x = cupy.asarray(host)
+    for axis in (None, 0, 1):
+        want = multireduce.mean(host, axis=axis)
+        got = multireduce.mean(x, axis=axis)
+        assert bits_equal(cupy.asnumpy(got), np.asarray(want)), (axis, got, want)
+        assert bits_equal(cupy.asnumpy(multireduce.stats(x, axis=axis).mean), np.asarray(want)), axis
+        view = multireduce.mean(host[:, ::-1], axis=axis)
+        assert bits_equal(cupy.asnumpy(multireduce.mean(x[:, ::-1], axis=axis)), np.asarray(view)), axis
+    if dtype in ("int64", "uint64"):  # totals that wrap: the moments state's mean, as the CPU's
+        big = np.full(n, np.iinfo(dtype).max // 3, dtype=dtype)
+        assert bits_equal(cupy.asnumpy(multireduce.mean(cupy.asarray(big))), np.asarray(multireduce.mean(big)))

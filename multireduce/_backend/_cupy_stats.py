@@ -303,10 +303,27 @@ def _mean(x: cupy.ndarray, axes: tuple[int, ...], result: np.dtype) -> cupy.ndar
     the count and rounds it once to ``result``: the definition of the moments' mean (their
     float64 sum over the count), up to the order of the additions, at the sum's bandwidth.
     Nothing waits for the device.
+
+    Integer and bool input, as on the host (``_backend.numpy.mean_result``): the exact totals
+    (the sum's int64 or uint64 accumulator) converted to float64, over the count, which is
+    :func:`multireduce._stats.state_mean`'s ``float64(total) / n``, where the dtype's range
+    shows that no total can have wrapped (:func:`multireduce._stats.dtype_total_bound`).
+    Elsewhere (int64 and uint64, or a narrower dtype over very many elements) the mean of
+    :func:`stats`, whose finalize applies the same rule with the data's extremes. So ``mean``
+    and ``stats().mean`` of integers are the same bits, and the CPU's: a float64 sum of
+    integers above 2**53 rounds on the way.
     """
     count = math.prod(x.shape[a] for a in axes)
+    exact = x.dtype.kind in "biu"
+    if exact and not _stats.dtype_total_bound(x.dtype, count):
+        mean = stats(x, axes, 0.0).mean
+        return mean if mean.dtype == result else mean.astype(result)
     with x.device:
-        sums = _fold(x, _SUM, _F64, _F64, axes)
+        if exact:
+            acc = _SUM.accumulator_dtype(_SUM.result_dtype(x.dtype))
+            sums = _fold(x, _SUM, acc, acc, axes).astype(_F64)
+        else:
+            sums = _fold(x, _SUM, _F64, _F64, axes)
         out = cupy.empty(sums.shape, dtype=result)
         kernel, max_grid = _kernel(x.data.device_id, _kernels.mean_from_sum_kernel_name(result), _FINALIZE_BLOCK)
         grid = min(max_grid, -(-sums.size // _FINALIZE_BLOCK))  # x is not empty: sums.size >= 1

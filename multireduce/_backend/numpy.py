@@ -85,15 +85,13 @@ def _exact_total_bound(x: np.ndarray, axes: tuple[int, ...], count: int) -> bool
     ``_stats.state_mean``'s test, ``n * max(|lo|, |hi|)`` in float64: from the dtype's range
     where that suffices (narrow integers), else from the data's extremes.
     """
-    bound = _stats.EXACT_TOTAL_BOUND
-    if x.dtype.kind == "b":
-        return float(count) < bound
-    info = np.iinfo(x.dtype)
-    if float(count) * max(abs(float(info.min)), float(info.max)) < bound:
+    if _stats.dtype_total_bound(x.dtype, count):
         return True
+    if x.dtype.kind == "b":
+        return False
     lo = np.min(x, axis=axes).astype(np.float64)
     hi = np.max(x, axis=axes).astype(np.float64)
-    return bool(np.all(float(count) * np.maximum(np.abs(lo), np.abs(hi)) < bound))
+    return bool(np.all(float(count) * np.maximum(np.abs(lo), np.abs(hi)) < _stats.EXACT_TOTAL_BOUND))
 
 
 def stats(x: np.ndarray, axes: tuple[int, ...], correction: float) -> _stats.Stats:
