@@ -66,12 +66,20 @@ def check_dtype(dtype: np.dtype, what: str = "input") -> np.dtype:
     ------
     TypeError
         If the dtype is not one of :data:`SUPPORTED_DTYPES` (object, string, complex,
-        datetime, structured, ...). The message names the dtype and the accepted ones.
+        datetime, ...), or if it has fields or is a subarray dtype, even one that compares equal to a
+        supported dtype. The message names the dtype and the accepted ones.
     """
     try:
         dt = np.dtype(dtype)
     except TypeError as exc:
         raise TypeError(f"{what} dtype {dtype!r} is not a NumPy dtype; supported dtypes: {_SUPPORTED_NAMES}") from exc
+    # A structured dtype may compare equal to a supported one (np.dtype(("<f4", {"a": ("<i4", 0)}))
+    # == np.float32 is True), so the membership test below would let it through.
+    if dt.names is not None or dt.subdtype is not None:
+        kind = "has fields" if dt.names is not None else "is a subarray dtype"
+        raise TypeError(
+            f"multireduce does not support {what} dtype {dt}: it {kind}; supported dtypes: {_SUPPORTED_NAMES}"
+        )
     if dt not in SUPPORTED_DTYPES or dt.byteorder == ">":
         raise TypeError(f"multireduce does not support {what} dtype {dt}; supported dtypes: {_SUPPORTED_NAMES}")
     return dt

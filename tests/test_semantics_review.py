@@ -53,3 +53,25 @@ def test_integer_mean_beyond_the_bound_is_the_moments_mean_on_every_layout():
         got = multireduce.mean(view, axis=1)
         assert _bits(got) == _bits(multireduce.stats(view, axis=1).mean)
         assert all(abs(Fraction(float(g)) - exact) <= exact * Fraction(2, 2**52) for g in got)
+
+
+@pytest.mark.parametrize(
+    "dtype",
+    [
+        np.dtype(("<f4", {"a": ("<i4", 0)})),  # compares equal to float32
+        np.dtype(("<i8", {"lo": ("<i4", 0), "hi": ("<i4", 4)})),  # compares equal to int64
+        np.dtype([("a", "<f8")]),
+    ],
+)
+def test_structured_dtypes_are_refused_even_when_equal_to_a_supported_one(dtype):
+    # np.dtype(("<f4", {"a": ("<i4", 0)})) == np.float32 is True, so a membership test alone
+    # let it through: mpi.allreduce then failed with a bare KeyError and dask.stats with
+    # "structures must have the same size". A dtype with fields is refused by the dtype check.
+    x = np.zeros(3, dtype)
+    for call in (
+        lambda: multireduce.sum(x),
+        lambda: multireduce.reduce(x, "sum"),
+        lambda: multireduce.partial(x, "sum"),
+    ):
+        with pytest.raises(TypeError, match=r"has fields"):
+            call()
