@@ -1767,8 +1767,10 @@ def _is_dask_array(x: Any) -> bool:
 
 
 def _as_host_array(source: Any) -> np.ndarray:
-    if isinstance(source, str | os.PathLike):
+    if isinstance(source, str | bytes | os.PathLike):
         from ._shards import inspect_npy
+
+        source = os.fsdecode(source)  # a bytes path too, as numpy.load and inspect_npy take it
 
         # The CLI's checks: a file without the NumPy magic, an .npz archive, a corrupt or
         # truncated header or one of objects is named as such (np.load would call a text file

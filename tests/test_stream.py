@@ -1178,6 +1178,28 @@ def test_npy_file_read_flat_where_its_header_says(tmp_path, monkeypatch):
         sim_reduce(tmp_path / "empty.npy", "max")
 
 
+def test_a_bytes_path_is_the_same_file_as_its_str_path(tmp_path):
+    # numpy.load and multireduce._shards.inspect_npy take bytes paths: so does stream.reduce
+    # (it said "cannot stream an object of type builtins.bytes").
+    x = make_data("float32", 10_000, np.random.default_rng(3)).reshape(100, 100)
+    np.save(tmp_path / "x.npy", x)
+    for op in OPS:
+        want, _ = sim_reduce(str(tmp_path / "x.npy"), op)
+        got, _ = sim_reduce(bytes(tmp_path / "x.npy"), op)
+        assert got.tobytes() == want.tobytes() and got.dtype == want.dtype
+        check(x, op, got)
+    np.save(tmp_path / "good.npy", np.arange(10, dtype=np.float32))
+    raw = bytearray((tmp_path / "good.npy").read_bytes())
+    raw[10:20] = b"garbage{{{"
+    (tmp_path / "corrupt_header.npy").write_bytes(bytes(raw))
+    corrupt = r"corrupt_header\.npy: not a valid \.npy file \(truncated or corrupt header\)"
+    for source in (str(tmp_path / "corrupt_header.npy"), bytes(tmp_path / "corrupt_header.npy")):
+        with pytest.raises(ValueError, match=corrupt):
+            sim_reduce(source)
+    with pytest.raises(FileNotFoundError, match="missing.npy"):
+        sim_reduce(bytes(tmp_path / "missing.npy"))
+
+
 def npy_with_header(path, shape, data: bytes = b"\0" * 16):
     """A .npy file of float32 whose header claims ``shape``, whatever the data."""
     h = repr({"descr": "<f4", "fortran_order": False, "shape": shape}).encode()
