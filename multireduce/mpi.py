@@ -1403,10 +1403,12 @@ def shard(n: int, comm=None) -> slice:
 def read_shard(path: str | os.PathLike, *, dtype: Any = None, n: int | None = None, comm=None) -> np.ndarray:
     """Read this rank's shard of a ``.npy`` or raw binary file into host memory.
 
-    Each rank reads only its own slice (:func:`shard`) of the flattened array: ``.npy``
-    files from their checked header (never unpickling), raw files as ``dtype`` in native byte
-    order; the slice is read with plain reads, and a file that shrinks meanwhile is an error
-    naming it. Collective: if any rank fails, every rank raises (:func:`agree`).
+    Each rank reads only its own slice (:func:`shard`) of the array's elements in the file's
+    memory order (C order; for a Fortran-order ``.npy`` file, Fortran order, so that argmin and
+    argmax of the shards count in that order): ``.npy`` files from their checked header (never
+    unpickling), raw files as ``dtype`` in native byte order; the slice is read with plain
+    reads, and a file that shrinks meanwhile is an error naming it. Collective: if any rank
+    fails, every rank raises (:func:`agree`).
 
     Parameters
     ----------
