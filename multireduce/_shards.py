@@ -350,12 +350,7 @@ def inspect_file(path: str | bytes | os.PathLike, dtype=None, n: int | None = No
         )
     if dtype is None:
         raise ValueError(f"{path} is not a .npy file; give the dtype of its raw binary data (--dtype)")
-    dt = check_dtype(dtype)
-    if dt.names is not None:  # check_dtype takes one equal to a supported dtype (fields over its bytes)
-        raise TypeError(
-            f"dtype {dt} is structured (fields {', '.join(dt.names)}), which multireduce does not support; "
-            f"give the plain dtype of {path}'s raw binary data"
-        )
+    dt = check_dtype(dtype)  # refuses structured dtypes too, also one equal to a supported dtype
     if size % dt.itemsize:
         raise ValueError(
             f"{path} is truncated or not {dt} data: {size} bytes is not a whole number of {dt.itemsize}-byte elements"
