@@ -1854,7 +1854,7 @@ def reduce(
 
     Parameters
     ----------
-    source : numpy.ndarray, numpy.memmap, str or os.PathLike, or dask.array.Array
+    source : numpy.ndarray, numpy.memmap, str, bytes or os.PathLike, or dask.array.Array
         A host array (any shape and layout), a ``.npy`` file (memory-mapped, read-only,
         ``allow_pickle=False``), or a Dask array of NumPy chunks (CuPy chunks are reduced where
         they are). Supported dtypes as for :func:`multireduce.reduce`; as there, a
