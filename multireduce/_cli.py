@@ -364,6 +364,12 @@ class _Pattern:
 
     def values(self, start: int, stop: int, dt: np.dtype, xp):
         i = xp.arange(start, stop, dtype=np.int64)
+        if i.size != stop - start:  # NumPy's arange(0, 2**63 - 1) is empty, not an error
+            raise MemoryError(
+                f"cannot make {stop - start:,} elements of synthetic data on one rank (its int64 indices "
+                f"alone would take {8 * (stop - start):,} bytes); give a smaller length (--n, --per-rank, "
+                "--sizes) or more ranks"
+            )
         i *= _MULT
         i %= self.period
         i += self.low

@@ -128,6 +128,19 @@ def test_run_without_mpiexec():
     assert "1 rank(s), backend cpu (forced by --cpu)" in done.stdout
 
 
+@pytest.mark.parametrize("command", ["run", "bench"])
+def test_synthetic_length_too_large_for_one_rank(command, tmp_path):
+    # NumPy's arange(0, 2**63 - 1) is an empty array, not an error: --n 2**63 - 1 (accepted, as
+    # documented) reduced no data, and --check passed a sum of 0.0 against its reference 3320.
+    n = str(2**63 - 1)
+    size = ["--n", n, "--op", "sum"] if command == "run" else ["--sizes", n, "--output", str(tmp_path / "b.json")]
+    done = run(None, 1, [*CLI, command, "--cpu", "--repeat", "1", *size])
+    assert done.returncode == 1, done.output
+    assert done.stdout == "" and "Traceback" not in done.stderr, done.output
+    message = "rank 0 of 1 failed: MemoryError: cannot make 9,223,372,036,854,775,807 elements of synthetic data"
+    assert done.stderr.count(message) == 1, done.output
+
+
 @pytest.mark.mpi
 @pytest.mark.parametrize("ranks", [1, 2, 3, 4])
 def test_run_results_at_any_rank_count(mpiexec, ranks):
