@@ -657,6 +657,11 @@ def _load(args, ctx: _Context) -> tuple[Any, dict]:
                 n = (per_bytes // dt.itemsize) * ctx.size
             elif args.per_rank is not None:
                 n = args.per_rank * ctx.size
+                if n > MAX_LENGTH:
+                    raise ValueError(
+                        f"--per-rank {args.per_rank:,} on {ctx.size} ranks makes a global length of {n:,}, "
+                        "more than 2**63 - 1"
+                    )
             else:
                 n = args.n
             begin, end = ctx.mpi.shard_range(n, ctx.rank, ctx.size)

@@ -142,6 +142,19 @@ def test_synthetic_length_too_large_for_one_rank(command, tmp_path):
 
 
 @pytest.mark.mpi
+def test_per_rank_length_past_the_global_limit(mpiexec):
+    # --per-rank 2**63 - 1 on 2 ranks: a global length of 2**64 - 2, past the documented limit,
+    # printed as n = 18,446,744,073,709,551,614 with an empty shard on each rank and sum 0.0 "ok".
+    done = run(mpiexec, 2, [*CLI, "--cpu", "--per-rank", str(2**63 - 1), "--op", "sum", "--repeat", "1"])
+    assert done.returncode == 1 and done.stdout == "", done.output
+    message = (
+        "ranks 0, 1 of 2 failed: ValueError: --per-rank 9,223,372,036,854,775,807 on 2 ranks makes a global "
+        "length of 18,446,744,073,709,551,614, more than 2**63 - 1"
+    )
+    assert done.stderr.count(message) == 1, done.output
+
+
+@pytest.mark.mpi
 @pytest.mark.parametrize("ranks", [1, 2, 3, 4])
 def test_run_results_at_any_rank_count(mpiexec, ranks):
     n = 10_007  # uneven over 2, 3 and 4 ranks
