@@ -216,6 +216,11 @@ def _parse(argv: list[str]) -> argparse.Namespace:
         args = parser.parse_args(["run"])
     if args.command == "run" and args.input is not None and args.per_rank is not None:
         raise UsageError(f"{parser.prog}: error: --per-rank applies to synthetic data, not to --input")
+    if args.command == "run" and args.input is not None and "{rank}" in args.input and args.n is not None:
+        raise UsageError(
+            f"{parser.prog}: error: --n (a global length) does not apply to --input with {{rank}}, "
+            "where each rank reads all of its own file"
+        )
     args.auto_size = args.command == "run" and args.input is None and args.per_rank is None and args.n is None
     return args
 

@@ -55,6 +55,8 @@ def run_json(mpiexec, ranks, *args, timeout=60):
         (["--dtype", "complex64"], "does not support input dtype complex64"),
         (["--n", "5", "--per-rank", "3"], "not allowed with argument"),
         (["--input", "x.npy", "--per-rank", "3"], "--per-rank applies to synthetic data"),
+        # Each rank took the first 5 elements of its own file: n = 10 on 2 ranks, not the global 5.
+        (["--input", "x_{rank}.raw", "--dtype", "f8", "--n", "5"], "--n (a global length) does not apply to"),
         (["bench", "--sizes", "10,-1"], "non-negative integer"),
         # int() of these took minutes (or ran out of memory) building their digits.
         (["--n", "1e1000000000"], "must be a non-negative integer of at most 2**63 - 1, got '1e1000000000'"),
