@@ -349,6 +349,22 @@ def test_check_fails_on_wrong_file_results(mpiexec, tmp_path):
     assert [row["check"] for row in json.loads(done.stdout)["results"]] == [False, True, True]
 
 
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+def test_check_fails_on_wrong_sums_near_the_top_of_the_range(tmp_path, dtype):
+    # The bound's ulp was np.spacing(finfo.max), which is inf: any finite sum passed the check
+    # where the exact sum is within the tolerance of the largest float (here a sum of 1.0).
+    top = np.finfo(dtype).max
+    path = tmp_path / "top.npy"
+    np.save(path, np.array([top, 0.5], dtype=dtype))  # not integral: the tolerance branch
+    done = run(None, 1, [*CLI, "--input", str(path), "--check", "--json", "--cpu", "--repeat", "1", "--op", "sum"])
+    assert done.returncode == 0 and json.loads(done.stdout)["check_passed"] is True, done.output
+    done = run_wrong(None, 1, "sum:1.0", path, "--op", "sum")
+    assert done.returncode == 3, done.output
+    row = json.loads(done.stdout)["results"][0]
+    assert row["result"] == 1.0 and row["check"] is False, row
+    assert "inf" not in row["check_how"], row
+
+
 SPECIAL_FILES = {
     "inf_minus_inf": np.array([np.inf, -np.inf, 1.0]),  # ValueError: -inf + inf in fsum
     "overflow": np.array([1.7e308, 1.7e308]),  # OverflowError: intermediate overflow in fsum
@@ -403,6 +419,16 @@ def test_check_with_special_values_prints_one_report(mpiexec, tmp_path):
     assert done.returncode == 0 and done.stderr.count("Traceback") == 0, done.output
     assert done.stdout.count("check: all results match the reference") == 1, done.output
     assert re.search(r"^sum +nan +nan +ok ", done.stdout, re.M), done.stdout
+
+
+@pytest.mark.parametrize("name", ["overflow", "overflow_back", "f32_overflow", "f16_overflow"])
+def test_check_of_sums_past_the_range_warns_nothing(tmp_path, name):
+    # The check's own bound took np.spacing of the largest float: "RuntimeWarning: overflow
+    # encountered in spacing" from _cli.py on every rank, about nothing the user did.
+    np.save(tmp_path / "x.npy", SPECIAL_FILES[name])
+    done = run(None, 1, [*CLI, "--input", str(tmp_path / "x.npy"), "--check", "--cpu", "--repeat", "1"])
+    assert done.returncode == 0, done.output
+    assert "_cli.py" not in done.stderr, done.stderr
 
 
 # The file reference fails on rank 1 only (as converting a large shard can run out of memory).
