@@ -259,7 +259,7 @@ def stage(
     Raises
     ------
     TypeError
-        If ``pieces`` is not a C-contiguous :data:`PIECE_DTYPE` array, or ``threads`` or
+        If ``pieces`` is not a 1-d, C-contiguous :data:`PIECE_DTYPE` array, or ``threads`` or
         ``flags`` not an integer.
     ValueError
         If ``threads`` is not from 1 to :data:`MAX_THREADS`, or ``flags`` has a bit other than
@@ -268,9 +268,16 @@ def stage(
         On the first failed upload (later pieces are not copied); the message names the piece
         and the error, through ``describe(code)`` if given (a CUDA error name).
     """
-    if pieces.dtype != PIECE_DTYPE or not pieces.flags.c_contiguous or not pieces.flags.aligned:
+    if (
+        not isinstance(pieces, np.ndarray)
+        or pieces.dtype != PIECE_DTYPE
+        or not pieces.flags.c_contiguous
+        or not pieces.flags.aligned
+    ):
         # C reads the uint64 fields in place: a table at an odd address is undefined behaviour there.
         raise TypeError("pieces must be a C-contiguous, 8-byte aligned array of _hostcopy.PIECE_DTYPE")
+    if pieces.ndim != 1:
+        raise TypeError(f"pieces must be a 1-d array of _hostcopy.PIECE_DTYPE, got {pieces.ndim} dimensions")
     # Checked here: ctypes would cut a larger Python int to the C int's low bits.
     threads = _settings.integer(threads, "threads", f"an integer from 1 to {MAX_THREADS}", low=1, high=MAX_THREADS)
     accepted = f"0 or STREAMING_STORES ({STREAMING_STORES})"

@@ -405,3 +405,17 @@ def test_the_c_engine_refuses_more_threads_than_it_has_room_for(lib):
         t.ctypes.data, t.size, _hostcopy.MAX_THREADS + 1, 0, upload(lib), None, None, ctypes.byref(failed)
     )
     assert rc == -2 and not dev.any()
+
+
+def test_tables_that_are_not_one_dimensional_arrays_are_refused(lib):
+    # A list used to fail with AttributeError, and a 2-d table, whose pieces C reads in place
+    # all the same, lost a failed upload's error to an IndexError naming its piece.
+    src = np.arange(6000, dtype=np.uint8)
+    staged, dev = np.zeros_like(src), np.zeros_like(src)
+    t = table_for(src, staged, dev, range(0, 6001, 1000))
+    with pytest.raises(TypeError, match="PIECE_DTYPE"):
+        _hostcopy.stage(list(t), 1, upload(lib))
+    lib.mr_test_configure(5, 700)
+    with pytest.raises(TypeError, match="1-d"):
+        _hostcopy.stage(t.reshape(2, 3), 1, upload(lib))
+    assert lib.mr_test_calls() == 0 and not dev.any()
