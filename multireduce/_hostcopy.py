@@ -259,11 +259,11 @@ def stage(
     Raises
     ------
     TypeError
-        If ``pieces`` is not a 1-d, C-contiguous :data:`PIECE_DTYPE` array, or ``threads`` or
-        ``flags`` not an integer.
+        If ``pieces`` is not a 1-d, C-contiguous :data:`PIECE_DTYPE` array, or ``threads``,
+        ``flags``, ``upload``, ``setctx`` or ``ctx`` not an integer.
     ValueError
-        If ``threads`` is not from 1 to :data:`MAX_THREADS`, or ``flags`` has a bit other than
-        :data:`STREAMING_STORES`.
+        If ``threads`` is not from 1 to :data:`MAX_THREADS`, ``flags`` has a bit other than
+        :data:`STREAMING_STORES`, ``upload`` is not positive, or ``setctx`` or ``ctx`` negative.
     RuntimeError
         On the first failed upload (later pieces are not copied); the message names the piece
         and the error, through ``describe(code)`` if given (a CUDA error name).
@@ -278,6 +278,12 @@ def stage(
         raise TypeError("pieces must be a C-contiguous, 8-byte aligned array of _hostcopy.PIECE_DTYPE")
     if pieces.ndim != 1:
         raise TypeError(f"pieces must be a 1-d array of _hostcopy.PIECE_DTYPE, got {pieces.ndim} dimensions")
+    # ctypes would pass a str's characters (or a float's bits) as a function's address.
+    upload = _settings.integer(upload, "upload", "the address of an upload function (a positive integer)", low=1)
+    setctx = _settings.integer(
+        0 if setctx is None else setctx, "setctx", "the address of a context function, or 0 for none", low=0
+    )
+    ctx = _settings.integer(0 if ctx is None else ctx, "ctx", "the address of a CUDA context, or 0 for none", low=0)
     # Checked here: ctypes would cut a larger Python int to the C int's low bits.
     threads = _settings.integer(threads, "threads", f"an integer from 1 to {MAX_THREADS}", low=1, high=MAX_THREADS)
     accepted = f"0 or STREAMING_STORES ({STREAMING_STORES})"

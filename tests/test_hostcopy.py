@@ -419,3 +419,25 @@ def test_tables_that_are_not_one_dimensional_arrays_are_refused(lib):
     with pytest.raises(TypeError, match="1-d"):
         _hostcopy.stage(t.reshape(2, 3), 1, upload(lib))
     assert lib.mr_test_calls() == 0 and not dev.any()
+
+
+@pytest.mark.parametrize("what", ["upload", "setctx", "ctx"])
+@pytest.mark.parametrize("value", ["mr_test_upload", 1.5, True, -1])
+def test_addresses_that_are_not_addresses_are_refused(lib, what, value):
+    # ctypes passed a str's characters as the function's address (the process crashed), and 0
+    # or None for `upload` was only "bad arguments to mr_stage".
+    src = np.arange(100, dtype=np.uint8)
+    staged, dev = np.zeros_like(src), np.zeros_like(src)
+    kw = {"upload": upload(lib), what: value}
+    exc = ValueError if isinstance(value, int) and not isinstance(value, bool) else TypeError
+    with pytest.raises(exc, match=f"{what} must be"):
+        _hostcopy.stage(table_for(src, staged, dev, [0, 100]), 1, **kw)
+    assert not dev.any()
+
+
+@pytest.mark.parametrize("value", [0, None])
+def test_a_missing_upload_function_is_named(lib, value):
+    src = np.arange(100, dtype=np.uint8)
+    staged, dev = np.zeros_like(src), np.zeros_like(src)
+    with pytest.raises((TypeError, ValueError), match="upload must be"):
+        _hostcopy.stage(table_for(src, staged, dev, [0, 100]), 1, value)
