@@ -1117,20 +1117,28 @@ def _usage_error(exc: UsageError) -> int:
     launch, ``mpiexec -n 1 A : -n 1 B``) wait in it, and without this rank they waited
     forever. They raise the failure there (rank 0 prints it if its own arguments were valid).
     """
+    _join_first_agreement(exc)
+    if _env_rank() == 0:
+        print(exc, file=sys.stderr)
+    return EXIT_USAGE
+
+
+def _join_first_agreement(exc: UsageError) -> None:
+    """Under a launcher with other processes, join :func:`_setup`'s first agreement with ``exc``.
+
+    For a rank that runs no job (a usage error, ``--help``, ``--version``): without it, ranks
+    of an MPMD launch that run one waited in that agreement forever.
+    """
     if _env_size() > 1:
         try:
             from . import mpi
         except ImportError:  # no MPI here: every rank fails alike, and prints nothing more
-            pass
-        else:
-            try:
-                _agree_command_line(mpi.MPI.COMM_WORLD, mpi, exc, 0, "")  # a failed rank's code is not read
-            except BaseException as agreed:  # this rank's own UsageError, marked as agreed
-                if mpi.rank_failures(agreed) is None:
-                    raise
-    if _env_rank() == 0:
-        print(exc, file=sys.stderr)
-    return EXIT_USAGE
+            return
+        try:
+            _agree_command_line(mpi.MPI.COMM_WORLD, mpi, exc, 0, "")  # a failed rank's code is not read
+        except BaseException as agreed:  # this rank's own UsageError, marked as agreed
+            if mpi.rank_failures(agreed) is None:
+                raise
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1144,6 +1152,8 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         return _usage_error(exc)
     except SystemExit as exc:  # --help and --version print and exit through argparse
+        printed = f"python -m multireduce {' '.join(argv)} prints help or a version and runs no job"
+        _join_first_agreement(UsageError(printed))
         return int(exc.code or 0)
     try:
         from . import mpi

@@ -109,6 +109,25 @@ def test_a_usage_error_on_one_rank_of_an_mpmd_launch_ends_the_job(mpiexec, bad_r
         assert "rank 1 of 2 failed: UsageError" in stderr, stderr
 
 
+@pytest.mark.mpi
+@pytest.mark.parametrize(("flag", "printed"), [("--version", "multireduce 0.1.0"), ("--help", "usage: ")])
+def test_help_on_one_rank_of_an_mpmd_launch_ends_the_job(mpiexec, flag, printed):
+    # mpiexec -n 1 A : -n 1 python -m multireduce --version: that rank printed and exited 0
+    # without MPI, and rank 0 waited in the first agreement for it forever.
+    extra = shlex.split(os.environ.get("MULTIREDUCE_MPIEXEC_ARGS", ""))
+    good = [*CLI, "--cpu", "--n", "1000", "--repeat", "1"]
+    cmd = [mpiexec, *extra, "-n", "1", sys.executable, *good, ":", "-n", "1", sys.executable, *CLI, flag]
+    returncode, stdout, stderr = launch._mpiexec.run_group(cmd, cwd=launch.REPO, env=launch.env(), timeout=60)
+    assert returncode == 1, stdout + stderr
+    message = f"error: rank 1 of 2 failed: UsageError: python -m multireduce {flag} prints help or a version and runs"
+    assert stderr.count(message) == 1, stdout + stderr
+    assert "Traceback" not in stderr and stdout == "", stdout + stderr
+    # Alone, and on every rank, they print once and end with status 0.
+    for ranks in (1, 2):
+        done = run(mpiexec if ranks > 1 else None, ranks, [*CLI, flag])
+        assert done.returncode == 0 and done.stderr == "" and done.stdout.count(printed) == 1, done.output
+
+
 # ------------------------------------------------------------------ run
 
 
