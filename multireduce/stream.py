@@ -1792,6 +1792,49 @@ def _as_host_array(source: Any) -> np.ndarray:
     )
 
 
+class _DaskCall:
+    """The chunk tasks of one Dask-array call that run in the calling process.
+
+    Dask's local schedulers raise a task's error at once, while the call's other tasks are
+    still streaming their chunks. :func:`_reduce_dask` then stops the call (:meth:`stop`): tasks
+    that have not started stream nothing, and it waits for the running ones, so that no slot
+    is in use and nothing streams once the call has raised (as :func:`_join` does for the
+    copy threads).
+    """
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.running = 0
+        self.stopped = False
+
+    @contextlib.contextmanager
+    def task(self) -> Iterator[None]:
+        with self.cond:
+            if self.stopped:
+                raise RuntimeError("stream.reduce: not streaming this chunk, another chunk of its call failed")
+            self.running += 1
+        try:
+            yield
+        finally:
+            with self.cond:
+                self.running -= 1
+                self.cond.notify_all()
+
+    def stop(self) -> None:
+        """Stream no more chunks; wait for the running ones (an interrupt does not stop the wait)."""
+        with self.cond:
+            self.stopped = True
+            while self.running:
+                try:
+                    self.cond.wait()
+                except BaseException:  # the call's own error is raised once they have ended
+                    continue
+
+
+_dask_calls: dict[tuple[int, int], _DaskCall] = {}  # (pid, number): the calls running in this process
+_dask_call_numbers = itertools.count()
+
+
 def _dask_chunk(
     block,
     axis,
@@ -1802,10 +1845,20 @@ def _dask_chunk(
     result: np.dtype,
     plan: StreamPlan,
     expected: np.dtype,
+    call: tuple[int, int] | None = None,
     computing_meta: bool = False,
 ):
     if computing_meta:
         return block  # Dask's placeholder: nothing to stream
+    state = _dask_calls.get(call) if call is not None else None
+    if state is None and call is not None and call[0] == os.getpid():
+        # A task that Dask runs after its call has raised (and ended): nothing to stream for.
+        raise RuntimeError("stream.reduce: not streaming this chunk, its call has ended")
+    with state.task() if state is not None else contextlib.nullcontext():  # none in another process
+        return _stream_chunk(block, ref=ref, op=op, result=result, plan=plan, expected=expected)
+
+
+def _stream_chunk(block, *, ref, op: Op, result: np.dtype, plan: StreamPlan, expected: np.dtype):
     from .dask import _check_chunk, _refuse_chunk_subclass
 
     if type(block).__module__.startswith("cupy"):
@@ -2013,7 +2066,16 @@ def _reduce_dask(x, op: Op, dtype, device, budget, slot_bytes, threads, split_ev
     staging = _staging_for(device, simulated)
     pipeline = staging.pipeline(plan.slot_bytes, budget)
     ref = pipeline if simulated is not None else ("cuda", pipeline.device.device, plan.slot_bytes, budget)
-    chunk = functools.partial(_dask_chunk, ref=ref, op=op, result=result, plan=plan, expected=x.dtype)
-    name = f"stream-{op.name}"
-    lazy = mdask._reduction(x, op, result, chunk, axis=None, keepdims=False, split_every=split_every, name=name)
-    return pipeline.device.to_host(lazy.compute())
+    call = (os.getpid(), next(_dask_call_numbers))
+    state = _dask_calls[call] = _DaskCall()
+    try:
+        chunk = functools.partial(_dask_chunk, ref=ref, op=op, result=result, plan=plan, expected=x.dtype, call=call)
+        name = f"stream-{op.name}"
+        lazy = mdask._reduction(x, op, result, chunk, axis=None, keepdims=False, split_every=split_every, name=name)
+        try:
+            return pipeline.device.to_host(lazy.compute())
+        except BaseException:
+            state.stop()  # Dask raises while other tasks of the call may still be streaming
+            raise
+    finally:
+        del _dask_calls[call]

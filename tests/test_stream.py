@@ -1488,6 +1488,42 @@ def test_dask_empty_blocks_and_errors():
         stream.reduce(unknown, "max", budget=64 * KIB, slot_bytes=4 * KIB, _device=dev)
 
 
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("exc", [OSError("simulated chunk failure"), KeyboardInterrupt()])
+def test_a_failing_dask_chunk_stops_the_calls_other_chunks_before_raising(monkeypatch, engine, exc):
+    # Dask's scheduler raises a task's error at once, while the call's other tasks are still
+    # streaming their chunks: they went on after the call had raised, holding slots (so that
+    # free_staging refused) and copying chunks nobody wanted.
+    import threading
+    import time
+
+    da = pytest.importorskip("dask.array")
+    dev = stream.SimulatedDevice(engine=engine)
+    waits = []
+    lock = threading.Lock()
+    real = dev.host_ready
+
+    def host_ready(slot):
+        with lock:
+            waits.append(slot)
+            first = len(waits) == 1
+        if first:
+            raise exc
+        time.sleep(0.01)  # the other chunks are slower than the failure
+        real(slot)
+
+    monkeypatch.setattr(dev, "host_ready", host_ready)
+    x = da.from_array(np.arange(64_000, dtype=np.int64), chunks=8_000)  # 8 chunks of 16 segments
+    with pytest.raises(type(exc)):
+        stream.reduce(x, "sum", budget=64 * KIB, slot_bytes=4 * KIB, _device=dev)
+    done = len(waits)
+    assert all(p.in_use == 0 and p.calls == 0 for p in dev._pipelines.values())
+    time.sleep(0.5)
+    assert len(waits) == done  # nothing streams once the call has raised
+    monkeypatch.setattr(dev, "host_ready", real)
+    assert stream.reduce(x, "sum", budget=64 * KIB, slot_bytes=4 * KIB, _device=dev) == 64_000 * 63_999 // 2
+
+
 # -- GPU -------------------------------------------------------------------------------------
 
 GIB = 1 << 30
