@@ -797,6 +797,8 @@ def _reference_row(ctx, info, op, value, dt, n, references) -> dict:
         reference = pattern.reference(op, n)
         if isinstance(reference, int) and result_dt.kind in "iu":
             reference = _wrap_int(reference, result_dt)
+        elif reference is not None and result_dt.kind == "b":  # max/min of bools: as file data's
+            reference = bool(reference)
         passed, how = _check_value(value, reference, op, dt, n, pattern.abs_bound())
         return {"reference": reference, "check": passed, "check_how": how}
     reference = references[op]

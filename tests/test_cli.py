@@ -204,6 +204,18 @@ def test_fewer_elements_than_ranks_and_dtypes(mpiexec):
     assert report["n"] == 21 and results(report) == {"sum": 10, "max": True, "min": False}
 
 
+def test_bool_references_are_bools():
+    # The synthetic bool data's max/min references were the integers 1 and 0 ("reference": 1
+    # next to "result": true in JSON, "1" next to "True" in the table); file data gave bools.
+    done = run(None, 1, [*CLI, "--cpu", "--dtype", "bool", "--n", "7", "--repeat", "1", "--json"])
+    assert done.returncode == 0, done.output
+    rows = {row["op"]: row for row in json.loads(done.stdout)["results"]}
+    assert (rows["max"]["result"], rows["max"]["reference"]) == (True, True)
+    assert (rows["min"]["result"], rows["min"]["reference"]) == (False, False)
+    assert all(type(rows[op]["reference"]) is bool for op in ("max", "min")), rows
+    assert type(rows["sum"]["result"]) is type(rows["sum"]["reference"]) is int, rows
+
+
 @pytest.mark.mpi
 def test_empty_global_array(mpiexec):
     report = run_json(mpiexec, 3, "--n", "0", "--op", "sum")
