@@ -141,7 +141,7 @@ def _build_parser() -> argparse.ArgumentParser:
     common.add_argument("--cpu", action="store_true", help="use the CPU backend even where a GPU exists")
     common.add_argument(
         "--device",
-        type=int,
+        type=_length,
         default=None,
         help="GPU ordinal for every rank (default: node-local rank %% device count)",
     )

@@ -74,6 +74,16 @@ def test_usage_errors_exit_2_without_starting_mpi(argv, message, capsys):
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("command", ["run", "info", "bench"])
+def test_negative_device_is_a_usage_error(command, tmp_path):
+    # It was ignored wherever the backend is the CPU (the job ran), and on a GPU refused as
+    # "select_device: device=", which the command line does not have.
+    small = {"run": ["--n", "10"], "info": [], "bench": ["--sizes", "10", "--output", str(tmp_path / "b.json")]}
+    done = run(None, 1, [*CLI, command, "--cpu", "--device", "-1", *small[command]])
+    assert done.returncode == 2 and done.stdout == "", done.output
+    assert done.stderr.count("argument --device: must be a non-negative integer, got '-1' (negative)") == 1
+
+
 def test_help_and_accepted_lengths(capsys):
     assert main(["--help"]) == 0
     assert "run" in capsys.readouterr().out
