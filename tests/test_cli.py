@@ -113,7 +113,8 @@ def test_a_usage_error_on_one_rank_of_an_mpmd_launch_ends_the_job(mpiexec, bad_r
     first, second = (bad, good) if bad_rank == 0 else (good, bad)
     cmd = [mpiexec, *extra, "-n", "1", sys.executable, *first, ":", "-n", "1", sys.executable, *second]
     returncode, stdout, stderr = launch._mpiexec.run_group(cmd, cwd=launch.REPO, env=launch.env(), timeout=60)
-    assert returncode != 0, stdout + stderr
+    # Every rank exits 2, the valid one too: mpiexec ORs the statuses, and 1 | 2 gave 3.
+    assert returncode == 2, stdout + stderr
     assert stderr.count("unknown op 'median'") == 1, stdout + stderr
     if bad_rank == 1:
         assert "rank 1 of 2 failed: UsageError" in stderr, stderr
@@ -128,7 +129,7 @@ def test_help_on_one_rank_of_an_mpmd_launch_ends_the_job(mpiexec, flag, printed)
     good = [*CLI, "--cpu", "--n", "1000", "--repeat", "1"]
     cmd = [mpiexec, *extra, "-n", "1", sys.executable, *good, ":", "-n", "1", sys.executable, *CLI, flag]
     returncode, stdout, stderr = launch._mpiexec.run_group(cmd, cwd=launch.REPO, env=launch.env(), timeout=60)
-    assert returncode == 1, stdout + stderr
+    assert returncode == 2, stdout + stderr
     message = f"error: rank 1 of 2 failed: UsageError: python -m multireduce {flag} prints help or a version and runs"
     assert stderr.count(message) == 1, stdout + stderr
     assert "Traceback" not in stderr and stdout == "", stdout + stderr
