@@ -148,11 +148,14 @@ def test_cli_options_in_the_table_parse():
     options = set(re.findall(r"^\| `(--[\w-]+)", table, flags=re.M))
     options |= set(re.findall(r"`(--[\w-]+)", table))
     assert {"--op", "--input", "--check", "--repeat", "--cpu", "--device"} <= options, options
-    help_text = subprocess.run(
-        [sys.executable, "-m", "multireduce", "run", "--help"], capture_output=True, text=True, timeout=60
-    ).stdout
+    help_text = "".join(
+        subprocess.run(
+            [sys.executable, "-m", "multireduce", *command, "--help"], capture_output=True, text=True, timeout=60
+        ).stdout
+        for command in (["run"], [])  # run's options, and the program's own (--version)
+    )
     for option in options - {"--output"}:  # --output is bench's
-        assert option in help_text, f"README documents {option}; `run --help` lacks it"
+        assert option in help_text, f"README documents {option}; `run --help` and `--help` lack it"
     args = _cli._parse(["--op", "sum", "--op", "max", "--dtype", "int32", "--n", "100", "--no-check", "--json"])
     assert (args.command, args.ops, args.n, args.check, args.json) == ("run", ["sum", "max"], 100, False, True)
     assert _cli._parse([]).repeat == 3  # "best reported; default 3"
