@@ -340,7 +340,9 @@ def inspect_file(path: str | bytes | os.PathLike, dtype=None, n: int | None = No
     layout, head, size = _probe(path, dtype)
     if layout is not None:
         if n is not None:
-            raise ValueError(f"{path} is a .npy file, which knows its length; n applies to raw files only")
+            raise ValueError(
+                f"{path} is a .npy file, which knows its length; n= (--n on the command line) applies to raw files only"
+            )
         return layout
     _refuse_archive(path, head, "give one .npy file (save one array of it with numpy.save)")
     if path.suffix.lower() == ".npy":  # as for *.npz: not read as raw data, header bytes and all
