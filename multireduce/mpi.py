@@ -1065,7 +1065,17 @@ def _global_value(comm, st: _Static, host: np.generic, meta: np.ndarray, wire: n
     value = wire.view(st.acc)
     value[0] = host
     comm.Allreduce(MPI.IN_PLACE, wire, op=_MPI_ARITH[st.op.mpi_name])
-    return value[0]
+    return _one_nan(value[0])
+
+
+def _one_nan(value: np.generic) -> np.generic:
+    """A sum's or product's combined value, with any NaN as the one quiet NaN (positive).
+
+    MPI combines the partials in a different order on each rank, and a NaN that meets another
+    NaN keeps the first operand's sign and payload: ranks holding NaNs of both signs got
+    different bits. (Max and min carry one NaN key already.)
+    """
+    return value.dtype.type(np.nan) if value != value else value
 
 
 def _device_wire(plan: _Plan, partial):
@@ -1112,7 +1122,7 @@ def _combine_on_device(comm, plan: _Plan, buf) -> np.generic:
         runtime.memcpyAsync(slots.ptr, buf.data.ptr, buf.nbytes, runtime.memcpyDeviceToHost, stream.ptr)
         stream.synchronize()
     if _arith(st):
-        return slots.host_view(st.acc)[0]  # the wire's bits are the accumulator's
+        return _one_nan(slots.host_view(st.acc)[0])  # the wire's bits are the accumulator's
     key = int(slots.host_view(np.dtype(np.int64))[0])
     return decode_extreme_scalar(key, st.positive, st.acc, st.op.nan_wins)
 
