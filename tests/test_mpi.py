@@ -52,3 +52,16 @@ def test_numpy_and_cupy_shards_with_a_cuda_aware_mpi(mpiexec, ranks, device_rank
     done = run(mpiexec, ranks, [str(SCRIPTS / "mixed_shards.py"), device_ranks], timeout=60)
     assert done.returncode == 0, done.output
     assert f"PASS {ranks} 46 device ranks" in done.stdout, done.output
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 3, 4])
+def test_allreduce_and_stats_match_the_core_on_random_cases(mpiexec, ranks):
+    # mpi_scripts/check_semantics.py: random dtypes, values (NaN, signed zeros, infinities,
+    # extremes), uneven splits into shards of mixed shapes and layouts (empty, 0-d), every op
+    # and its arguments, each rank choosing the per-call or the general path; then arguments
+    # that differ across ranks and one rank's failure, for every kind of combine.
+    seed, cases = 1000 + ranks, 700
+    done = run(mpiexec, ranks, [str(SCRIPTS / "check_semantics.py"), str(seed), str(cases)], timeout=180)
+    assert done.returncode == 0, done.output
+    assert f"PASS {ranks} " in done.stdout, done.output
+    assert int(done.stdout.split(f"PASS {ranks} ")[1].split()[0]) >= cases
