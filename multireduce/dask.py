@@ -849,12 +849,19 @@ def stats(x: da.Array, *, axis: Any = None, correction: float = 0.0, split_every
         concatenate=False,
     )
     # A key from the states' (tokenized) name and the finalize's arguments: deterministic, as
-    # every other key here (dask.delayed's default is a random one).
+    # every other key here (dask.delayed's default is a random one). The task takes the
+    # states' blocks themselves: a delayed of the array would add a key of Dask's that is
+    # random (finalize-hlgfinalizecompute-<uuid>), so that two builds of one call had the
+    # same final key over different tasks (distributed: "Detected different `run_spec`").
+    # to_delayed optimizes the states' graph as computing the array would (each chunk's
+    # task fused with the tasks that make the chunk).
     key = f"treereduce-stats-finalize-{tokenize(states, dtype, correction, axes)}"
-    return dask.delayed(_finalize_stats)(states, dtype, correction, axes, dask_key_name=key)
+    blocks = states.to_delayed().tolist()
+    return dask.delayed(_finalize_stats)(blocks, dtype, correction, axes, dask_key_name=key)
 
 
-def _finalize_stats(states: np.ndarray, dtype: np.dtype, correction: float, axes: tuple[int, ...]) -> _stats.Stats:
+def _finalize_stats(blocks: Any, dtype: np.dtype, correction: float, axes: tuple[int, ...]) -> _stats.Stats:
+    states = np.block(blocks)  # nested lists of the blocks, one level per axis (0-d: the block)
     # The kept shape from the states themselves (kept axes of unknown size are known now).
     kshape = tuple(n for i, n in enumerate(states.shape) if i not in axes)
     state = _stats.moments_from_structured(states).map(lambda a: a.reshape(kshape))

@@ -639,6 +639,21 @@ def test_every_key_carries_a_token_of_the_input_and_every_parameter():
     assert mdask.stats(z, axis=1).key == keys[0]
 
 
+@pytest.mark.parametrize("axis", [None, 0, (0, 1)])
+def test_the_same_stats_call_gives_the_same_graph(axis):
+    # stats' last key was a token, but it depended on a key that Dask's delayed of an array
+    # names at random (finalize-hlgfinalizecompute-<uuid>): two builds of one call had one
+    # final key over different tasks (distributed: "Detected different `run_spec`").
+    from dask.base import tokenize
+
+    z = da.from_array(np.arange(60.0).reshape(6, 10) % 7, chunks=(4, 3))
+    a, b = dict(mdask.stats(z, axis=axis).__dask_graph__()), dict(mdask.stats(z, axis=axis).__dask_graph__())
+    assert a.keys() == b.keys()
+    assert all(tokenize(a[key]) == tokenize(b[key]) for key in a)
+    # and the graph is optimized as the array's would be: the input's tasks fused into the chunks'
+    assert not [key for key in a if isinstance(key, tuple) and key[0] == z.name]
+
+
 @pytest.mark.parametrize("op", ["argmax", "argmin", "sum", "var", "max"])
 def test_a_shared_key_is_the_same_task_whatever_the_config_split_every(op):
     # argmin/argmax's last layer was named from the split_every argument, not the fan-in in
@@ -791,6 +806,20 @@ def test_local_cluster_progress(thread_client, capsys):
     fut = thread_client.compute(d.treereduce())
     progress(fut, notebook=False)
     assert fut.result(timeout=60) == 200
+
+
+def test_local_cluster_stats_twice_is_one_task(thread_client):
+    # The second compute of the same stats call reused the final key over another dependency
+    # (a randomly named one): the scheduler warned "Detected different `run_spec`".
+    x = np.arange(120.0).reshape(12, 10) % 11
+    d = da.from_array(x, chunks=(5, 4))
+    first = thread_client.compute(mdask.stats(d, axis=0))
+    np.testing.assert_allclose(first.result(timeout=60).mean, x.mean(axis=0), rtol=1e-14)
+    second = thread_client.compute(mdask.stats(d, axis=0))
+    assert second.key == first.key
+    np.testing.assert_allclose(second.result(timeout=60).var, x.var(axis=0), rtol=1e-14)
+    logs = [msg for _, msg in thread_client.get_scheduler_logs(n=1000) if str(first.key) in msg]
+    assert not [msg for msg in logs if "different `run_spec`" in msg], logs[0]
 
 
 def test_worker_killed_mid_reduction_gives_the_correct_result():
