@@ -537,16 +537,17 @@ def allreduce(
 
 def _combine_exact(comm, plan: _Plan, acc, error):
     """Agree, then add every rank's exact accumulator with one integer Allreduce."""
-    reserved = None
-    if error is None and plan.on_gpu:
-        try:
-            reserved = _reserve_cells(plan, 1)
+    reserved = packed = None
+    if error is None:
+        try:  # before the agreement, as everything that may fail on one rank (see _reserve_cells)
+            # Normalized limbs are below 2**32, so up to 2**31 ranks add without overflow.
+            packed = acc.normalize().to_array()
+            if plan.on_gpu:
+                reserved = _reserve_cells(plan, 1)
         except BaseException as exc:  # agreed below, then re-raised on this rank
             error = exc
     _agree(comm, plan.static, _meta(plan, error), error, options=plan.options)
     _transport_counts["host"] += 1
-    # Normalized limbs are below 2**32, so up to 2**31 ranks add without overflow.
-    packed = acc.normalize().to_array()
     comm.Allreduce(MPI.IN_PLACE, packed, op=MPI.SUM)
     value = _exact.ExactSum.from_array(packed).result(plan.static.result, mean=plan.op.name == "mean")
     if reserved is not None:
