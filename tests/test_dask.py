@@ -806,6 +806,12 @@ def test_local_cluster_progress(thread_client, capsys):
     fut = thread_client.compute(d.treereduce())
     progress(fut, notebook=False)
     assert fut.result(timeout=60) == 200
+    # The bar was drawn, to its end (the test checked only the result).
+    assert "100% Completed" in capsys.readouterr().out
+    fut = thread_client.compute(mdask.stats(d))
+    progress(fut, notebook=False)
+    assert fut.result(timeout=60).sum == 200
+    assert "100% Completed" in capsys.readouterr().out
 
 
 def test_local_cluster_stats_twice_is_one_task(thread_client):
