@@ -828,42 +828,62 @@ def test_local_cluster_stats_twice_is_one_task(thread_client):
     assert not [msg for msg in logs if "different `run_spec`" in msg], logs[0]
 
 
-def test_worker_killed_mid_reduction_gives_the_correct_result():
+def test_worker_killed_mid_reduction_gives_the_correct_result(tmp_path):
     distributed = pytest.importorskip("distributed")
     n_chunks, delay = 12, 0.4
+    runs = str(tmp_path)
 
-    def slow(block):
+    def slow(block, block_info=None):
+        # One file per start: a chunk that runs twice was lost with the killed worker.
+        open(os.path.join(runs, f"{block_info[0]['chunk-location'][0]}-{time.monotonic_ns()}"), "w").close()
         time.sleep(delay)
         return block
 
     x = np.arange(n_chunks * 1000, dtype=np.int64) % 977
     d = da.from_array(x, chunks=1000).map_blocks(slow, dtype=x.dtype)
+    # Every kind of partial crosses the workers' process boundary and is recomputed: fold
+    # values, moments and arg states, exact accumulators. (Not stats: its Delayed's graph is
+    # optimized apart from the arrays', so it would run the chunks a second time anyway.)
+    lazies = [
+        d.treereduce("sum", split_every=3),
+        d.treereduce("argmax", split_every=3),
+        d.treereduce("var", split_every=3),
+        d.astype(np.float64).treereduce("sum", reproducible=True, split_every=3),
+    ]
     with (
         distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster,
         distributed.Client(cluster, timeout=60) as client,
     ):
         client.wait_for_workers(2, timeout=60)
         pids = client.run(os.getpid)
-        fut = client.compute(d.treereduce("sum", split_every=3))
-        # Kill a worker once it has finished some chunks (their partials die with it) while
-        # others are still to come.
+        futures = client.compute(lazies)
+        # Kill a worker once it has finished some chunks (their results die with it) while
+        # others are still to come. (A chunk of d, not any key: the input's pieces are done at
+        # once, before any chunk has started.)
         deadline = time.monotonic() + 30
         victim = next(iter(pids))
         while time.monotonic() < deadline:
             if client.run_on_scheduler(
-                lambda dask_scheduler, w=victim: (
-                    len(dask_scheduler.workers[w].has_what) if w in dask_scheduler.workers else 0
+                lambda dask_scheduler, w=victim, name=d.name: (
+                    w in dask_scheduler.workers and any(ts.key[0] == name for ts in dask_scheduler.workers[w].has_what)
                 )
             ):
                 break
             time.sleep(0.05)
         else:
             pytest.fail("no chunk finished within 30 s")
-        assert not fut.done()
+        assert not any(f.done() for f in futures)
         os.kill(pids[victim], signal.SIGKILL)
-        got = fut.result(timeout=90)
-        assert int(got) == exact_int_sum(x, np.int64)
-        assert got.dtype == np.int64
+        total, argmax, var, exact = (f.result(timeout=90) for f in futures)
+    # The kill cost work: some chunk started again (the test checked only the result; each
+    # chunk runs once where no worker is lost).
+    started = [name.split("-")[0] for name in os.listdir(runs)]
+    assert len(started) > n_chunks and set(started) == {str(i) for i in range(n_chunks)}
+    assert int(total) == exact_int_sum(x, np.int64) and total.dtype == np.int64
+    plain = da.from_array(x, chunks=1000)  # the same chunks and tree, no worker lost: the same bits
+    assert argmax == np.argmax(x) and var == plain.treereduce("var", split_every=3).compute(scheduler="sync")
+    np.testing.assert_allclose(var, np.var(x), rtol=1e-14)
+    assert exact == multireduce.sum(x.astype(np.float64), reproducible=True)
 
 
 # -- GPU -------------------------------------------------------------------------------------
