@@ -639,6 +639,29 @@ def test_every_key_carries_a_token_of_the_input_and_every_parameter():
     assert mdask.stats(z, axis=1).key == keys[0]
 
 
+_GRAPH_KEYS_CODE = """
+import numpy as np, dask.array as da, multireduce.dask as mdask
+x = da.from_array(np.arange(60.0).reshape(6, 10) % 7, chunks=(4, 3))
+calls = [x.treereduce(op, axis=axis) for op in multireduce.OPS for axis in (None, 1)]
+calls += [x.treereduce("sum", reproducible=True), x.treereduce("sum", dtype=np.float32, split_every=2)]
+calls += [mdask.stats(x), mdask.stats(x, axis=0, correction=1)]
+print(sorted(map(str, set().union(*(c.__dask_graph__().keys() for c in calls)))))
+"""
+
+
+def test_the_same_calls_in_two_processes_give_the_same_keys():
+    # distributed reuses keys across clients and calls: every key of a call's graph (stats'
+    # too) depends only on the call, not on the process or its hash seed.
+    outs = []
+    for seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        code = "import multireduce" + _GRAPH_KEYS_CODE
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+        assert out.returncode == 0, out.stderr
+        outs.append(out.stdout)
+    assert outs[0] == outs[1] and "treereduce-stats-finalize-" in outs[0]
+
+
 @pytest.mark.parametrize("axis", [None, 0, (0, 1)])
 def test_the_same_stats_call_gives_the_same_graph(axis):
     # stats' last key was a token, but it depended on a key that Dask's delayed of an array
