@@ -851,6 +851,38 @@ def test_local_cluster_stats_twice_is_one_task(thread_client):
     assert not [msg for msg in logs if "different `run_spec`" in msg], logs[0]
 
 
+def test_process_cluster_every_op_gives_the_threaded_bits_and_chunk_errors_arrive_whole():
+    # The thread cluster above never pickles: here partials, states and Op objects cross
+    # process boundaries (Ops by value: most hold local functions), for every op.
+    distributed = pytest.importorskip("distributed")
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((20, 13)).astype(np.float32)
+    d = da.from_array(x, chunks=((8, 0, 12), (5, 0, 8)))  # empty chunks
+    u = d[d[:, 0] > 0]  # unknown chunk sizes along axis 0
+    lazies = [
+        a.treereduce(op, axis=axis)
+        for op in multireduce.OPS
+        for a in (d, u)
+        for axis in (None, 1)
+        if not (a is u and op in ("argmax", "argmin") and axis is None)
+    ]
+    lazies += [d.astype(np.int8).treereduce("sum", axis=0), d.treereduce("sum", reproducible=True), mdask.stats(u)]
+    bad = d.map_blocks(lambda b: b.astype(np.float64), dtype=np.float32)
+    with (
+        distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster,
+        distributed.Client(cluster, timeout=60) as client,
+    ):
+        got = client.gather(client.compute(lazies), errors="raise")
+        for op in ("sum", "max", "var", "argmax"):
+            with pytest.raises(TypeError, match="a chunk of dtype float64 in a Dask array that declares dtype float32"):
+                client.compute(bad.treereduce(op, axis=0)).result(timeout=60)
+    want = dask.compute(*lazies, scheduler="threads")
+    for g, w in zip(got[:-1], want[:-1], strict=True):
+        _bits_equal(np.asarray(g), np.asarray(w))
+    for name in ("count", "sum", "min", "max", "mean", "var"):
+        _bits_equal(np.asarray(getattr(got[-1], name)), np.asarray(getattr(want[-1], name)))
+
+
 def test_worker_killed_mid_reduction_gives_the_correct_result(tmp_path):
     distributed = pytest.importorskip("distributed")
     n_chunks, delay = 12, 0.4
