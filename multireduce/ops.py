@@ -293,6 +293,15 @@ class Op:
     nan_wins: bool = True
     combine_with: str = ""
 
+    def __reduce_ex__(self, protocol):
+        # A registered op travels by name (pickle; Dask's distributed sends it with every task):
+        # the receiving process's own OPS entry, so that ``op is OPS[op.name]`` holds there too.
+        # Its callables are local functions, which plain pickle refuses; cloudpickle sent them
+        # by value, about 1.2 KB per task.
+        if OPS.get(self.name) is self:
+            return get_op, (self.name,)
+        return super().__reduce_ex__(protocol)
+
     def result_dtype(self, dtype: np.dtype, requested: np.dtype | None = None) -> np.dtype:
         """The dtype of the result for input ``dtype`` and an optional ``dtype=`` request.
 

@@ -75,3 +75,17 @@ def test_structured_dtypes_are_refused_even_when_equal_to_a_supported_one(dtype)
     ):
         with pytest.raises(TypeError, match=r"has fields"):
             call()
+
+
+def test_registered_ops_pickle_by_name_to_the_same_object():
+    # Dask's distributed pickles the Op with every task. Plain pickle refused the ops built from
+    # local functions (max, min, any, ...), so cloudpickle sent them by value and a worker's
+    # copy was not OPS[name]. They now travel by name.
+    import pickle
+
+    from multireduce.ops import OPS
+
+    for name, op in OPS.items():
+        data = pickle.dumps(op)
+        assert len(data) < 100, (name, len(data))
+        assert pickle.loads(data) is op, name
