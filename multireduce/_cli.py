@@ -340,7 +340,8 @@ def _environment(ctx, mpi) -> dict:
 
 
 def _mpi_library_line(mpi) -> str:
-    return " ".join(mpi.MPI.Get_library_version().strip().splitlines()[0].split())
+    # Open MPI's string ends in the C string's NUL, which JSON would carry as "\u0000".
+    return " ".join(mpi.MPI.Get_library_version().replace("\0", " ").strip().splitlines()[0].split())
 
 
 def _transport_line(mpi) -> str:

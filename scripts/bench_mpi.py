@@ -164,7 +164,7 @@ def main(argv=None) -> int:
         "git_commit": _provenance.git_commit(),
         "gpu": gpu_name,
         "ranks": size,
-        "mpi_library": " ".join(MPI.Get_library_version().strip().splitlines()[0].split()),
+        "mpi_library": " ".join(MPI.Get_library_version().replace("\0", " ").strip().splitlines()[0].split()),
         "mpi4py": __import__("mpi4py").__version__,
         "python": platform.python_version(),
         "host": platform.node(),

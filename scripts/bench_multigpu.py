@@ -244,7 +244,7 @@ def worker(args) -> int:
             "gpu": gpu,
             "gpus_visible": visible,
             "devices": devices,
-            "mpi_library": " ".join(MPI.Get_library_version().strip().splitlines()[0].split()),
+            "mpi_library": " ".join(MPI.Get_library_version().replace("\0", " ").strip().splitlines()[0].split()),
             "cuda_aware": aware.enabled,
             "cuda_aware_decided_by": aware.method,
             "transport": mpi.transport_counts(),

@@ -606,7 +606,7 @@ def latency_worker(args) -> int:
             for name, s in samples.items()
         ]
         doc = {
-            "mpi_library": " ".join(MPI.Get_library_version().strip().splitlines()[0].split()),
+            "mpi_library": " ".join(MPI.Get_library_version().replace("\0", " ").strip().splitlines()[0].split()),
             "timing": "Barrier + MPI.Wtime around --latency-inner calls; max over ranks; median over --repeat",
             "records": records,
         }

@@ -764,3 +764,18 @@ def test_output_check_leaves_no_file(tmp_path):
     assert (tmp_path / "old.json").read_text() == "kept"
     with pytest.raises(IsADirectoryError, match="--output must name a file that can be written"):
         _check_output(tmp_path)
+
+
+def test_mpi_library_line_drops_the_c_strings_nul():
+    # Open MPI's MPI_Get_library_version ends in the C string's NUL; the JSON report carried it
+    # as "\u0000" (seen on the H200 machine, h200_4979725/main_job_n3_json.txt).
+    from types import SimpleNamespace
+
+    from multireduce._cli import _mpi_library_line
+
+    version = "Open MPI v4.1.6, package: Debian OpenMPI, ident: 4.1.6, repo rev: v4.1.6, Sep 30, 2023\0"
+    fake = SimpleNamespace(MPI=SimpleNamespace(Get_library_version=lambda: version))
+    assert _mpi_library_line(fake) == version[:-1]
+    mpich = "MPICH Version:  4.3.0\nMPICH Release date: x\n"
+    fake = SimpleNamespace(MPI=SimpleNamespace(Get_library_version=lambda: mpich))
+    assert _mpi_library_line(fake) == "MPICH Version: 4.3.0"
