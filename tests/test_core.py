@@ -14,7 +14,7 @@ import zlib
 
 import numpy as np
 import pytest
-from reference import check, make_data, same_float
+from reference import check, float_sum, make_data, same_float
 
 import multireduce
 from multireduce.ops import SUPPORTED_DTYPES
@@ -173,6 +173,53 @@ def test_dtype_argument(xp, dtype, requested, values, expected):
     assert got == expected
     # NumPy agrees on the value wherever its own accumulation is exact.
     assert got == np.sum(np.array(values, dtype=dtype), dtype=requested)
+
+
+SPECIAL_ROWS = [
+    [1.5, np.nan, -2.0],
+    [np.inf, 1.0, -0.0],
+    [np.inf, -np.inf, 2.0],
+    [-np.inf, np.nan, 4.0],
+    [-0.0, -0.0, -0.0],
+    [-0.0, 3.0, 1.0],
+    [np.nan, np.nan, np.nan],
+    [1e5, -1e5, 0.25],  # infinities once converted to float16
+]
+
+
+@pytest.mark.filterwarnings("ignore:(overflow|invalid value):RuntimeWarning")  # as NumPy warns
+@pytest.mark.parametrize("requested", FLOATS)
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("op", ["sum", "prod", "nansum"])
+def test_dtype_argument_keeps_nan_infinities_and_signed_zeros(op, dtype, requested):
+    # With dtype= each element converts first, then NaN, infinities and zeros follow IEEE
+    # arithmetic in the requested dtype. test_semantics' hypothesis test of dtype= accepted any
+    # value where NumPy's was NaN, and draws a float input with NaN and another float dtype=
+    # for sum or prod in 5 of 2,000 examples (it runs 100): a dtype= path that dropped NaN
+    # (as nansum does) passed every test.
+    # Reference: Python float arithmetic on the converted elements, one row per output.
+    rows = np.array(SPECIAL_ROWS, dtype=dtype)
+    want_dtype = np.dtype(requested)
+    with np.errstate(over="ignore"):
+        converted = [[float(want_dtype.type(v)) for v in row.tolist()] for row in rows]
+    want = []
+    for row in converted:
+        if op == "nansum":
+            row = [v for v in row if not math.isnan(v)]
+        if op == "prod":
+            value = math.prod(row)
+        else:
+            value = float_sum(np.array(row)) + 0.0  # a sum of zeros is +0.0
+        want.append(value)
+    base = np.concatenate([np.zeros((len(rows), 1), dtype), rows], axis=1)
+    for axis, view in ((1, rows), (1, base[:, 1:]), (0, rows.T), (0, base.T[1:])):  # offset and transposed views
+        got = multireduce.reduce(view, op, axis=axis, dtype=requested)
+        assert got.dtype == want_dtype
+        for i, (g, w) in enumerate(zip(got.tolist(), want, strict=True)):
+            assert same_float(g, float(want_dtype.type(w))), (op, axis, SPECIAL_ROWS[i], g, w)
+    for i, row in enumerate(rows):  # full reductions: the scalar path
+        got = multireduce.reduce(row, op, dtype=requested)
+        assert got.dtype == want_dtype and same_float(got, float(want_dtype.type(want[i]))), (op, row, got, want[i])
 
 
 FLOAT_TO_INT = [np.inf, 1.0, -np.inf, 3e9, 1.0, -5e9, 2.5, 1.7, -0.5, np.nan]
