@@ -59,6 +59,38 @@ def test_mean_is_the_exact_sum_over_the_count(dtype):
     assert_bits(multireduce.mean(rng.permutation(x), reproducible=True), expected)
 
 
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_full_reductions_by_axis_tuple_keepdims_views_and_0d(dtype):
+    # Every other test here reduces with axis=None and keepdims=False: the reproducible
+    # path's own axis and keepdims handling was untested (dropping keepdims there passed).
+    # A tuple of every axis (negative ones too) is a full reduction: the correctly rounded
+    # exact sum, in NumPy's shape, on offset, reversed and transposed views.
+    rng = np.random.default_rng(13)
+    dt = np.dtype(dtype)
+    base = adversarial(dtype, 200, rng)[:97]
+    views = {
+        "c": base[1:].reshape(4, 4, 6),  # offset
+        "transposed": base[:96].reshape(4, 4, 6).transpose(2, 0, 1),
+        "reversed, strided": base[::-1][:96].reshape(6, 16)[:, ::2],
+    }
+    for name, x in views.items():
+        exact = fraction_sum(x)
+        for op, want in (("sum", exact), ("mean", exact / x.size)):
+            want = correctly_rounded(want, dt.type)
+            for axis in (None, tuple(range(x.ndim)), tuple(range(-1, -x.ndim - 1, -1))):
+                for keepdims in (False, True):
+                    got = multireduce.reduce(x, op, axis=axis, keepdims=keepdims, reproducible=True)
+                    shape = (1,) * x.ndim if keepdims else ()
+                    assert np.shape(got) == shape and isinstance(got, np.generic) != keepdims, (name, op, axis)
+                    assert_bits(np.asarray(got).reshape(()), want)
+    # 0-d input: a full reduction, and a zero sum is +0.0 (the bits, not just == 0).
+    for x in (np.array(-0.0, dtype), np.array([-0.0, -0.0, 0.0], dtype)[::-1], np.array([-0.0], dtype)):
+        for axis in (None, tuple(range(x.ndim))):
+            assert_bits(multireduce.sum(x, axis=axis, reproducible=True), dt.type(0.0))
+            assert_bits(multireduce.mean(x, axis=axis, reproducible=True), dt.type(0.0))
+    assert_bits(multireduce.sum(np.array(2.5, dtype), keepdims=True, reproducible=True).reshape(()), dt.type(2.5))
+
+
 def test_cancellation_that_the_fast_path_gets_wrong():
     x = np.array([1e30, 1.0, -1e30], dtype=np.float32)
     assert float(multireduce.sum(x, reproducible=True)) == 1.0
@@ -74,7 +106,8 @@ def test_special_values_and_empty():
     assert empty == 0 and empty.dtype == np.float32 and not np.signbit(empty)
     with pytest.warns(RuntimeWarning, match="Mean of empty slice"):  # as the fast path and NumPy
         assert np.isnan(multireduce.mean(np.array([], dtype=f), reproducible=True))
-    assert multireduce.sum(np.array([-0.0, -0.0]), reproducible=True) == 0
+    zero = multireduce.sum(np.array([-0.0, -0.0]), reproducible=True)
+    assert zero == 0 and not np.signbit(zero)  # a zero sum is +0.0, as the fast path's
 
 
 def test_dtype_argument_rounds_once_to_the_requested_dtype():
