@@ -281,6 +281,28 @@ def test_partial_is_in_accumulator_dtype(xp):
     assert to_host(xp, multireduce.partial(to_device(xp, np.array([3], np.uint8)), "sum")).dtype == np.uint64
 
 
+def test_float16_accumulates_in_float32():
+    # float16 partials are float32 (the MPI and Dask layers send and merge them so). NumPy's
+    # float16 pairwise sum adds in float32 internally, so a float16 accumulator passed every
+    # full-reduction test; it shows in the partial's dtype and along non-contiguous axes,
+    # where NumPy adds in the accumulator's dtype one row at a time (2048 + 1 is 2048 there).
+    p = multireduce.partial(np.array([2048, 1], np.float16), "sum")
+    assert p.dtype == np.float32 and float(p) == 2049.0  # not a float16 value
+    for op in ("max", "min", "nanmax", "nanmin"):
+        assert multireduce.partial(np.array([1.5, -3.0], np.float16), op).dtype == np.float32, op
+    ones = np.ones((5000, 3), np.float16)
+    for x, axis in ((ones, 0), (ones[1:, 1:], 0), (ones.T, 1), (ones[::2], 0)):
+        n = x.shape[axis]
+        got = multireduce.sum(x, axis=axis)
+        want = float(np.float16(n))  # the count, rounded once
+        assert got.dtype == np.float16 and got.tolist() == [want] * got.size, (x.shape, axis, got)
+        part = multireduce.partial(x, "sum", axis=axis)
+        assert part.dtype == np.float32 and part.tolist() == [n] * part.size
+    # 2048 + 1 + 1: 2050 once rounded, where a float16 running sum stays at 2048.
+    col = np.array([[2048.0, 0.0], [1.0, 0.0], [1.0, 0.0]], np.float16)
+    assert multireduce.sum(col, axis=0).tolist() == [2050.0, 0.0]
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_empty_arg_partial_has_the_value_dtype_of_a_non_empty_one(xp, dtype):
     # The empty state's value had the int64 "accumulator" of the arg ops' int64 result, so
