@@ -303,6 +303,56 @@ def test_float16_accumulates_in_float32():
     assert multireduce.sum(col, axis=0).tolist() == [2050.0, 0.0]
 
 
+def _expected_identity(op: str, dt: np.dtype):
+    """(value, accumulator dtype) of the empty partial of ``op`` on ``dt`` input, spelled out here."""
+    wide = {"b": np.int64, "i": np.int64, "u": np.uint64}.get(dt.kind, np.float32 if dt == np.float16 else np.float64)
+    extreme = np.float32 if dt == np.float16 else dt
+    if op in ("sum", "nansum", "prod"):
+        return (1 if op == "prod" else 0), np.dtype(wide)
+    if op == "count_nonzero":
+        return 0, np.dtype(np.int64)
+    if op in ("any", "all"):
+        return op == "all", np.dtype(np.bool_)
+    largest = op in ("max", "nanmax")
+    if dt.kind == "f":
+        value = math.nan if op.startswith("nan") else (-math.inf if largest else math.inf)
+    elif dt.kind == "b":
+        value = not largest
+    else:
+        value = int(np.iinfo(dt).min if largest else np.iinfo(dt).max)
+    return value, np.dtype(extreme)
+
+
+FOLD_OPS = ["sum", "prod", "nansum", "count_nonzero", "any", "all", "max", "min", "nanmax", "nanmin"]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_empty_partials_are_the_identity(dtype):
+    # An empty shard (MPI) or chunk (Dask) contributes the core's empty partial, which must be
+    # the op's neutral element. Only max's and min's were checked: nanmax's and nanmin's NaN
+    # (so that an empty shard next to an all-NaN one still gives NaN) could become -inf/+inf
+    # and every test passed.
+    dt = np.dtype(dtype)
+    for op in FOLD_OPS:
+        value, acc = _expected_identity(op, dt)
+        for got in (
+            multireduce.partial(np.zeros(0, dt), op),
+            multireduce.partial(np.zeros((3, 0), dt)[1:], op),
+            multireduce.partial(np.zeros((2, 0), dt), op, axis=1)[1],
+            multireduce.partial(np.zeros((0, 4), dt).T, op, axis=1)[3],
+            multireduce.partial(np.zeros(0, dt), op, out=np.zeros((), acc)),
+        ):
+            got = np.asarray(got)
+            assert got.dtype == acc and got.shape == (), (op, got.dtype, acc)
+            assert same_float(got, value) if dt.kind == "f" and acc.kind == "f" else got == value, (op, got, value)
+    if dt.kind == "f":
+        # Combined with an all-NaN partial (NaN for nanmax/nanmin), the result stays NaN.
+        nan_part = multireduce.partial(np.full(3, np.nan, dt), "nanmax")
+        empty = multireduce.partial(np.zeros(0, dt), "nanmax")
+        combined = multireduce.partial(np.array([empty, nan_part]), "nanmax")
+        assert math.isnan(float(combined)), combined
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_empty_arg_partial_has_the_value_dtype_of_a_non_empty_one(xp, dtype):
     # The empty state's value had the int64 "accumulator" of the arg ops' int64 result, so
