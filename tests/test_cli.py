@@ -701,6 +701,20 @@ def test_interrupt_on_one_rank_ends_the_job(mpiexec):
     assert "multireduce: rank 1 of 2 failed: KeyboardInterrupt" in done.stderr, done.output
 
 
+def test_interrupt_alone_exits_130():
+    # The status that Ctrl-C gives (the README's "130 interrupted"), not 1 for an error: one
+    # process, no launcher, so the status is guarded's own.
+    interrupted = (
+        "import sys\nimport multireduce._cli as cli\n"
+        "def interrupted(*a, **k):\n    raise KeyboardInterrupt\n"
+        "cli._load = interrupted\nsys.exit(cli.main(sys.argv[1:]))\n"
+    )
+    done = run(None, 1, ["-c", interrupted, "run", "--cpu", "--n", "10"], timeout=60)
+    assert done.returncode == 130, done.output
+    assert done.stderr.count("multireduce: rank 0 of 1 failed: KeyboardInterrupt") == 1, done.output
+    assert done.stdout == "", done.output
+
+
 @pytest.mark.mpi
 def test_bench_writes_json(mpiexec, tmp_path):
     out = tmp_path / "sub" / "bench.json"

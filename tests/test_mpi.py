@@ -30,10 +30,26 @@ def test_without_mpiexec(tmp_path):
 
 def test_one_failing_rank_is_reported_by_every_rank(mpiexec):
     done = run(mpiexec, 3, [str(SCRIPTS / "fail_one_rank.py"), "agreed"], timeout=60)
-    assert done.returncode != 0
+    # Agreed: every rank returns guarded's status itself (no MPI_Abort), so the launcher's is
+    # exactly 1 (an error), not 2 (usage), 3 (a failed check) or 130 (interrupted).
+    assert done.returncode == 1, done.output
     assert done.seconds < 30
     message = "rank 2 of 3 failed: TypeError: multireduce does not support input dtype <U7"
     assert done.stderr.count(message) == 1, done.output
+
+
+def test_an_interrupt_on_one_rank_is_agreed_with_status_130(mpiexec):
+    # Ctrl-C on one rank inside allreduce's local step: every rank learns of it in the
+    # agreement, rank 0 prints it once, and the interrupted rank's status is 130 (as the shell
+    # reports SIGINT), not guarded's 1 for an error. The other ranks' statuses are nonzero.
+    done = run(mpiexec, 3, [str(SCRIPTS / "fail_one_rank.py"), "interrupt"], timeout=60)
+    assert done.returncode == 0, done.output
+    assert done.seconds < 30
+    assert done.stderr.count("multireduce: error: rank 2 of 3 failed: KeyboardInterrupt: interrupted") == 1, done.output
+    assert "Traceback" not in done.stderr, done.output
+    (line,) = [line for line in done.stdout.splitlines() if line.startswith("STATUSES ")]
+    statuses = [int(s) for s in line.removeprefix("STATUSES ").strip("[]").split(",")]
+    assert statuses[2] == 130 and all(s in (1, 130) for s in statuses[:2]), statuses
 
 
 def test_one_rank_failing_outside_a_collective_aborts_the_job(mpiexec):

@@ -4,6 +4,10 @@
 floats; every rank learns of it in the combine, rank 0 prints it, all exit with status 1.
 ``abort``: the last rank raises outside any collective while the others wait in a Barrier;
 only MPI_Abort (through the CLI's ``guarded``) can end the job.
+``interrupt``: Ctrl-C (KeyboardInterrupt) on the last rank while it converts its input inside
+``allreduce``: agreed as in ``agreed``. The launcher combines the ranks' statuses (MPICH ORs
+them), so here each rank's status from ``guarded`` is gathered and rank 0 prints
+``STATUSES [...]`` in rank order; the job itself then exits 0.
 """
 
 import sys
@@ -22,6 +26,16 @@ def agreed() -> int:
     return 0
 
 
+class Interrupting:
+    def __array__(self, *args, **kwargs):
+        raise KeyboardInterrupt("interrupted")
+
+
+def interrupt() -> int:
+    mpi.allreduce(Interrupting() if RANK == SIZE - 1 else np.ones(10), "sum")
+    return 0
+
+
 def abort() -> int:
     if RANK == SIZE - 1:
         raise RuntimeError(f"injected failure on rank {RANK}")
@@ -30,4 +44,10 @@ def abort() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(_cli.guarded({"agreed": agreed, "abort": abort}[sys.argv[1]], COMM, mpi))
+    status = _cli.guarded({"agreed": agreed, "abort": abort, "interrupt": interrupt}[sys.argv[1]], COMM, mpi)
+    if sys.argv[1] == "interrupt":
+        statuses = COMM.gather(status, root=0)
+        if RANK == 0:
+            print("STATUSES", statuses, flush=True)
+        sys.exit(0)
+    sys.exit(status)
