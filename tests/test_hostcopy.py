@@ -435,9 +435,11 @@ def test_addresses_that_are_not_addresses_are_refused(lib, what, value):
     assert not dev.any()
 
 
-@pytest.mark.parametrize("value", [0, None])
-def test_a_missing_upload_function_is_named(lib, value):
+@pytest.mark.parametrize(("value", "exc"), [(0, ValueError), (None, TypeError)])
+def test_a_missing_upload_function_is_named(lib, value, exc):
+    # As documented: 0 is an integer that is not positive (ValueError), None not an integer.
     src = np.arange(100, dtype=np.uint8)
     staged, dev = np.zeros_like(src), np.zeros_like(src)
-    with pytest.raises((TypeError, ValueError), match="upload must be"):
+    with pytest.raises(exc, match="upload must be the address of an upload function"):
         _hostcopy.stage(table_for(src, staged, dev, [0, 100]), 1, value)
+    assert lib.mr_test_calls() == 0 and not dev.any()
