@@ -353,6 +353,32 @@ def test_empty_partials_are_the_identity(dtype):
         assert math.isnan(float(combined)), combined
 
 
+@pytest.mark.parametrize("axis", [None, 0, -1, (0, 2), (1, 2), (0, 1, 2)])
+def test_partial_keepdims(axis):
+    # partial(keepdims=True) was only tested for its TypeError on a non-bool: a fold partial
+    # that dropped keepdims passed. Against NumPy in float64 (exact here: multiples of 1/4),
+    # on an offset, transposed view; moments and arg states keep the dimensions too.
+    base = np.arange(-40, 81, dtype=np.float32) / 4
+    x = base[1:].reshape(4, 5, 6).transpose(1, 0, 2)
+    wide = x.astype(np.float64)
+    refs = {
+        "sum": np.sum(wide, axis=axis, keepdims=True),
+        "max": np.max(wide, axis=axis, keepdims=True),
+        "min": np.min(wide, axis=axis, keepdims=True),
+        "count_nonzero": np.count_nonzero(wide, axis=axis, keepdims=True),
+    }
+    for op, ref in refs.items():
+        got = np.asarray(multireduce.partial(x, op, axis=axis, keepdims=True))
+        assert got.shape == ref.shape and np.array_equal(got, ref), (op, got.shape, ref.shape)
+    state = multireduce.partial(x, "mean", axis=axis, keepdims=True)
+    assert np.shape(state.n) == refs["sum"].shape and np.all(np.asarray(state.n) == x.size // refs["sum"].size)
+    assert np.allclose(np.asarray(state.mean), np.mean(wide, axis=axis, keepdims=True), rtol=5e-16, atol=0)
+    if not isinstance(axis, tuple):
+        arg = multireduce.partial(x, "argmax", axis=axis, keepdims=True)
+        want = np.argmax(wide, axis=axis, keepdims=True)
+        assert np.shape(arg.index) == want.shape and np.array_equal(np.asarray(arg.index), want)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_empty_arg_partial_has_the_value_dtype_of_a_non_empty_one(xp, dtype):
     # The empty state's value had the int64 "accumulator" of the arg ops' int64 result, so
