@@ -1078,8 +1078,8 @@ def guarded(job, comm, mpi) -> int:
     """Run ``job()`` on every rank and turn exceptions into an exit status.
 
     An error that every rank knows about (raised by a collective agreement) is printed once,
-    by rank 0, naming the failing rank(s); every rank returns 1 (2, as the failing ranks do,
-    where every failure is another rank's bad command line). Any other exception is known
+    by rank 0, naming the failing rank(s); every rank returns the same status: 1, or 130 where
+    some rank was interrupted, or 2 where every failure is a rank's bad command line. Any other exception is known
     to this rank only, while the others may be blocked in a collective: it is printed with
     this rank's number and the job is ended with ``MPI_Abort``. A KeyboardInterrupt counts as
     an error here (exit status 130), so that Ctrl-C on one rank ends the job too.
@@ -1092,11 +1092,13 @@ def guarded(job, comm, mpi) -> int:
         if failures is not None:
             if rank == 0:
                 print(f"multireduce: error: {mpi.describe_failures(failures, size)}", file=sys.stderr, flush=True)
-            if isinstance(exc, KeyboardInterrupt):
+            # Every rank exits with one status, as mpiexec combines the ranks' statuses with OR
+            # (1 here and 130 or 2 on the failing rank gave 131 or 3): 130 where some rank was
+            # interrupted, 2 where only command lines failed (an MPMD launch), else 1.
+            messages = failures.values()
+            if isinstance(exc, KeyboardInterrupt) or any(m.startswith("KeyboardInterrupt: ") for m in messages):
                 return EXIT_INTERRUPTED
-            # Only other ranks' command lines failed (an MPMD launch): exit as they do, so that
-            # the launcher's status is 2, not 3 (mpiexec combines the ranks' statuses with OR).
-            if all(message.startswith(f"{UsageError.__name__}: ") for message in failures.values()):
+            if all(message.startswith(f"{UsageError.__name__}: ") for message in messages):
                 return EXIT_USAGE
             return EXIT_ERROR
         print(f"multireduce: rank {rank} of {size} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
