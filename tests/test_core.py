@@ -19,7 +19,9 @@ from reference import check, float_sum, make_data, same_float
 import multireduce
 from multireduce.ops import SUPPORTED_DTYPES
 
-SIZES = [0, 1, 3, 4, 5, 31, 32, 33, 255, 256, 257, 2**20 - 1, 2**20 + 1]
+# Vector and block edges: a GPU block's trip is 4096 float64 or 8192 float32 elements
+# (_kernels.elements_per_trip); the project rule names 4095/4096/4097 and 8191/8193.
+SIZES = [0, 1, 3, 4, 5, 31, 32, 33, 255, 256, 257, 4095, 4096, 4097, 8191, 8192, 8193, 2**20 - 1, 2**20 + 1]
 OPS = ["sum", "max", "min"]
 DTYPES = [dt.name for dt in SUPPORTED_DTYPES]
 

@@ -429,12 +429,21 @@ def test_bad_axes_raise_numpys_exceptions(op):
 
 
 def test_zero_d_inputs():
+    # The values too (only the types were checked): one element is the whole reduction.
+    want = {"count_nonzero": 1, "any": True, "all": True, "var": 0.0, "std": 0.0, "argmax": 0, "argmin": 0}
     for op in ALL_OPS:
         x = np.array(3.0, dtype=np.float32)
         kw = {"axis": None}
         got = multireduce.reduce(x, op, **kw)
         assert isinstance(got, np.generic)
+        assert got == want.get(op, 3.0), (op, got)
+        assert got.dtype == {"count_nonzero": np.int64, "any": np.bool_, "all": np.bool_}.get(
+            op, np.int64 if op in ARGS else np.float32
+        ), (op, got.dtype)
         assert np.shape(multireduce.reduce(x, op, keepdims=True)) == ()
+        assert multireduce.reduce(x, op, keepdims=True) == got
+    for op, value in (("sum", 0.0), ("nansum", 0.0), ("max", -0.0), ("min", -0.0), ("prod", -0.0)):
+        assert same_float(multireduce.reduce(np.array(-0.0), op), value), op  # sums of zeros are +0.0
     assert multireduce.argmax(np.array(5)) == 0
     assert multireduce.var(np.array(5.0)) == 0.0
     with pytest.warns(RuntimeWarning, match="Degrees of freedom"):  # as NumPy warns
