@@ -37,12 +37,13 @@ def fraction_sum(x) -> Fraction:
     return sum((Fraction(float(v)) for v in np.asarray(x).ravel()), Fraction(0))
 
 
-def assert_bits(got, expected):
+def assert_bits(got, expected, case=""):
     got, expected = np.asarray(got), np.asarray(expected)
-    assert got.dtype == expected.dtype
+    assert got.dtype == expected.dtype, case
     assert got.view(UINT[got.itemsize]) == expected.view(UINT[got.itemsize]) or (
         np.isnan(got) and np.isnan(expected)
     ), (
+        case,
         got,
         expected,
     )
@@ -95,7 +96,7 @@ def test_adversarial(dt):
     for name, values in cases.items():
         x = np.array(values, dtype=dt)
         expected = correctly_rounded(fraction_sum(x), dt) if fraction_sum(x) else dt(0.0)
-        assert_bits(exact_sum(x).result(np.dtype(dt)), expected), name
+        assert_bits(exact_sum(x).result(np.dtype(dt)), expected, name)
     assert float(exact_sum(np.array([big, 1.0, -big], dtype=dt)).result(np.dtype(dt))) == 1.0
 
 
