@@ -11,6 +11,8 @@ __all__ = ["accepted_ordinals", "ordinal_in_range"]
 
 def accepted_ordinals(count: int) -> str:
     """What a device setting accepts on a node with ``count`` CUDA devices, for error messages."""
+    if count < 1:
+        return "an integer device ordinal, but this node has no CUDA device"
     return f"an integer device ordinal from 0 to {count - 1} (this node has {count} CUDA device(s))"
 
 
