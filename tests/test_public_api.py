@@ -71,9 +71,9 @@ def test_all_is_unique_and_resolves():
 
 def test_public_names_are_exported():
     # Every public attribute that is not a submodule is in __all__, and nothing private is.
-    public = {
-        n for n, v in vars(multireduce).items() if not n.startswith("_") and not inspect.ismodule(v)
-    } | {"__version__"}
+    public = {n for n, v in vars(multireduce).items() if not n.startswith("_") and not inspect.ismodule(v)} | {
+        "__version__"
+    }
     assert public == set(multireduce.__all__)
     assert not [n for n in multireduce.__all__ if n.startswith("_") and n != "__version__"]
 
