@@ -90,9 +90,10 @@ def test_dependency_lower_bounds_cover_the_apis_used():
     assert _lower_bound(project["dependencies"], "numpy") >= (2, 0)
     extras = project["optional-dependencies"]
     # multireduce.dask imports dask.tokenize, which dask 2024.9.0 introduced (2024.8 fails
-    # with ModuleNotFoundError at import).
+    # with ModuleNotFoundError at import); with dask 2024.9 to 2025.11, tests/test_dask.py has
+    # 45 failures (argmin/argmax over Dask fail while Dask builds their meta); 2025.12 passes.
     for extra in ("dask", "test"):
-        assert _lower_bound(extras[extra], "dask") >= (2024, 9), extra
+        assert _lower_bound(extras[extra], "dask") >= (2025, 12), extra
         assert _lower_bound(extras[extra], "distributed") == _lower_bound(extras[extra], "dask"), extra
 
 
