@@ -48,6 +48,7 @@ def test_wheel_carries_kernels_inside_the_package(tmp_path):
         names = set(zf.namelist())
     assert f"multireduce/kernels/{HEADER}" in names
     assert "multireduce/_native/hostcopy.c" in names  # the copy engine is compiled from it on first use
+    assert "multireduce-0.1.0.dist-info/licenses/LICENSE" in names  # pyproject's license-files
     assert not any(name.startswith("kernels/") for name in names), "kernels/ must live inside the package"
 
     site = tmp_path / "site"
@@ -135,6 +136,7 @@ def test_sdist_carries_sources_kernels_and_tests_only(tmp_path):
     for needed in (
         "pyproject.toml",
         "README.md",
+        "LICENSE",
         "multireduce/__init__.py",
         "multireduce/_native/hostcopy.c",
         f"kernels/{HEADER}",
@@ -145,5 +147,6 @@ def test_sdist_carries_sources_kernels_and_tests_only(tmp_path):
     ):
         assert needed in names, needed
     top = {name.split("/", 1)[0] for name in names}
-    allowed = {"multireduce", "kernels", "tests", "scripts", "docs", "README.md", "pyproject.toml", "PKG-INFO"}
+    allowed = {"multireduce", "kernels", "tests", "scripts", "docs", "README.md", "LICENSE", "pyproject.toml"}
+    allowed.add("PKG-INFO")
     assert top <= allowed | {".gitignore"}, sorted(top - allowed)
