@@ -1079,8 +1079,8 @@ def guarded(job, comm, mpi) -> int:
 
     An error that every rank knows about (raised by a collective agreement) is printed once,
     by rank 0, naming the failing rank(s); every rank returns the same status: 1, or 130 where
-    some rank was interrupted, or 2 where every failure is a rank's bad command line. Any other exception is known
-    to this rank only, while the others may be blocked in a collective: it is printed with
+    some rank was interrupted, or 2 where every failure is a rank's bad command line. Any other
+    exception is known to this rank only, while the others may be blocked in a collective: it is printed with
     this rank's number and the job is ended with ``MPI_Abort``. A KeyboardInterrupt counts as
     an error here (exit status 130), so that Ctrl-C on one rank ends the job too.
     """

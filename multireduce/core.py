@@ -343,7 +343,8 @@ def reduce(
     and nanmin ignore NaN and return NaN only where every element is NaN. Sums of zeros are
     +0.0. mean, var and std accumulate in float64 from one pass (Chan et al.'s update; a GPU
     mean, and a CPU mean along the trailing axes of a C-contiguous array, is the float64 sum
-    over the count); the mean of zero elements is NaN, and var/std
+    over the count; the mean of integers is their exact total over the count wherever the
+    total cannot wrap, on every path); the mean of zero elements is NaN, and var/std
     are NaN where ``N - correction <= 0`` (the standard's rule; NumPy gives inf there).
     argmin/argmax return the first index of the extreme in the same order as min/max, NaN
     first.

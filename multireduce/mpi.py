@@ -551,7 +551,7 @@ def _combine_exact(comm, plan: _Plan, acc, error):
     comm.Allreduce(MPI.IN_PLACE, packed, op=MPI.SUM)
     value = _exact.ExactSum.from_array(packed).result(plan.static.result, mean=plan.op.name == "mean")
     if reserved is not None:
-        return _store(reserved, [np.asarray(value).astype(plan.static.result)[()]])[0]
+        return _store(reserved, [value])[0]  # ExactSum.result gives a scalar of the result dtype
     return value
 
 
@@ -926,18 +926,11 @@ def _from_host(value: np.generic, plan: _Plan):
     """``value`` as a 0-d CuPy array for the partial's device, bit for bit (a -0.0 stays).
 
     The array is a result cell (:class:`_ResultCells`) of the current stream, which the caller
-    has synchronized since its last kernel (every caller has, in :func:`_to_host` or before).
+    must have synchronized since its last kernel. The combines reserve their cells before the
+    agreement instead (:func:`_reserve_cells`); ``scripts/profile_mpi.py`` and
+    ``scripts/diag_combine.py`` time this way back.
     """
-    import cupy
-
-    dtype = value.dtype
-    if cupy.cuda.runtime.getDevice() != plan.device:
-        with cupy.cuda.Device(plan.device):
-            return _from_host(value, plan)
-    slots = _Staging.get(plan.device, cupy.cuda.get_current_stream().ptr)
-    out, box = slots.results.take(dtype)
-    box[0] = value
-    return out
+    return _store(_reserve_cells(plan, 1, synchronize=False), [value])[0]
 
 
 #: The agreement's slots: 0 the error flag; 1-6 the codes of (input dtype, op, dtype=), each
