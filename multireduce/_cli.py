@@ -3,7 +3,9 @@
 It runs alone or under ``mpirun -n N``. Arguments are parsed before MPI starts, so ``--help``
 and usage errors need no MPI when run alone; under a launcher with other processes a usage
 error joins the first agreement, so that ranks started with other arguments (an MPMD launch)
-stop too. Output comes once, from rank 0. Every step that can fail on one
+stop too. Output comes once, from rank 0, and so do the warnings that the reductions raise
+(NumPy's overflow in the final cast, which every rank meets alike): each rank records them,
+and rank 0 prints each once with the ranks that met it. Every step that can fail on one
 rank alone (reading a file, allocating device memory) is followed by a collective agreement
 (:func:`multireduce.mpi.agree`), so that all ranks stop together and rank 0 prints the failing
 rank's message. Anything that escapes without agreement (a bug) aborts the whole job with
@@ -24,6 +26,7 @@ import socket
 import sys
 import time
 import traceback
+import warnings
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from fractions import Fraction
@@ -726,20 +729,34 @@ def _cmd_run(args, comm, mpi) -> int:
     rows = []
     local_times = []
     for name in ops:
-        # The first call compiles the GPU kernel and sets up MPI's connections: not timed.
-        mpi.allreduce(x, name, comm=comm)
-        kernel_s = allreduce_s = float("inf")
-        for _ in range(args.repeat):
-            value, k, c = mpi._timed_allreduce(x, name, comm)
-            k, c = _max_over_ranks(comm, [k, c])
-            kernel_s, allreduce_s = min(kernel_s, k), min(allreduce_s, c)
+        # NumPy's warnings (a sum past its dtype's range: "overflow encountered in cast", from
+        # the final cast that every rank makes alike) are recorded, and rank 0 reports each
+        # once for all ranks (_report_warnings) instead of every rank printing its own.
+        with warnings.catch_warnings(record=True) as caught:
+            # The first call compiles the GPU kernel and sets up MPI's connections: not timed.
+            mpi.allreduce(x, name, comm=comm)
+            kernel_s = allreduce_s = float("inf")
+            for _ in range(args.repeat):
+                value, k, c = mpi._timed_allreduce(x, name, comm)
+                k, c = _max_over_ranks(comm, [k, c])
+                kernel_s, allreduce_s = min(kernel_s, k), min(allreduce_s, c)
         host_value = np.asarray(value.get() if ctx.backend == "gpu" else value)[()]
-        rows.append({"op": name, "result": host_value, "kernel_s": kernel_s, "allreduce_s": allreduce_s})
+        rows.append(
+            {
+                "op": name,
+                "result": host_value,
+                "kernel_s": kernel_s,
+                "allreduce_s": allreduce_s,
+                "warnings": _distinct_warnings(caught),
+            }
+        )
         local_times.append(kernel_s)
     if check:  # after the timings, which the references' memory traffic would disturb
         references = None if info["source"] == "synthetic" else _file_references(ctx, info["host_shard"], ops)
         for row in rows:
             row.update(_reference_row(ctx, info, row["op"], row["result"], dt, n, references))
+    _mark_overflows(ctx, x, rows, dt, n)
+    warned = _gathered_warnings(ctx, [row.pop("warnings") for row in rows])
 
     load_s, h2d_s = _max_over_ranks(comm, [info["load_s"], info["h2d_s"]])
     transport = comm.gather(mpi.transport_counts(), root=0)
@@ -768,15 +785,118 @@ def _cmd_run(args, comm, mpi) -> int:
             "repeat": args.repeat,
             "load_s": load_s,
             "h2d_s": h2d_s,
-            "results": [_jsonable_row(r, nbytes) for r in rows],
+            "results": [_jsonable_row({**r, "warnings": w}, nbytes) for r, w in zip(rows, warned, strict=True)],
             "check_passed": None if not check else not failed,
         }
         if args.all_ranks:
             report["per_rank"] = per_rank
+        _report_warnings(ctx, [(row["op"], w) for row, w in zip(rows, warned, strict=True)])
         _emit(ctx, json.dumps(report, indent=2) if args.json else _format_run(report))
     if failed:
         return EXIT_CHECK
     return 0
+
+
+def _distinct_warnings(caught: list[warnings.WarningMessage]) -> list[str]:
+    """The warnings recorded on this rank as ``"Category: message"``, each once, in the order they came."""
+    return list(dict.fromkeys(f"{w.category.__name__}: {w.message}" for w in caught))
+
+
+def _gathered_warnings(ctx: _Context, per_item: list[list[str]]) -> list[list[dict]] | None:
+    """Every rank's warnings of each item (a result row, a benchmark record), on rank 0 (collective).
+
+    Returns, on rank 0, per item ``[{"warning": "Category: message", "ranks": [...]}, ...]``
+    (each distinct warning once, with the ranks that recorded it); ``None`` on the others.
+    """
+    gathered = ctx.comm.gather(per_item, root=0)
+    if ctx.rank != 0:
+        return None
+    merged = []
+    for i in range(len(per_item)):
+        ranks_of: dict[str, list[int]] = {}
+        for rank, items in enumerate(gathered):
+            for text in items[i]:
+                ranks_of.setdefault(text, []).append(rank)
+        merged.append([{"warning": text, "ranks": ranks} for text, ranks in ranks_of.items()])
+    return merged
+
+
+def _report_warnings(ctx: _Context, labelled: list[tuple[str, list[dict]]]) -> None:
+    """Print each gathered warning once on stderr (rank 0), naming what it is about and its ranks.
+
+    ``multireduce: warning: sum: RuntimeWarning: overflow encountered in cast (ranks 0-3 of 4)``.
+    """
+    for label, items in labelled:
+        for item in items:
+            ranks = item["ranks"]
+            where = ""
+            if ctx.size > 1:
+                who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ctx.mpi._rank_list(ranks)}"
+                where = f" ({who} of {ctx.size})"
+            print(f"multireduce: warning: {label}: {item['warning']}{where}", file=sys.stderr, flush=True)
+
+
+#: Elements tested at a time by :func:`_all_finite` (bounds its temporary's memory).
+_FINITE_CHUNK = 1 << 22
+
+
+def _all_finite(ctx: _Context, x) -> bool:
+    """Whether every element of every rank's shard is finite (collective; failures agreed)."""
+    error = None
+    finite = True
+    try:
+        flat = x.reshape(-1)
+        for start in range(0, flat.size, _FINITE_CHUNK):
+            if not bool(ctx.xp.isfinite(flat[start : start + _FINITE_CHUNK]).all()):
+                finite = False
+                break
+    except Exception as exc:  # agreed below (out of device memory on one rank, say)
+        error = exc
+    ctx.mpi.agree(error, ctx.comm)
+    return bool(ctx.comm.allreduce(finite, op=ctx.mpi.MPI.LAND))
+
+
+def _mark_overflows(ctx: _Context, x, rows: list[dict], dt: np.dtype, n: int) -> None:
+    """Set each row's ``"overflow"``: whether its result went past its dtype's range (collective).
+
+    max and min never do. A float sum did where its result is an infinity or NaN while every
+    element on every rank is finite; NumPy warns of that where a rank's reduction or the final
+    cast to the result dtype overflows, but not where MPI's addition of the ranks' partials
+    does, so the data decides. An integer sum did where the check's exact reference is
+    outside the result dtype (the sum wrapped modulo 2**64, as NumPy's integer sums do, with
+    no warning); without the check, it cannot where ``n`` elements of the input dtype's
+    range cannot reach the result's, and is unknown (``None``) elsewhere. The results are
+    the same on every rank, so every rank makes the same collective calls here.
+    """
+    result_dt = get_op("sum").result_dtype(dt)
+    finite = None
+    for row in rows:
+        if row["op"] != "sum":
+            row["overflow"] = False
+        elif result_dt.kind == "f":
+            if math.isfinite(float(row["result"])):
+                row["overflow"] = False
+            else:
+                if finite is None:
+                    finite = _all_finite(ctx, x)
+                row["overflow"] = finite
+        elif "overflow" not in row:  # _reference_row sets it where the check ran
+            low, high = (0, 1) if dt.kind == "b" else (int(np.iinfo(dt).min), int(np.iinfo(dt).max))
+            out = np.iinfo(result_dt)
+            row["overflow"] = False if out.min <= n * low and n * high <= out.max else None
+
+
+def _overflow_note(row: dict, dtype: np.dtype) -> str:
+    """The report's line for a result that overflowed (:func:`_mark_overflows`)."""
+    result_dt = get_op(row["op"]).result_dtype(dtype)
+    if result_dt.kind == "f":
+        largest = float(np.finfo(result_dt).max)
+        where = f"the range of {result_dt} (largest {largest:g})"
+        return f"overflow: the {row['op']} went past {where}, so it is {row['result']}"
+    return (
+        f"overflow: the exact {row['op']} is outside the range of {result_dt}: it wrapped modulo 2**64, "
+        "as NumPy's integer sums do"
+    )
 
 
 def _file_references(ctx: _Context, shard: np.ndarray, ops: list[str]) -> dict[str, Any]:
@@ -796,19 +916,29 @@ def _reference_row(ctx, info, op, value, dt, n, references) -> dict:
     if info["source"] == "synthetic":
         pattern = info["pattern"]
         reference = pattern.reference(op, n)
+        overflow = {}
         if isinstance(reference, int) and result_dt.kind in "iu":
+            overflow = _int_overflow(op, reference, result_dt)
             reference = _wrap_int(reference, result_dt)
         elif reference is not None and result_dt.kind == "b":  # max/min of bools: as file data's
             reference = bool(reference)
         passed, how = _check_value(value, reference, op, dt, n, pattern.abs_bound())
-        return {"reference": reference, "check": passed, "check_how": how}
+        return {"reference": reference, "check": passed, "check_how": how, **overflow}
     reference = references[op]
+    overflow = {}
     if isinstance(reference, int) and not isinstance(reference, bool) and result_dt.kind in "iu":
+        overflow = _int_overflow(op, reference, result_dt)
         reference = _wrap_int(reference, result_dt)
     passed, how = _check_file_value(value, reference, op, n, ctx.size)
     if isinstance(reference, _FloatSum):
         reference = reference.value
-    return {"reference": reference, "check": passed, "check_how": how}
+    return {"reference": reference, "check": passed, "check_how": how, **overflow}
+
+
+def _int_overflow(op: str, exact: int, result_dt: np.dtype) -> dict:
+    # An integer sum whose exact value is outside its result dtype wrapped (_mark_overflows).
+    info = np.iinfo(result_dt)
+    return {"overflow": not info.min <= exact <= info.max} if op == "sum" else {}
 
 
 def _jsonable(value):
@@ -844,6 +974,7 @@ def _format_run(r: dict) -> str:
             f"{row['op']:<5} {row['result']!s:>24} {row.get('reference', '-')!s:>24} {check:>6} "
             f"{row['kernel_s'] * 1e3:>10.3f} {gbps:>8} {row['allreduce_us']:>13.1f}"
         )
+    lines += [_overflow_note(row, np.dtype(r["dtype"])) for row in r["results"] if row.get("overflow")]
     load = "load -"
     if r["load_s"] > 0:
         load = f"load {r['load_s'] * 1e3:.1f} ms ({r['bytes'] / r['load_s'] / 1e9:.2f} GB/s)"
@@ -999,6 +1130,7 @@ def _cmd_bench(args, comm, mpi) -> int:
     )
     pattern = _Pattern.for_dtype(dt)
     records = []
+    recorded = []  # per record, this rank's warnings (as _cmd_run's rows)
     for n in sizes:
         begin, end = mpi.shard_range(n, ctx.rank, ctx.size)
         error = x = None
@@ -1011,14 +1143,16 @@ def _cmd_bench(args, comm, mpi) -> int:
         for name in ops:
             if n == 0 and not get_op(name).empty_allowed:
                 continue
-            for _ in range(args.warmup):
-                mpi.allreduce(x, name, comm=comm)
-            kernel, combine = [], []
-            for _ in range(args.repeat):
-                _, k, c = mpi._timed_allreduce(x, name, comm)
-                k, c = _max_over_ranks(comm, [k, c])
-                kernel.append(k)
-                combine.append(c)
+            with warnings.catch_warnings(record=True) as caught:  # reported once, by rank 0
+                for _ in range(args.warmup):
+                    mpi.allreduce(x, name, comm=comm)
+                kernel, combine = [], []
+                for _ in range(args.repeat):
+                    _, k, c = mpi._timed_allreduce(x, name, comm)
+                    k, c = _max_over_ranks(comm, [k, c])
+                    kernel.append(k)
+                    combine.append(c)
+            recorded.append(_distinct_warnings(caught))
             kernel_s = float(np.median(kernel))
             combine_s = float(np.median(combine))
             records.append(
@@ -1037,8 +1171,12 @@ def _cmd_bench(args, comm, mpi) -> int:
                 }
             )
         del x
+    warned = _gathered_warnings(ctx, recorded)
     error = None
     if ctx.rank == 0:
+        for rec, items in zip(records, warned, strict=True):
+            rec["warnings"] = items
+        _report_warnings(ctx, [(f"{rec['op']}, n = {rec['n']:,}", rec["warnings"]) for rec in records])
         doc = {
             **_environment(ctx, mpi),
             "git_commit": _provenance.git_commit(),

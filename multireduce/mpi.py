@@ -492,6 +492,16 @@ def allreduce(
     the collectives, host arithmetic and stores into those cells (and, handing MPI a device
     buffer, the 8-byte copy back from it, which fails only if the device itself has failed).
 
+    NumPy's warnings come as NumPy gives them, on the ranks that meet them: a rank's local
+    reduction that overflows warns on that rank, and the final cast of the combined value to
+    the result dtype (a float16 sum past 65504: ``RuntimeWarning: overflow encountered in
+    cast``), which every rank makes alike on the same value, warns on every rank. Each rank
+    follows its own ``numpy.errstate`` and warning filters there, so ``over="raise"`` raises
+    ``FloatingPointError`` on every rank alike, after the collectives. MPI's addition of the
+    partials cannot warn: a float64 sum whose partials only overflow there is inf without a
+    warning. A program that prints diagnostics once gathers them to one rank, as
+    ``python -m multireduce`` does.
+
     Examples
     --------
     Under ``mpiexec -n 4``, each rank holding ``np.arange(rank * 10, rank * 10 + 10)``:

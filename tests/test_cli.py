@@ -473,6 +473,110 @@ def test_check_of_sums_past_the_range_warns_nothing(tmp_path, name):
     assert "_cli.py" not in done.stderr, done.stderr
 
 
+# ------------------------------------------------------------------ NumPy's warnings, once
+
+CAST_WARNING = "RuntimeWarning: overflow encountered in cast"
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("ranks", [1, 2, 4])
+def test_overflow_warning_is_printed_once_and_the_report_says_so(mpiexec, tmp_path, ranks):
+    # A float16 sum past 65504 (accumulated in float32, then cast): NumPy's warning came from
+    # that cast on every rank, and from both allreduce paths (untimed and timed calls), so 2
+    # copies alone and 8 at -n 4, on top of a report that did not say the sum overflowed.
+    np.save(tmp_path / "x.npy", np.full(12, 60000.0, dtype=np.float16))
+    launcher = None if ranks == 1 else mpiexec  # one process alone: the plain command
+    for extra in (["--check"], ["--no-check"], ["--json"]):
+        done = run(launcher, ranks, [*CLI, "--input", str(tmp_path / "x.npy"), "--cpu", "--repeat", "2", *extra])
+        assert done.returncode == 0, (extra, done.output)  # a warning, not an error
+        # Once on stderr; the JSON document lists it too.
+        assert done.stderr.count(CAST_WARNING) == 1, (extra, done.output)
+        assert done.stdout.count(CAST_WARNING) == (extra == ["--json"]), (extra, done.output)
+        where = "" if ranks == 1 else f" (ranks {'0, 1' if ranks == 2 else '0-3'} of {ranks})"
+        assert f"multireduce: warning: sum: {CAST_WARNING}{where}\n" in done.stderr, (extra, done.stderr)
+        assert "Traceback" not in done.stderr and "mpi.py" not in done.stderr, (extra, done.stderr)
+        if extra == ["--json"]:
+            rows = {row["op"]: row for row in json.loads(done.stdout)["results"]}
+            assert rows["sum"]["result"] == "inf" and rows["sum"]["overflow"] is True, rows
+            assert rows["sum"]["warnings"] == [{"warning": CAST_WARNING, "ranks": list(range(ranks))}], rows
+            assert rows["max"]["overflow"] is False and rows["max"]["warnings"] == [], rows
+        else:
+            note = "overflow: the sum went past the range of float16 (largest 65504), so it is inf"
+            assert [ln for ln in done.stdout.splitlines() if ln.startswith("overflow")] == [note], done.stdout
+
+
+@pytest.mark.mpi
+def test_a_warning_on_one_rank_alone_is_reported_by_rank_0(mpiexec, tmp_path):
+    # Rank 2's own float64 partial overflows (NumPy: "overflow encountered in reduce", on that
+    # rank only): rank 0 reports it, naming the rank, and rank 2 prints nothing of its own.
+    np.save(tmp_path / "x.npy", np.array([1.0, 1.0, 1.0, 1.0, 1.7e308, 1.7e308]))
+    done = run(mpiexec, 3, [*CLI, "--input", str(tmp_path / "x.npy"), "--cpu", "--op", "sum", "--json"])
+    assert done.returncode == 0, done.output
+    message = "RuntimeWarning: overflow encountered in reduce"
+    assert done.output.count(message) == 2, done.output  # the line on stderr, the JSON's entry
+    assert f"multireduce: warning: sum: {message} (rank 2 of 3)\n" in done.stderr, done.stderr
+    (row,) = json.loads(done.stdout)["results"]
+    assert row["overflow"] is True and row["warnings"] == [{"warning": message, "ranks": [2]}], row
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("ranks", [1, 4])
+def test_an_overflow_without_a_numpy_warning_is_reported(mpiexec, tmp_path, ranks):
+    # One element per rank at -n 4: the partials only overflow in MPI's addition, where NumPy
+    # cannot warn (float64 results are not cast either). The report must still say so; alone,
+    # NumPy's reduction warns, once.
+    np.save(tmp_path / "x.npy", np.full(4, 1.7e308))
+    done = run(None if ranks == 1 else mpiexec, ranks, [*CLI, "--input", str(tmp_path / "x.npy"), "--cpu", "--json"])
+    assert done.returncode == 0, done.output
+    rows = {row["op"]: row for row in json.loads(done.stdout)["results"]}
+    assert rows["sum"]["result"] == "inf" and rows["sum"]["overflow"] is True, rows
+    assert done.stderr.count("multireduce: warning: ") == (1 if ranks == 1 else 0), done.stderr
+    # An infinity in the data is no overflow.
+    np.save(tmp_path / "y.npy", np.array([1.0, np.inf, 2.0, 3.0]))
+    done = run(None if ranks == 1 else mpiexec, ranks, [*CLI, "--input", str(tmp_path / "y.npy"), "--cpu", "--json"])
+    rows = {row["op"]: row for row in json.loads(done.stdout)["results"]}
+    assert done.returncode == 0 and rows["sum"]["overflow"] is False and "warning" not in done.stderr, done.output
+
+
+@pytest.mark.mpi
+def test_an_integer_sum_that_wraps_is_reported_where_checked(mpiexec, tmp_path):
+    # Integer sums wrap modulo 2**64 as NumPy's, without a warning: the exact reference of the
+    # check tells; without the check it is unknown (null), unless the dtype's range rules it out.
+    np.save(tmp_path / "x.npy", np.full(3, 2**62, dtype=np.int64))
+    args = [*CLI, "--input", str(tmp_path / "x.npy"), "--cpu", "--op", "sum"]
+    done = run(mpiexec, 3, [*args, "--check"])
+    assert done.returncode == 0, done.output
+    assert "overflow: the exact sum is outside the range of int64: it wrapped modulo 2**64" in done.stdout
+    for check, overflow in (("--check", True), ("--no-check", None)):
+        (row,) = run_json(mpiexec, 3, *args[len(CLI) :], check)["results"]
+        assert row["result"] == -(2**62) and row["overflow"] is overflow, row
+    (row,) = run_json(mpiexec, 3, "--n", "1000", "--dtype", "int32", "--op", "sum", "--no-check")["results"]
+    assert row["overflow"] is False, row  # 1000 int32 values cannot leave int64's range
+
+
+# bench's synthetic data never leaves float16's range (its partial sums stay within 5,862):
+# values of 60000 instead, through the same loop.
+BENCH_PAST_FLOAT16 = """
+import sys
+from multireduce import _cli
+_cli._Pattern.for_dtype = staticmethod(lambda dt: _cli._Pattern(1, 60000))
+sys.exit(_cli.main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.mpi
+def test_bench_reports_a_warning_once(mpiexec, tmp_path):
+    out = tmp_path / "bench.json"
+    args = ["bench", "--cpu", "--dtype", "float16", "--sizes", "1000", "--warmup", "1", "--repeat", "2"]
+    done = run(mpiexec, 2, ["-c", BENCH_PAST_FLOAT16, *args, "--output", str(out)])
+    assert done.returncode == 0, done.output
+    assert done.output.count(CAST_WARNING) == 1, done.output
+    assert f"multireduce: warning: sum, n = 1,000: {CAST_WARNING} (ranks 0, 1 of 2)\n" in done.stderr
+    records = {r["op"]: r for r in json.loads(out.read_text())["records"]}
+    assert records["sum"]["warnings"] == [{"warning": CAST_WARNING, "ranks": [0, 1]}]
+    assert records["max"]["warnings"] == []
+
+
 # The file reference fails on rank 1 only (as converting a large shard can run out of memory).
 REFERENCE_FAILS_ON_RANK_1 = """
 import sys

@@ -7,6 +7,8 @@ NaN on any rank, signed zeros, empty global arrays, integer wrap-around, files, 
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from mpi_scripts.launch import SCRIPTS, run
 
@@ -81,3 +83,45 @@ def test_allreduce_and_stats_match_the_core_on_random_cases(mpiexec, ranks):
     assert done.returncode == 0, done.output
     assert f"PASS {ranks} " in done.stdout, done.output
     assert int(done.stdout.split(f"PASS {ranks} ")[1].split()[0]) >= cases
+
+
+# Every rank's share of a float16 sum past float16's range (65504): the float32 accumulator
+# holds it, and the final cast to float16, which every rank makes alike, overflows.
+OVERFLOW_ON_EVERY_RANK = """
+import json
+import warnings
+import numpy as np
+from multireduce import mpi
+from multireduce.ops import get_op
+
+x = np.full(3, 60000.0, dtype=np.float16)
+seen = []
+for op in ("sum", get_op("sum")):  # the per-call path (op by name) and the general one
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert np.isposinf(mpi.allreduce(x, op))
+    seen.append([f"{w.category.__name__}: {w.message}" for w in caught])
+with np.errstate(over="raise"):
+    try:
+        mpi.allreduce(x, "sum")
+        raised = None
+    except FloatingPointError as exc:
+        raised = str(exc)
+mpi.agree(None)  # every rank is still in step after its FloatingPointError
+everything = mpi.MPI.COMM_WORLD.gather([seen, raised])
+if mpi.MPI.COMM_WORLD.rank == 0:
+    print("RESULT " + json.dumps(everything))
+"""
+
+
+@pytest.mark.parametrize("ranks", [1, 3])
+def test_an_overflowing_cast_warns_on_every_rank_as_numpy(mpiexec, ranks):
+    # The library keeps NumPy's semantics: every rank computes the same result and makes the
+    # same cast, so each warns (or raises, under np.errstate(over="raise")) by its own
+    # settings, alike; a rank that raised alone would leave the others in its next collective.
+    # Printing it once is the program's choice (python -m multireduce: tests/test_cli.py).
+    done = run(mpiexec, ranks, ["-c", OVERFLOW_ON_EVERY_RANK], timeout=60)
+    assert done.returncode == 0, done.output
+    (line,) = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
+    cast = "RuntimeWarning: overflow encountered in cast"
+    assert json.loads(line.removeprefix("RESULT ")) == [[[[cast], [cast]], "overflow encountered in cast"]] * ranks
