@@ -18,7 +18,15 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from reference import check, exact_int_sum, make_data, run_in_threads
+from reference import (
+    assert_float_sum,
+    assert_same_bits,
+    check,
+    exact_int_sum,
+    ieee_extreme_axes,
+    make_data,
+    run_in_threads,
+)
 
 from multireduce import _partials, core, stream
 from multireduce.ops import get_op
@@ -1592,7 +1600,10 @@ def test_gpu_native_upload_failure_names_the_cuda_error():
 @pytest.mark.parametrize("op", ["prod", "nansum", "nanmax", "nanmin", "any", "all", "count_nonzero"])
 def test_gpu_every_fold_op_streams(op):
     # The other fold ops stream through the same pipeline on their own kernels: pieces from
-    # several slots (a small budget), NaN in one piece, against the CPU path.
+    # several slots (a small budget), NaN in one piece, against independent references: exact
+    # for every op but nansum (NumPy's own result, or Python integers for the product; the
+    # extremes bit for bit, with IEEE 754-2019's signed-zero order), and nansum within half an
+    # ulp plus its float64 accumulation's bound of the exact sum (reference.assert_float_sum).
     rng = np.random.default_rng(13)
     if op == "prod":
         # Integers (float products are refused): 60 factors other than one, wrapping in int64.
@@ -1603,13 +1614,30 @@ def test_gpu_every_fold_op_streams(op):
     else:
         x = make_data("float32", 3_000_017, rng)
         x[123_456] = np.nan
+        x[2_000_003] = -0.0  # a zero (of either sign): all is False, count_nonzero one less
     got = stream.reduce(x, op, budget=8 << 20, slot_bytes=2 << 20)
-    want = core.reduce(x, op)
-    assert got.dtype == want.dtype, (got.dtype, want.dtype)
-    if want.dtype.kind == "f":
-        assert np.allclose(got, want, rtol=1e-6, equal_nan=True), (got, want)
+    if op == "prod":
+        assert got.dtype == np.int64, got.dtype
+        assert int(got) == wrapped_int(math.prod(int(v) for v in x[x != 1].tolist()), np.int64), got
+    elif op == "nansum":
+        # Each segment's partial is a float64 sum on the GPU, the partials add in float64 and
+        # the total is rounded once to float32.
+        assert_float_sum(got, x, skip_nan=True)
+    elif op in ("nanmax", "nanmin"):
+        largest = op == "nanmax"
+        want = ieee_extreme_axes(x, largest=largest, skip_nan=True)
+        assert want == (np.nanmax(x) if largest else np.nanmin(x))  # NumPy's own value (no zero tie here)
+        assert_same_bits(got, want)
+        # Zeros only, with the winning zero in the last segment and a NaN in the first: the
+        # segments' partials are -0.0 (+0.0 for nanmin) but one, and must combine to it.
+        z = np.full(1_000_003, -0.0 if largest else 0.0, dtype=np.float32)
+        z[7] = np.nan
+        z[-5] = -z[-5]
+        assert_same_bits(stream.reduce(z, op, budget=1 << 20, slot_bytes=256 << 10), np.float32(z[-5]))
     else:
-        assert got == want, (got, want)
+        want = {"any": np.any, "all": np.all, "count_nonzero": np.count_nonzero}[op](x)
+        assert op != "all" or not want  # the -0.0 makes all False; NaN is true, so any is True
+        assert_same_bits(got, np.asarray(want, dtype=np.int64 if op == "count_nonzero" else np.bool_))
 
 
 @pytest.mark.gpu

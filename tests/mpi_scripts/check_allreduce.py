@@ -14,6 +14,7 @@ import math
 import os
 import sys
 import warnings
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
@@ -457,33 +458,93 @@ def check_files(tmp: Path) -> None:
     assert not sentinel.exists(), "an object .npy was unpickled"
 
 
+#: Bounds on the float64 rounding errors of the moments of ``check_gpu_states``'s data (values
+#: in [-3, 3]). The GPU's per-thread shifted sums s1, s2 are exact there (small integers);
+#: the per-thread mean ``c + s1 / n`` and ``M2 = s2 - s1 * (s1 / n)`` round a few times, and
+#: each of Chan's merges (threads, warps, blocks, then ranks: about 15 levels here, the bounds
+#: allow 64) rounds a few quantities bounded by the data (|mean| <= 3, |delta| <= 6, squared
+#: deviations <= 36); a merged mean is a convex combination of its inputs, so their errors do
+#: not grow. A level adds at most about 21 * 2**-53 (2.3e-15) to the mean's error: at most
+#: 1.5e-13 in all. M2 gains about 2 * 36 * 2**-53 * n per level from its own roundings and at
+#: most 2 * |delta| * (the means' error) * na * nb / n summed over a level's merges, 2e-12 * n:
+#: the variance M2 / n is within 1.3e-10. Both bounds are far below half an ulp of the float32
+#: results (1.2e-7 at a variance of 4; 9e-10 at the mean 0.016), so a result one ulp off fails.
+GPU_MEAN_ERROR = 1e-12
+GPU_VAR_ERROR = 1e-9
+
+
+def assert_rounded_once(got, exact: Fraction, error: float, what) -> None:
+    """|got - exact| <= half an ulp of got (its one rounding to float32) + the float64 error bound."""
+    assert math.isfinite(float(got)), (what, got, float(exact))
+    err = abs(Fraction(float(got)) - exact)
+    allowed = Fraction(float(np.spacing(abs(got)))) / 2 + Fraction(error)
+    assert err <= allowed, (what, float(got), float(exact), float(err), float(allowed))
+
+
+def check_state_results(everything: np.ndarray, got: dict, stats: multireduce.Stats) -> None:
+    """The moments and arg ops of ``everything`` (small integers as float32) against exact references.
+
+    Exact where the result is exact: argmax/argmin (NumPy's first occurrence), and the stats'
+    count, NaN count, sum (the integer sum, exact in float64 and in float32) and min/max
+    (bit for bit). The mean T/N and variance (N*Q - T**2)/N**2 (T the sum, Q the sum of
+    squares) are Fractions; the GPU forms them in float64 (see GPU_MEAN_ERROR) and rounds once
+    to float32. One element (N = 1) is exact too: its state has M2 = 0 and mean = the element.
+    """
+    values = [int(v) for v in everything.tolist()]
+    assert all(float(v) == w for v, w in zip(values, everything.tolist(), strict=True))  # small integers
+    n, total, squares = len(values), sum(values), sum(v * v for v in values)
+    mean, var = Fraction(total, n), Fraction(n * squares - total * total, n * n)
+    for op in ("argmax", "argmin"):
+        want = int(np.argmax(everything) if op == "argmax" else np.argmin(everything))
+        assert got[op].dtype == np.int64 and int(got[op]) == want, (op, got[op], want)
+    std_error = GPU_VAR_ERROR / math.sqrt(float(var)) if var else math.sqrt(GPU_VAR_ERROR)
+    std_error += 2.0**-52 * math.sqrt(float(var))  # the float64 sqrt's rounding, and math.sqrt's below
+    for op, exact, error in (
+        ("mean", mean, GPU_MEAN_ERROR),
+        ("var", var, GPU_VAR_ERROR),
+        ("std", Fraction(math.sqrt(float(var))), std_error),
+    ):
+        value = got[op]
+        assert value.dtype == np.float32, (op, value.dtype)
+        assert_rounded_once(value, exact, error, op)
+        if n == 1:
+            assert bits_equal(value, float(values[0]) if op == "mean" else 0.0, value.dtype), (op, value)
+    assert stats.count.dtype == stats.nan_count.dtype == np.int64, stats
+    assert int(stats.count) == n and int(stats.nan_count) == 0, stats
+    assert stats.sum.dtype == np.float32 and bits_equal(stats.sum, float(total), stats.sum.dtype), (stats.sum, total)
+    assert bits_equal(stats.min, float(min(values)), np.dtype(np.float32)), (stats.min, min(values))
+    assert bits_equal(stats.max, float(max(values)), np.dtype(np.float32)), (stats.max, max(values))
+    assert stats.min.dtype == stats.max.dtype == np.float32, stats
+    assert stats.mean.dtype == stats.var.dtype == np.float32, stats
+    assert_rounded_once(stats.mean, mean, GPU_MEAN_ERROR, "stats.mean")
+    assert_rounded_once(stats.var, var, GPU_VAR_ERROR, "stats.var")
+
+
+def state_data(per_rank: int) -> tuple[np.ndarray, list[int]]:
+    """``check_gpu_states``' global array and the ranks' uneven shard lengths."""
+    counts = [per_rank + r for r in range(SIZE)]  # uneven shards
+    everything = (np.arange(sum(counts)) % 7 - 3).astype(np.float32)
+    everything[sum(counts) // 2 :: 97] = 3.0  # ties: argmax takes the first
+    return everything, counts
+
+
 def check_gpu_states() -> None:
-    """GPU shards of the moments and arg ops: the global result equals the one-rank CPU result
-    of the concatenation (values i % 7 - 3, exact in float64), on the device."""
+    """GPU shards of the moments and arg ops (values i % 7 - 3): the global results on the
+    device, against exact references (:func:`check_state_results`)."""
     import cupy
 
     for per_rank in (0, 1000) if SIZE > 1 else (1, 1000):
-        counts = [per_rank + r for r in range(SIZE)]  # uneven shards
+        everything, counts = state_data(per_rank)
         start = sum(counts[:RANK])
-        everything = (np.arange(sum(counts)) % 7 - 3).astype(np.float32)
-        everything[sum(counts) // 2 :: 97] = 3.0  # ties: argmax takes the first
         shard = cupy.asarray(everything[start : start + counts[RANK]])
+        got = {}
         for op in ("mean", "var", "std", "argmax", "argmin"):
-            got = mpi.allreduce(shard, op)
-            want = multireduce.reduce(everything, op)
-            assert isinstance(got, cupy.ndarray) and got.shape == (), (op, type(got))
-            value = got.get()[()]
-            assert value.dtype == np.asarray(want).dtype, (op, value.dtype)
-            if op.startswith("arg"):
-                assert int(value) == int(want), (op, value, want)
-            else:
-                assert abs(float(value) - float(want)) <= 1e-6 * max(1.0, abs(float(want))), (op, value, want)
+            result = mpi.allreduce(shard, op)
+            assert isinstance(result, cupy.ndarray) and result.shape == (), (op, type(result))
+            got[op] = result.get()[()]
         s = mpi.stats(shard)
         assert all(isinstance(getattr(s, f), cupy.ndarray) for f in STATS_FIELDS), s
-        s = multireduce.Stats(*(getattr(s, f).get()[()] for f in STATS_FIELDS))
-        ref = multireduce.stats(everything)
-        assert s.count == ref.count and s.sum == ref.sum and s.min == ref.min and s.max == ref.max
-        assert abs(float(s.var) - float(ref.var)) <= 1e-6 * float(ref.var), (s.var, ref.var)
+        check_state_results(everything, got, multireduce.Stats(*(getattr(s, f).get()[()] for f in STATS_FIELDS)))
 
 
 def check_helpers() -> None:
