@@ -307,7 +307,10 @@ def reduce(
         For float sum and mean: the correctly rounded result of the exact sum, the same bits
         whatever the order, chunking, rank count or device (see :mod:`multireduce._exact`).
         Ops whose results never depend on order (integer sums, max, min, nanmax, nanmin,
-        any, all, count_nonzero, argmin, argmax) accept it and are unchanged.
+        any, all, count_nonzero, argmin, argmax) accept it and are unchanged, over any axes;
+        so does the mean of integer and bool input, ``float64(exact total) / n`` (see
+        Notes), wherever ``n * max(|x|) < 2**62`` for every result, so that its int64 or
+        uint64 total cannot wrap.
 
     Returns
     -------
@@ -331,8 +334,9 @@ def reduce(
     numpy.exceptions.AxisError
         For an axis out of range.
     NotImplementedError
-        With ``reproducible=True``: prod, var, std, nansum and nanmean, and an ``axis`` that
-        leaves axes unreduced.
+        With ``reproducible=True``: prod, var, std, nansum and nanmean; a float sum or mean
+        over an ``axis`` that leaves axes unreduced; an integer or bool mean where ``n *
+        max(|x|)`` reaches 2**62 (the message gives the count and the largest magnitude).
 
     Notes
     -----
@@ -407,6 +411,8 @@ def _reduce(x: Any, op: str | Op, axis: Any, keepdims: bool, dtype: Any, correct
             if backend is _cupy_backend:
                 value = backend.constant(value, result)
         return _keep(value, arr.shape, axes) if keepdims else value
+    if reproducible and op.name == "mean" and arr.dtype.kind in "biu":
+        _check_integer_mean(arr, axes)  # then the ordinary mean, which is exact there
     if op.kind == "fold":
         if full and arr.size == 0 and op.functor is not None:
             value = backend.constant(op.identity(acc), result)
@@ -442,7 +448,10 @@ _ORDER_FREE = frozenset({"max", "min", "nanmax", "nanmin", "any", "all", "count_
 def _needs_exact(dtype: np.dtype, op: Op, result: np.dtype, full: bool) -> bool:
     """Whether ``reproducible=True`` needs the exact accumulator here.
 
-    Raises where it is asked for and cannot be given.
+    Raises where it is asked for and cannot be given. The mean of integer or bool input
+    needs none: it is ``float64(exact total) / n`` wherever its total cannot wrap, which
+    depends on the data (:func:`_integer_mean_error`, checked where the counts and extremes
+    are known: :func:`reduce`, :func:`partial`, and the MPI and Dask layers' merged states).
     """
     if op.name in _ORDER_FREE or (op.name == "sum" and result.kind in "iu"):
         return False  # exact or order-free already: the ordinary path is reproducible
@@ -452,13 +461,57 @@ def _needs_exact(dtype: np.dtype, op: Op, result: np.dtype, full: bool) -> bool:
             f"and the order-free ops {', '.join(sorted(_ORDER_FREE))}"
         )
     if op.name == "mean" and dtype.kind != "f":
-        raise NotImplementedError(
-            f"reproducible mean takes float16, float32 or float64 input, not {dtype}; "
-            "integer sums are exact already (use sum and divide)"
-        )
+        return False  # exact where the total cannot wrap, over any axes (_integer_mean_error)
     if not full:
         raise NotImplementedError("reproducible=True supports full reductions only (axis=None or every axis)")
     return True
+
+
+def _integer_mean_error(dtype: np.dtype, count: Any, lo: Any, hi: Any) -> NotImplementedError | None:
+    """Why ``reproducible=True`` cannot be given for a mean of integer or bool input; None where it can.
+
+    ``count``, ``lo`` and ``hi`` are each result's number of elements and extremes (host
+    scalars or arrays of one shape). The mean of integers is ``float64(total) / n`` with the
+    total exact, on every path and layer, where ``n * max(|lo|, |hi|) < 2**62`` in float64
+    (:func:`multireduce._stats.state_mean`'s test): the count, the extremes and the exact
+    total are the same however the elements are ordered or split, so its bits are too.
+    Elsewhere the int64 or uint64 total may have wrapped, and the mean is that of Chan's
+    update of the merged states, which depends on the split: refused, with the count and the
+    largest magnitude of the first such result.
+    """
+    n, lo, hi = np.broadcast_arrays(np.asarray(count), np.asarray(lo), np.asarray(hi))
+    largest = np.maximum(np.abs(lo.astype(np.float64)), np.abs(hi.astype(np.float64)))
+    ok = (n == 0) | (n.astype(np.float64) * largest < _stats.EXACT_TOTAL_BOUND)
+    if np.all(ok):
+        return None
+    k = np.unravel_index(int(np.argmin(ok)), ok.shape)
+    low, high = abs(int(lo[k])), abs(int(hi[k]))
+    magnitude = high if high > low else low  # (max is this module's)
+    total = OPS["sum"].result_dtype(dtype)
+    return NotImplementedError(
+        f"reproducible=True: the mean of {int(n[k]):,} {dtype} elements of magnitude up to {magnitude:,} cannot be "
+        f"given reproducibly: their {total} total could wrap (n * max|x| is not below 2**62), and the mean would "
+        "then depend on how the elements are split. Accepted: float input, and integer or bool input with "
+        "n * max|x| < 2**62 (bool, int8, uint8, int16 and uint16 below 2**46 elements, int32 below 2**31, uint32 up "
+        "to 2**30); convert to float64 first for the reproducible mean of the converted values"
+    )
+
+
+def _check_integer_mean(arr: Any, axes: tuple[int, ...]) -> None:
+    """Raise :func:`_integer_mean_error`'s error for the mean of the integer or bool ``arr`` over ``axes``.
+
+    The dtype's range decides where it can (:func:`multireduce._stats.dtype_total_bound`);
+    elsewhere the data's extremes, at the cost of a min and a max.
+    """
+    count = math.prod(arr.shape[a] for a in axes)
+    if arr.size == 0 or _stats.dtype_total_bound(arr.dtype, count):
+        return
+    lo, hi = (_reduce(arr, op, axes, False, None, _NO_CORRECTION, False) for op in ("min", "max"))
+    if _is_cupy_array(lo):
+        lo, hi = lo.get(), hi.get()
+    error = _integer_mean_error(arr.dtype, count, lo, hi)
+    if error is not None:
+        raise error
 
 
 def partial(
@@ -491,7 +544,10 @@ def partial(
         With the shape of the kept axes (kept as length one with ``keepdims``).
 
     With ``reproducible=True``, float sums and means give an
-    :class:`multireduce._exact.ExactSum` (exact, mergeable in any order) instead.
+    :class:`multireduce._exact.ExactSum` (exact, mergeable in any order) instead. Means of
+    integer and bool input give their moments state as without it, whose merged total,
+    count and extremes are exact, after the check of :func:`reduce` on this part (a part
+    whose total could wrap raises; the merged state needs the same check).
 
     ``out``, for a full reduction of a fold op only, is a 0-d array of the accumulator dtype
     from the input's library (NumPy or CuPy) that receives the partial and is returned. For
@@ -547,6 +603,10 @@ def partial(
         return _keep(value, arr.shape, axes) if keepdims else value
     if op.kind == "moments":
         state = backend.moments(arr, axes, op)
+        if reproducible and op.name == "mean" and arr.dtype.kind in "biu":
+            error = _integer_mean_error(arr.dtype, state.n, state.lo, state.hi)
+            if error is not None:
+                raise error
     elif math.prod(arr.shape[a] for a in axes) == 0:
         kshape = tuple(n for i, n in enumerate(arr.shape) if i not in axes)
         state = _stats.empty_arg_state(arr.dtype, kshape)  # the value in the input's extreme dtype
@@ -623,8 +683,10 @@ def mean(x: Any, *, axis: Any = None, keepdims: bool = False, reproducible: bool
 
     Accumulates in float64; the result has the input's float dtype (float64 for bool and
     integers). The mean of zero elements is NaN (with NumPy's RuntimeWarning). With
-    ``reproducible=True`` (float input) it is the exact sum divided by the count, rounded
-    once.
+    ``reproducible=True``, for float input the exact sum divided by the count, rounded once;
+    for integer and bool input the usual ``float64(exact total) / n``, which is reproducible
+    already, accepted wherever ``n * max(|x|) < 2**62`` (elsewhere NotImplementedError, as
+    its total could wrap).
     """
     return reduce(x, "mean", axis=axis, keepdims=keepdims, reproducible=reproducible)
 

@@ -458,13 +458,25 @@ def _kept(value, shape: tuple[int, ...], keepdims: bool):
 
 
 def _moments_aggregate(
-    parts, axis, keepdims, *, op: Op | None, result: np.dtype, correction: float, computing_meta: bool = False
+    parts,
+    axis,
+    keepdims,
+    *,
+    op: Op | None,
+    result: np.dtype,
+    correction: float,
+    integer_mean: np.dtype | None = None,
+    computing_meta: bool = False,
 ):
     if computing_meta:
         return parts
     merged, device = _moments_merged(parts)
     if op is None:  # stats: the merged state itself (host values), finalized by stats()
         return _stats.to_structured(merged)
+    if integer_mean is not None:  # reproducible=True: the core's check, on the whole array's states
+        refused = core._integer_mean_error(integer_mean, merged.n, merged.lo, merged.hi)
+        if refused is not None:
+            raise refused
     value = _stats.finalize_moments(merged, op, result, correction)
     kshape = tuple(n for i, n in enumerate(merged.shape) if i not in axis)
     return _to_chunks_device(_kept(value, kshape, keepdims), device, result)
@@ -522,7 +534,7 @@ def _arg_finalize(states: _HostState, *, op: Op):
     return _to_chunks_device(index, states.device, np.dtype(np.int64))
 
 
-def _composite_reduction(x, op: Op, result, axes, keepdims, split_every, correction) -> da.Array:
+def _composite_reduction(x, op: Op, result, axes, keepdims, split_every, correction, reproducible=False) -> da.Array:
     name = f"treereduce-{op.name}"
     # Layers named here (not by Dask's reduction, which tokenizes its own) carry a token of the
     # input and every parameter: two calls share a key only when they compute the same thing.
@@ -532,7 +544,13 @@ def _composite_reduction(x, op: Op, result, axes, keepdims, split_every, correct
             x,
             chunk=functools.partial(_moments_chunk, op=op, expected=x.dtype),
             combine=_moments_combine,
-            aggregate=functools.partial(_moments_aggregate, op=op, result=result, correction=correction),
+            aggregate=functools.partial(
+                _moments_aggregate,
+                op=op,
+                result=result,
+                correction=correction,
+                integer_mean=x.dtype if reproducible and op.name == "mean" and x.dtype.kind in "biu" else None,
+            ),
             axis=axes,
             keepdims=keepdims,
             dtype=result,
@@ -646,8 +664,10 @@ def treereduce(
         exact sum of its elements (:class:`multireduce._exact.ExactSum`), the combines add
         them exactly, and the aggregate rounds once, so the result has the same bits for
         every chunking and ``split_every``, and equals
-        ``multireduce.sum(x.compute(), reproducible=True)``. Other ops as in
-        :func:`multireduce.reduce`.
+        ``multireduce.sum(x.compute(), reproducible=True)``. The mean of integer or bool
+        chunks is reproducible as it is (any axes, any chunking: ``float64(exact total) /
+        n``), where ``n * max(|x|) < 2**62``; elsewhere the core's NotImplementedError is
+        raised when computed. Other ops as in :func:`multireduce.reduce`.
 
     Returns
     -------
@@ -722,7 +742,7 @@ def treereduce(
             concatenate=False,  # partials are ExactSum objects, merged by the steps themselves
         )
     if op.kind != "fold":
-        return _composite_reduction(x, op, result, axes, keepdims, split_every, correction)
+        return _composite_reduction(x, op, result, axes, keepdims, split_every, correction, reproducible)
     if len(axes) == x.ndim:
         chunk = functools.partial(_chunk, op=op, dtype=dtype, expected=x.dtype)
         name = f"treereduce-{op.name}"

@@ -440,7 +440,11 @@ def allreduce(
         each rank forms the exact sum of its shard (:class:`multireduce._exact.ExactSum`), the
         integer limbs are added by one integer ``MPI_SUM`` (exact, so independent of rank
         count, split and combine order), and the total is rounded once: the result is bitwise
-        identical to ``multireduce.sum(concatenation, reproducible=True)`` on one rank.
+        identical to ``multireduce.sum(concatenation, reproducible=True)`` on one rank. The
+        mean of integer or bool shards is reproducible as it is (``float64(exact total) /
+        n``, the same bits at any rank count), where the global ``n * max(|x|) < 2**62``;
+        elsewhere every rank raises the core's NotImplementedError. Other ops as in
+        :func:`multireduce.reduce`.
 
     Returns
     -------
@@ -463,6 +467,9 @@ def allreduce(
         lists each rank's value. On every rank if some rank is in another collective function
         of this module (:func:`agree`, :func:`read_shard`, :func:`local_rank`,
         :func:`select_device`): ``"call differs across ranks"``, listing each rank's call.
+    NotImplementedError
+        With ``reproducible=True``, where :func:`multireduce.reduce` of the concatenation
+        raises it (var, prod, ...), on every rank.
     RankError
         On the other ranks when some rank raised.
 
@@ -646,6 +653,12 @@ def _combine_states(comm, plan: _Plan, state, correction: float, *, stats: bool 
     records = _allgather_state(comm, state, layout, plan.count)
     if st.op.kind == "moments":
         merged = _stats.merge_records(records)
+        if plan.reproducible and st.op.name == "mean" and st.in_dtype.kind in "biu":
+            # The core's check, on the global count and extremes (each shard's may pass while
+            # the whole does not); the merged state is the same on every rank, and so is this.
+            refused = core._integer_mean_error(st.in_dtype, merged.n, merged.lo, merged.hi)
+            if refused is not None:
+                _raise_everywhere(comm, refused)
         if stats:
             result = _stats.finalize_stats(merged, st.in_dtype, correction)
             if reserved is None:

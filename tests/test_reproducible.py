@@ -7,6 +7,8 @@ cases compare the GPU exact-sum kernel (and the device rounding) with the CPU bi
 
 from __future__ import annotations
 
+import json
+import warnings
 from fractions import Fraction
 
 import numpy as np
@@ -192,8 +194,8 @@ def test_unsupported_requests_are_explicit():
         multireduce.sum(x, axis=0, reproducible=True)
     with pytest.raises(NotImplementedError, match="not available for op 'var'"):
         multireduce.reduce(x, "var", reproducible=True)
-    with pytest.raises(NotImplementedError, match="reproducible mean takes float16"):
-        multireduce.mean(np.arange(3), reproducible=True)
+    with pytest.raises(NotImplementedError, match="not available for op 'nanmean'"):
+        multireduce.reduce(x, "nanmean", reproducible=True)
 
 
 @pytest.mark.gpu
@@ -351,3 +353,213 @@ def test_dask_refusals_match_the_core():
     with pytest.raises(NotImplementedError, match="not available for op 'var'"):
         x.treereduce("var", reproducible=True)
     assert x.treereduce("max", reproducible=True).compute() == 1
+
+
+# -- integer and bool means: float64(exact total) / n, reproducible as they are ---------------
+
+INTEGERS = ["bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64"]
+# Around the GPU's blocks and the CPU's moments blocks (2**17 elements): where a split of the
+# work, and with it the order of a float64 sum, changes.
+SIZES = [0, 1, 2, 1023, 1024, 1025, 4095, 4096, 4097, 131_071, 131_073]
+
+
+def integer_data(dtype: str, n: int, rng: np.random.Generator) -> np.ndarray:
+    """n values over the dtype's range; int64 and uint64 as large as the bound lets them be.
+
+    64-bit values reach about 2**61 / n: n * max|x| stays below 2**62 (where the mean is
+    exact), and the totals pass 2**53, where a float64 sum of the elements rounds, so its
+    mean would depend on the split.
+    """
+    dt = np.dtype(dtype)
+    if dt == np.bool_:
+        return rng.integers(0, 2, n).astype(bool)
+    info = np.iinfo(dt)
+    if dt.itemsize == 8:
+        limit = 2**61 // max(n, 1)
+        lo = 0 if dt.kind == "u" else -limit
+        return rng.integers(lo, limit, n, endpoint=True, dtype=dt)
+    return rng.integers(int(info.min), int(info.max), n, endpoint=True, dtype=dt)
+
+
+def mean_of_ints(values) -> np.float64:
+    """The documented integer mean, from Python integers: float(exact total) / n.
+
+    float() rounds the exact total to float64 once and the division rounds once more:
+    ``float64(total) / n`` is what NumPy's mean of integers computes wherever its float64 sum
+    is exact, and what multireduce computes wherever the total cannot wrap, so it is the
+    reference bit for bit (not the correctly rounded total / n, which can differ in the last
+    bit). Independent of multireduce: a plain sum of Python ints.
+    """
+    values = np.asarray(values).ravel().tolist()
+    if not values:
+        return np.float64(np.nan)
+    return np.float64(float(sum(int(v) for v in values)) / len(values))
+
+
+def same_bits(got, expected) -> bool:
+    got, expected = np.asarray(got), np.asarray(expected)
+    return got.dtype == expected.dtype and got.shape == expected.shape and got.tobytes() == expected.tobytes()
+
+
+@pytest.mark.parametrize("dtype", INTEGERS)
+def test_integer_mean_is_the_exact_total_over_the_count(dtype):
+    # reproducible=True raised NotImplementedError ("reproducible mean takes float16, ...")
+    # though the integer mean is exact wherever its total cannot wrap.
+    rng = np.random.default_rng(31)
+    for n in SIZES:
+        base = integer_data(dtype, n + 3, rng)
+        x = base[3:]  # an offset view
+        views = {"offset": x, "reversed": x[::-1], "copy": np.ascontiguousarray(x), "strided": base[::2]}
+        for name, v in views.items():
+            want = mean_of_ints(v)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)  # "Mean of empty slice" for n == 0
+                for got in (
+                    multireduce.mean(v, reproducible=True),
+                    multireduce.reduce(v, "mean", reproducible=True),
+                    multireduce.reduce(v, "mean", axis=0, keepdims=True, reproducible=True).reshape(()),
+                    multireduce.mean(v),  # the same bits: reproducible already
+                ):
+                    assert same_bits(got, want), (dtype, n, name, got, want)
+    # Over some axes (rows and columns of a C-order array, and its transpose): per result.
+    m = integer_data(dtype, 4097 * 3, rng).reshape(3, 4097)
+    for a, axis in ((m, 1), (m, 0), (m.T, 0), (m[:, ::-3], 1)):
+        want = np.array([mean_of_ints(np.take(a, i, axis=1 - axis)) for i in range(a.shape[1 - axis])])
+        assert same_bits(multireduce.mean(a, axis=axis, reproducible=True), want), (dtype, a.shape, axis)
+    # Empty: NaN with NumPy's warning, as without reproducible=True.
+    with pytest.warns(RuntimeWarning, match="Mean of empty slice"):
+        assert np.isnan(multireduce.mean(np.zeros(0, dtype), reproducible=True))
+
+
+@pytest.mark.parametrize("dtype", INTEGERS)
+def test_integer_mean_partials_merge_to_the_same_bits(dtype):
+    # partial(..., reproducible=True) gives the moments state, whose merge keeps the exact
+    # total, count and extremes: any split finalizes to float64(total) / n.
+    from multireduce import _stats
+    from multireduce.ops import OPS
+
+    x = integer_data(dtype, 4097, np.random.default_rng(32))
+    want = mean_of_ints(x)
+    for parts in (1, 2, 7, 4097):
+        states = [multireduce.partial(p, "mean", reproducible=True) for p in np.array_split(x, parts)]
+        for merged in (_stats.merge_all(states), _stats.merge_all(states[::-1])):
+            assert same_bits(_stats.finalize_moments(merged, OPS["mean"], np.dtype(np.float64)), want), parts
+
+
+@pytest.mark.parametrize("dtype", INTEGERS)
+def test_integer_sum_is_accepted_and_exact(dtype):
+    # Integer sums are exact modulo 2**64 (NumPy's wrap-around), so reproducible=True takes
+    # them unchanged, over any axes.
+    x = integer_data(dtype, 4097, np.random.default_rng(33))
+    total = sum(int(v) for v in x.tolist())
+    result = np.dtype(np.uint64 if np.dtype(dtype).kind == "u" else np.int64)
+    wrapped = result.type(np.array(total % 2**64, dtype=np.uint64).view(np.int64 if result.kind == "i" else np.uint64))
+    assert same_bits(multireduce.sum(x, reproducible=True), wrapped)
+    assert same_bits(multireduce.sum(x[::-1], reproducible=True), wrapped)
+    assert same_bits(multireduce.partial(x, "sum", reproducible=True), wrapped)
+
+
+@pytest.mark.parametrize("dtype", INTEGERS)
+def test_integer_mean_dask_chunkings_give_the_same_bits(dtype):
+    da = pytest.importorskip("dask.array")
+    import multireduce.dask  # noqa: F401  (registers x.treereduce)
+
+    g = integer_data(dtype, 4097, np.random.default_rng(34))
+    for chunks in (1, 3, 1023, 1024, 4096, g.size):
+        v = g[:300] if chunks < 4 else g  # tiny chunks (the deepest trees) on a prefix
+        want = mean_of_ints(v)
+        for split_every in (2, 3, 16, None):
+            x = da.from_array(v, chunks=chunks)
+            got = x.treereduce("mean", reproducible=True, split_every=split_every).compute(scheduler="sync")
+            assert same_bits(got, want), (dtype, chunks, split_every)
+    m = da.from_array(g[:4096].reshape(64, 64), chunks=(7, 10))
+    want_rows = np.array([mean_of_ints(row) for row in g[:4096].reshape(64, 64)])
+    assert same_bits(m.treereduce("mean", axis=1, reproducible=True, split_every=2).compute(), want_rows)
+    assert same_bits(da.from_array(g, chunks=100).treereduce("sum", reproducible=True).compute(), multireduce.sum(g))
+
+
+def test_integer_mean_that_could_wrap_is_refused_everywhere():
+    # 8 * 2**59 = 2**62: the int64 total may have wrapped, and the mean (Chan's update of the
+    # merged states) would depend on the split. Each part alone passes; the whole does not.
+    da = pytest.importorskip("dask.array")
+    import multireduce.dask  # noqa: F401
+
+    x = np.full(8, 2**59, dtype=np.int64)
+    message = r"the mean of 8 int64 elements of magnitude up to 576,460,752,303,423,488 cannot be given reproducibly"
+    for call in (
+        lambda: multireduce.mean(x, reproducible=True),
+        lambda: multireduce.reduce(x.reshape(2, 4), "mean", axis=(0, 1), reproducible=True),
+        lambda: multireduce.partial(x, "mean", reproducible=True),
+        lambda: da.from_array(x, chunks=2).treereduce("mean", reproducible=True).compute(),
+    ):
+        with pytest.raises(NotImplementedError, match=message) as info:
+            call()
+        assert "could wrap" in str(info.value) and "Accepted: float input" in str(info.value)
+    assert multireduce.partial(x[:4], "mean", reproducible=True).n == 4  # a part alone passes
+    with pytest.raises(NotImplementedError, match="the mean of 2 uint64 elements"):  # per result, over an axis
+        multireduce.mean(np.array([[1, 2**61], [2**62, 1]], dtype=np.uint64), axis=0, reproducible=True)
+    assert multireduce.mean(x[:7], reproducible=True) == 2.0**59  # 7 * 2**59 < 2**62
+    with pytest.raises(NotImplementedError, match="not available for op 'nanmean'"):
+        multireduce.reduce(np.arange(3), "nanmean", reproducible=True)
+
+
+MPI_INTEGER_MEANS = """
+import json, sys
+import numpy as np
+import multireduce
+from multireduce import mpi
+
+comm = mpi.MPI.COMM_WORLD
+arrays = np.load(sys.argv[1] + "/g.npz")  # the same global arrays on every rank
+with open(sys.argv[1] + "/want.json") as f:
+    want = json.load(f)
+for dtype, g in arrays.items():
+    cuts = np.sort(np.random.default_rng(comm.size).integers(0, g.size, comm.size - 1))  # uneven, maybe empty
+    local = np.split(g, cuts)[comm.rank]
+    got = mpi.allreduce(local, "mean", reproducible=True)
+    assert got.tobytes() == np.float64(want[dtype]).tobytes(), (dtype, got, want[dtype])
+    assert mpi.allreduce(local, "sum", reproducible=True) == multireduce.sum(g), dtype
+big = np.array_split(np.full(8, 2**59, dtype=np.int64), comm.size)[comm.rank]  # 2**62 in all
+try:
+    mpi.allreduce(big, "mean", reproducible=True)
+except NotImplementedError as exc:
+    assert mpi.rank_failures(exc) is not None, "not agreed"
+    assert "the mean of 8 int64 elements" in str(exc), exc
+else:
+    raise AssertionError("the mean of 8 * 2**59 was not refused")
+if comm.rank == 0:
+    print(f"integer means: ok at {comm.size} ranks")
+"""
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("ranks", [1, 2, 3, 4])
+def test_mpi_integer_means_give_the_exact_bits(mpiexec, tmp_path, ranks):
+    # mpi.allreduce(..., "mean", reproducible=True) raised on every rank for integer shards.
+    rng = np.random.default_rng(35)
+    data = {dtype: integer_data(dtype, 4097, rng) for dtype in INTEGERS}
+    np.savez(tmp_path / "g.npz", **data)
+    (tmp_path / "want.json").write_text(json.dumps({d: float(mean_of_ints(v)) for d, v in data.items()}))
+    done = run(mpiexec, ranks, ["-c", MPI_INTEGER_MEANS, str(tmp_path)], timeout=120)
+    assert done.returncode == 0, done.output
+    assert f"integer means: ok at {ranks} ranks" in done.stdout
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", INTEGERS)
+def test_gpu_integer_mean_gives_the_cpu_bits(dtype):
+    cupy = pytest.importorskip("cupy")
+    rng = np.random.default_rng(36)
+    for n in (1, 1023, 1025, 4097, 3_000_001):
+        host = integer_data(dtype, n + 3, rng)
+        dev = cupy.asarray(host)[3:]  # an offset view
+        for v, h in ((dev, host[3:]), (dev[::-1], host[3:][::-1]), (dev[::3], host[3:][::3])):
+            got = multireduce.mean(v, reproducible=True)
+            assert isinstance(got, cupy.ndarray) and got.shape == ()
+            assert same_bits(got.get(), mean_of_ints(h)), (dtype, n)
+    m = cupy.asarray(integer_data(dtype, 4097 * 3, rng).reshape(3, 4097))
+    for axis in (0, 1):
+        assert same_bits(multireduce.mean(m, axis=axis, reproducible=True).get(), multireduce.mean(m.get(), axis=axis))
+    if np.dtype(dtype).itemsize == 8:
+        with pytest.raises(NotImplementedError, match="cannot be given reproducibly"):
+            multireduce.mean(cupy.full(8, 2**59, dtype=dtype), reproducible=True)
