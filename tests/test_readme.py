@@ -232,8 +232,9 @@ def test_reproducible_example_values():
         mr.max(np.arange(3.0), reproducible=True)
     assert mr.reduce(np.arange(3.0), "max", reproducible=True) == 2.0
     assert mr.sum(np.arange(6).reshape(2, 3), axis=0, reproducible=True).tolist() == [3, 5, 7]
+    assert mr.mean(np.arange(3), reproducible=True) == 1.0  # an integer mean is exact
     for call in (
-        lambda: mr.mean(np.arange(3), reproducible=True),
+        lambda: mr.mean(np.full(8, 2**59), reproducible=True),  # its int64 total could wrap
         lambda: mr.sum(np.ones((2, 3)), axis=0, reproducible=True),
         lambda: mr.reduce(np.ones(3), "prod", reproducible=True),
     ):
