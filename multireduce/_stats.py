@@ -14,6 +14,10 @@ combine partial states with the same :func:`merge` / :func:`arg_merge`:
         M2 = M2_a + M2_b + d**2 * na * nb / n
 
     which keeps the variance accurate where the textbook ``E[x**2] - E[x]**2`` cancels.
+    Float64 data near the overflow threshold follow NumPy's rules, and finite data never
+    give a NaN variance: M2 is inf where the squared deviations overflow (NumPy's var is
+    then inf), and a mean that cannot be formed in float64 is the sum over the count, as
+    NumPy's (:func:`merge`, :func:`state_mean`).
 
 :class:`ArgState`
     The extreme value and its int64 index, for argmin and argmax. The index is global (the
@@ -94,7 +98,11 @@ class Moments:
         Sum of the non-NaN elements in the sum accumulator dtype of the input.
     mean, m2 : numpy.ndarray of float64
         Mean of the non-NaN elements, and the sum of their squared deviations from it
-        (0 where ``n == 0``).
+        (0 where ``n == 0``). Where ``lo`` and ``hi`` are finite (no infinite element), M2
+        is never NaN: it is inf where the squares overflowed, and the mean is +-inf or NaN
+        only where a float64 sum of a block of elements overflowed (:func:`state_mean`
+        then takes ``total / n``). With an infinite element the mean is +-inf or NaN and
+        M2 is NaN, as in NumPy.
     lo, hi : numpy.ndarray
         Minimum and maximum of the non-NaN elements (IEEE 754-2019: -0.0 < +0.0), in the
         max/min accumulator dtype; the op's identity where ``n == 0``.
@@ -158,8 +166,23 @@ def merge(a: Moments, b: Moments) -> Moments:
     """Merge two moments states of the same shape (Chan et al.'s pairwise update).
 
     Merging with :func:`empty_moments` returns the other state unchanged, bit for bit.
+    Where the update cannot be formed in float64:
+
+    * finite means whose difference overflows (opposite signs near the float64 limit): the
+      mean is the weighted mean ``mean_a * (na / n) + mean_b * (nb / n)``, which cannot
+      overflow; M2 is inf (the ``d**2`` term overflows, and so do NumPy's squares);
+    * an infinite or NaN mean: the mean is ``(na * mean_a + nb * mean_b) / n`` (inf, or NaN
+      for inf and -inf, as NumPy's mean), and M2 is NaN where an element was infinite (the
+      merged ``lo`` or ``hi`` is), else inf: finite elements have such a mean only where a
+      float64 sum of a block of them overflowed, and their variance is then inf, as
+      NumPy's where its own sum overflows to +-inf (:func:`_overflowed_m2`).
+
+    So the M2 of finite elements is never NaN. ``_merge_values`` does the same for Python
+    values, and ``merge_moments`` in ``kernels/multireduce/stats.cuh`` on the device.
     """
     n = a.n + b.n
+    lo = _ieee_pair(a.lo, b.lo, largest=False)
+    hi = _ieee_pair(a.hi, b.hi, largest=True)
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         nf = n.astype(np.float64)
         wa = a.n.astype(np.float64)
@@ -168,27 +191,19 @@ def merge(a: Moments, b: Moments) -> Moments:
         mean = a.mean + delta * (wb / nf)
         m2 = a.m2 + b.m2 + delta * delta * (wa * wb / nf)
         total = a.total + b.total
-        # With an infinite mean the update computes inf - inf; the weighted mean gives inf
-        # (or NaN for inf and -inf), as NumPy's mean does, and the variance is NaN.
-        finite = np.isfinite(a.mean) & np.isfinite(b.mean)
-        if not np.all(finite):
-            mean = np.where(finite, mean, (wa * a.mean + wb * b.mean) / nf)
-            m2 = np.where(finite, m2, np.float64(np.nan))
+        ok = np.isfinite(mean)
+        if not np.all(ok):  # the update overflowed, or computed inf - inf
+            finite = np.isfinite(a.mean) & np.isfinite(b.mean)
+            weighted = np.where(finite, a.mean * (wa / nf) + b.mean * (wb / nf), (wa * a.mean + wb * b.mean) / nf)
+            mean = np.where(ok, mean, weighted)
+            m2 = np.where(finite, m2, np.where(np.isfinite(lo) & np.isfinite(hi), np.inf, np.nan))
     # Where one side is empty, the other is taken as it is: the update above would turn an
     # infinite mean into NaN (inf - 0) for nothing.
     only_a = b.n == 0
     only_b = a.n == 0
     mean = np.where(only_a, a.mean, np.where(only_b, b.mean, mean))
     m2 = np.where(only_a, a.m2, np.where(only_b, b.m2, m2))
-    return Moments(
-        n=n,
-        nan=a.nan + b.nan,
-        total=total,
-        mean=mean,
-        m2=m2,
-        lo=_ieee_pair(a.lo, b.lo, largest=False),
-        hi=_ieee_pair(a.hi, b.hi, largest=True),
-    )
+    return Moments(n=n, nan=a.nan + b.nan, total=total, mean=mean, m2=m2, lo=lo, hi=hi)
 
 
 def _pick_value(a: Any, b: Any, largest: bool) -> Any:
@@ -226,6 +241,8 @@ def _merge_values(a: tuple, b: tuple, add: Callable[[Any, Any], Any]) -> tuple:
     # MPI's combine of full reductions runs this for every rank.
     na, nan_a, total_a, mean_a, m2_a, lo_a, hi_a = a
     nb, nan_b, total_b, mean_b, m2_b, lo_b, hi_b = b
+    lo = _pick_value(lo_a, lo_b, largest=False)
+    hi = _pick_value(hi_a, hi_b, largest=True)
     if nb == 0:
         mean, m2 = mean_a, m2_a
     elif na == 0:
@@ -233,20 +250,15 @@ def _merge_values(a: tuple, b: tuple, add: Callable[[Any, Any], Any]) -> tuple:
     else:
         nf, wa, wb = float(na + nb), float(na), float(nb)
         if math.isfinite(mean_a) and math.isfinite(mean_b):
-            delta = mean_b - mean_a
+            delta = mean_b - mean_a  # Python floats overflow to inf, as NumPy's
             mean = mean_a + delta * (wb / nf)
             m2 = m2_a + m2_b + delta * delta * (wa * wb / nf)
+            if not math.isfinite(mean):  # delta overflowed: the weighted mean
+                mean = mean_a * (wa / nf) + mean_b * (wb / nf)
         else:
-            mean, m2 = (wa * mean_a + wb * mean_b) / nf, math.nan
-    return (
-        na + nb,
-        nan_a + nan_b,
-        add(total_a, total_b),
-        mean,
-        m2,
-        _pick_value(lo_a, lo_b, largest=False),
-        _pick_value(hi_a, hi_b, largest=True),
-    )
+            mean = (wa * mean_a + wb * mean_b) / nf
+            m2 = math.inf if math.isfinite(lo) and math.isfinite(hi) else math.nan
+    return (na + nb, nan_a + nan_b, add(total_a, total_b), mean, m2, lo, hi)
 
 
 def _merge_tree_values(rows: list[tuple], total: np.dtype, extreme: np.dtype) -> Moments:
@@ -375,10 +387,29 @@ def _block_moments(b: np.ndarray, work: tuple[np.ndarray, np.ndarray], axis: int
         if nanmask is not None:
             d[nanmask] = 0.0
         m2 = np.add.reduce(np.multiply(d, d, out=d), axis=axis)
+    if b.dtype == np.float64:  # narrower floats cannot overflow their float64 sums
+        # A float64 sum that overflowed to NaN (inf - inf) makes a NaN mean and M2 of finite
+        # elements: their squares overflow (the state's rule, see Moments).
+        m2 = _overflowed_m2(m2, lo, hi)
     if nanmask is not None:  # slices that were all NaN hold NaN: make them the identity
         lo = np.where(n > 0, lo, OPS["min"].identity(ext))
         hi = np.where(n > 0, hi, OPS["max"].identity(ext))
     return Moments(n=n, nan=nan, total=total, mean=mean, m2=m2, lo=np.asarray(lo), hi=np.asarray(hi))
+
+
+def _overflowed_m2(m2: Any, lo: Any, hi: Any) -> Any:
+    """``m2`` with inf for NaN where ``lo`` and ``hi`` are finite: the M2 of finite elements.
+
+    With no infinite element, a NaN M2 can only come from float64 squares or sums that
+    overflowed (inf - inf). The variance is then inf, as NumPy's var wherever its own
+    squares or sum overflow to inf (it squares a deviation above ``sqrt(DBL_MAX)``, or its
+    mean is inf). NumPy's is NaN where its sum overflows both ways (inf - inf); here finite
+    elements never get a NaN variance.
+    """
+    nan = np.isnan(m2)
+    if not np.any(nan):
+        return m2
+    return np.where(nan & np.isfinite(lo) & np.isfinite(hi), np.float64(np.inf), m2)
 
 
 def _work_buffers(size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -532,12 +563,24 @@ def state_mean(state: Moments) -> np.ndarray:
     cannot where ``n * max(|lo|, |hi|) < 2**62`` (tested in float64): there the mean is
     ``float64(total) / float64(n)``, NumPy's formula (its float64 sum is exact below 2**53).
     So a mean does not depend on how the elements were split into merged states (Chan's
-    update gives -4e-16 where the exact mean is 0); elsewhere, and for float input, the
-    state's float64 mean. ``stats_finalize_kernel`` (``kernels/multireduce/stats.cuh``)
-    applies the same rule with the same float64 operations.
+    update gives -4e-16 where the exact mean is 0); elsewhere the state's float64 mean.
+
+    For float input, the state's mean, except where it is +-inf or NaN though ``lo`` and
+    ``hi`` are finite (no infinite element): a float64 sum of some block of the elements
+    overflowed, and the mean is ``float64(total) / float64(n)``, NumPy's formula (inf
+    where the sum itself overflows, as NumPy's; NaN where it overflowed both ways). With
+    an infinite element the state's mean (+-inf, or NaN for inf and -inf) is NumPy's.
+
+    ``stats_finalize_kernel`` (``kernels/multireduce/stats.cuh``) applies the same rules
+    with the same float64 operations.
     """
     if state.total.dtype.kind not in "iu":
-        return state.mean
+        mean = state.mean
+        if np.all(np.isfinite(mean)):
+            return mean
+        overflowed = ~np.isfinite(mean) & np.isfinite(state.lo) & np.isfinite(state.hi) & (state.n > 0)
+        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+            return np.where(overflowed, state.total.astype(np.float64) / state.n.astype(np.float64), mean)
     n = state.n.astype(np.float64)
     largest = np.maximum(np.abs(state.lo.astype(np.float64)), np.abs(state.hi.astype(np.float64)))
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
@@ -566,7 +609,19 @@ def _state_mean_scalar(state: Moments) -> float:
         n = float(int(state.n))
         if n * max(abs(float(state.lo[()])), abs(float(state.hi[()]))) < EXACT_TOTAL_BOUND:
             return float(total) / n
-    return float(state.mean)
+        return float(state.mean)
+    mean = float(state.mean)
+    if not math.isfinite(mean) and math.isfinite(float(state.lo[()])) and math.isfinite(float(state.hi[()])):
+        return float(total) / float(int(state.n))
+    return mean
+
+
+def _state_m2_scalar(state: Moments) -> float:
+    # The M2 of a 0-d state with the rule of _overflowed_m2, in Python floats.
+    m2 = float(state.m2)
+    if math.isnan(m2) and math.isfinite(float(state.lo[()])) and math.isfinite(float(state.hi[()])):
+        return math.inf
+    return m2
 
 
 def finalize_moments(state: Moments, op: Op, result: np.dtype, correction: float = 0.0) -> Any:
@@ -576,7 +631,9 @@ def finalize_moments(state: Moments, op: Op, result: np.dtype, correction: float
     is NaN, and var/std are NaN where ``N - correction <= 0`` (NumPy divides by the
     non-positive count instead, giving inf or NaN). NumPy's RuntimeWarnings for these cases
     are emitted too (:func:`warn_moments`: decided by the number of elements, NaN included,
-    as NumPy decides them).
+    as NumPy decides them). The mean is :func:`state_mean`'s. var and std of finite elements
+    are never NaN: they are inf where the float64 squares overflowed (M2 inf, or NaN from
+    inf - inf), as NumPy's var; with an infinite element they are NaN, as NumPy's.
     """
     if state.n.ndim == 0:
         return _finalize_moments_scalar(state, op, result, correction)
@@ -591,7 +648,7 @@ def finalize_moments(state: Moments, op: Op, result: np.dtype, correction: float
         return _as_result(value, result)
     dof = n - correction
     with np.errstate(invalid="ignore", divide="ignore"):
-        value = state.m2 / np.where(dof > 0, dof, 1.0)
+        value = _overflowed_m2(state.m2, state.lo, state.hi) / np.where(dof > 0, dof, 1.0)
     value = _nan_where((dof <= 0) | (nan > 0), value)
     if op.name == "std":
         value = np.sqrt(value)
@@ -608,7 +665,7 @@ def _finalize_moments_scalar(state: Moments, op: Op, result: np.dtype, correctio
         value = _state_mean_scalar(state) if n > 0 and (nan == 0 or op.name == "nanmean") else math.nan
         return result.type(value)
     dof = n - correction
-    value = float(state.m2) / dof if dof > 0 and nan == 0 else math.nan
+    value = _state_m2_scalar(state) / dof if dof > 0 and nan == 0 else math.nan
     if op.name == "std":
         value = math.sqrt(value) if value >= 0 else math.nan
     return result.type(value)
@@ -713,7 +770,7 @@ def _finalize_stats_scalar(state: Moments, dtype: np.dtype, correction: float) -
         min=np.asarray(lo).astype(dtype)[()],
         max=np.asarray(hi).astype(dtype)[()],
         mean=mean_dt.type(_state_mean_scalar(state) if n > 0 and not nan else math.nan),
-        var=mean_dt.type(float(state.m2) / dof if dof > 0 and not nan else math.nan),
+        var=mean_dt.type(_state_m2_scalar(state) / dof if dof > 0 and not nan else math.nan),
     )
 
 

@@ -165,7 +165,19 @@ def assert_device_stats_match_host_finalize(x, axis, correction: float) -> None:
         assert bits_equal(cupy.asnumpy(g), w), (field, g, w)
     std = got.std  # NumPy's sqrt dispatches to CuPy's: still on the device
     assert isinstance(std, cupy.ndarray)
-    assert np.allclose(cupy.asnumpy(std), np.asarray(want.std), rtol=1e-3, equal_nan=True)
+    # Both sides are sqrt(var) of the same var bits (asserted above), in var's dtype: CuPy's
+    # sqrt ufunc and NumPy's, each correctly rounded for float64 (IEEE sqrt) and float32
+    # (sqrtf; CuPy's NVRTC build keeps the default -prec-sqrt=true), so the same bits. For
+    # float16 both go through float32 (sqrtf, then one rounding to float16: correct, as
+    # 24 >= 2 * 11 + 2 bits), but CuPy's float16 path is CuPy's own: within 1 ulp.
+    g, w = cupy.asnumpy(std), np.asarray(want.std)
+    assert g.dtype == w.dtype and g.shape == w.shape, (g.dtype, w.dtype)
+    if g.dtype == np.float16:
+        assert np.array_equal(np.isnan(g), np.isnan(w)), (g, w)
+        finite = ~np.isnan(w)
+        np.testing.assert_array_max_ulp(g[finite], w[finite], maxulp=1)
+    else:
+        assert bits_equal(g, w), (g, w)
 
 
 def assert_device_moments_match_host_finalize(x, axis, correction: float) -> None:
@@ -612,3 +624,187 @@ def test_integer_mean_is_the_cpus_and_stats_mean(dtype, n):
         assert regimes == {True}, regimes  # the bound holds for these
     if dtype in ("int64", "uint64"):  # totals that wrap: the moments state's mean
         assert check(np.full((1, n), np.iinfo(dtype).max // 3, dtype=dtype), None) is False
+
+
+# ----------------------------------------------------------------------------------------
+# float64 near the overflow threshold: NumPy's rules (var inf where the squared deviations
+# overflow; the mean the float64 sum over the count), and no NaN var from finite elements.
+# A thread whose shifted sums overflow forms its state again from its elements (the RESCAN
+# of stats.cuh); merges and the finalize kernels keep M2 from becoming NaN.
+
+_EPS = float(np.finfo(np.float64).eps)
+
+
+def on_device(host: np.ndarray, offset: int = 0):
+    """A CuPy copy of the 1-d ``host`` that starts ``offset`` elements past a 16-byte boundary.
+
+    ``cupy.asarray`` of an offset NumPy view makes an aligned copy; a view into a larger
+    device buffer keeps the offset, so the kernel's head and tail elements are exercised.
+    """
+    buf = cupy.zeros(host.size + offset, dtype=host.dtype)
+    buf[offset:] = cupy.asarray(host)
+    return buf[offset:]
+
+
+def numpy_float64(host: np.ndarray, axis=None, correction: float = 0.0) -> dict:
+    """NumPy's float64 sum, mean, var and std (NaN where count - correction <= 0, the standard's rule)."""
+    count = host.size if axis is None else host.shape[axis]
+    with np.errstate(all="ignore"):
+        var = np.var(host, axis=axis, ddof=correction) if count - correction > 0 else np.float64(np.nan)
+        return {"sum": np.sum(host, axis=axis), "mean": np.mean(host, axis=axis), "var": var, "std": np.sqrt(var)}
+
+
+def assert_overflow_matches_numpy(dev, host: np.ndarray, correction: float, exact_mean: bool) -> None:
+    """var, std and stats of the float64 device array ``dev`` (the values of ``host``) against NumPy.
+
+    var and std (both kernels) and stats' var, sum, min and max: NumPy's bits. stats' mean:
+    NumPy's bits with ``exact_mean`` (all elements in one thread, whose rescan adds them in
+    NumPy's order), else (merged states) within 64 ulps of the largest magnitude, as the mean
+    op (the fold kernel's float64 sum over the count, in its own order: for [1e200, -1e200,
+    3.0] its accumulators give 0.0 where NumPy's sum gives 3.0).
+    """
+    import warnings
+
+    ref = numpy_float64(host, None, correction)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # degrees of freedom <= 0, as NumPy's
+        var = cupy.asnumpy(multireduce.var(dev, correction=correction))
+        std = cupy.asnumpy(multireduce.std(dev, correction=correction))
+        mean = cupy.asnumpy(multireduce.mean(dev))
+    s = multireduce.stats(dev, correction=correction)
+    assert bits_equal(var, np.asarray(ref["var"])), (var, ref["var"])
+    assert bits_equal(std, np.asarray(ref["std"])), (std, ref["std"])
+    assert bits_equal(cupy.asnumpy(s.var), np.asarray(ref["var"])), (s.var, ref["var"])
+    assert bits_equal(cupy.asnumpy(s.sum), np.asarray(ref["sum"])), (s.sum, ref["sum"])
+    assert bits_equal(cupy.asnumpy(s.min), np.min(host)) and bits_equal(cupy.asnumpy(s.max), np.max(host))
+    assert int(s.count) == host.size and int(s.nan_count) == 0
+    scale = np.max(np.abs(host))
+    for got in (mean, cupy.asnumpy(s.mean)):
+        assert np.isfinite(got) and abs(float(got) - float(ref["mean"])) <= 64 * _EPS * scale, (got, ref["mean"])
+    if exact_mean:
+        assert bits_equal(cupy.asnumpy(s.mean), np.asarray(ref["mean"])), (s.mean, ref["mean"])
+
+
+@pytest.mark.parametrize("offset", [0, 1])
+@pytest.mark.parametrize(
+    "data", [[1e308, -1e308], [-1e308, 1e308, 0.5], [1e200, -1e200, 3.0], [1.7e308, -1.7e308, 1.7e308]]
+)
+def test_float64_overflow_in_one_thread_is_numpys(data, offset):
+    # Two or three elements, all in thread 0 (head, a vector, tail): c = x[0], and x - c or
+    # its square overflows, so s1 or s2 does (the var was NaN; for +-1e308 the mean and sum
+    # -inf too). The rescan adds them in NumPy's order: stats' sum, mean and var are NumPy's
+    # bits (mean and sum 0.0 for +-1e308), and so are var and std.
+    host = np.array(data)
+    dev = on_device(host, offset)
+    for correction in (0.0, 1.0):
+        assert_overflow_matches_numpy(dev, host, correction, exact_mean=True)
+    assert float(multireduce.stats(dev).var) == math.inf
+
+
+@pytest.mark.parametrize("offset", [0, 1])
+@pytest.mark.parametrize("n", [1, 2, 3, 33, 1023, 1024, 1025, 4097, 70_000, 2**20 + 3])
+def test_float64_alternating_1e300_is_numpys(n, offset):
+    # +-1e300 alternating: every thread's s2 overflows ((2e300)**2); many threads and blocks
+    # rescan and merge. var and std are inf (0 for one element), the sums NumPy's.
+    host = np.where(np.arange(n) % 2 == offset, 1e300, -1e300)
+    dev = on_device(host, offset)
+    for correction in (0.0, 1.0):
+        assert_overflow_matches_numpy(dev, host, correction, exact_mean=n <= 3)
+    if n > 1:
+        assert math.isinf(float(multireduce.var(dev))) and math.isinf(float(multireduce.std(dev, correction=1)))
+
+
+@pytest.mark.parametrize("offset", [0, 1])
+@pytest.mark.parametrize("n", [33, 4097, 2**20])
+def test_float64_pair_of_1e308_at_any_position(n, offset):
+    # +1e308 and -1e308 among zeros, in one thread, in one vector, in two threads or two
+    # blocks, as a thread's first element (its shift c) or not. NumPy: sum and mean 0.0
+    # (every partial sum is exact, in any order), var inf. The mean op (the fold kernel's
+    # sum over n) and stats' sum are 0.0 exactly; stats' mean, from merged states, within
+    # rounding of 1e308.
+    for p, q in [(0, n - 1), (1, 2), (0, 1), (n // 2, n // 3), (n - 2, 5), (2 * 1024 + 1, 7)]:
+        if max(p, q) >= n:
+            continue
+        host = np.zeros(n)
+        host[p], host[q] = 1e308, -1e308
+        dev = on_device(host, offset)
+        assert_overflow_matches_numpy(dev, host, 0.0, exact_mean=False)
+        assert bits_equal(cupy.asnumpy(multireduce.mean(dev)), np.float64(0.0)), (p, q)
+        assert bits_equal(cupy.asnumpy(multireduce.stats(dev).sum), np.float64(0.0)), (p, q)
+        assert math.isinf(float(multireduce.std(dev, correction=1))), (p, q)
+
+
+@pytest.mark.parametrize("n, value", [(33, 1.2e154), (4097, 6e153), (2**20, 5e153)])
+def test_float64_outlier_shift_keeps_a_finite_var(n, value):
+    # One large element first, zeros after it: it is thread 0's shift c, and its m elements
+    # give s2 = (m - 1) * value**2 > DBL_MAX, though no squared deviation overflows and
+    # NumPy's var is finite. The rescan's M2 is that thread's own sum of squares: NumPy's var
+    # within rounding (it was NaN).
+    host = np.zeros(n)
+    host[0] = value
+    want = np.var(host)
+    assert np.isfinite(want)
+    dev = cupy.asarray(host)
+    for got in (multireduce.var(dev), multireduce.stats(dev).var):
+        assert math.isclose(float(got), float(want), rel_tol=1e-12), (got, want)
+    assert math.isclose(float(multireduce.std(dev, correction=1)), float(np.std(host, ddof=1)), rel_tol=1e-12)
+
+
+@pytest.mark.parametrize("shape", [(6, 4099), (6, 2**17 + 1)])
+def test_float64_overflow_over_rows_leaves_the_other_rows_unchanged(shape):
+    # Rows 1 and 4 overflow (alternating +-1e300; a +-1e308 pair among zeros): their var
+    # and std are inf, stats' sum NumPy's. Every other row has the bits it has when no row
+    # overflows (the rows are reduced apart, with the same grid for the same shape). The
+    # same rows reduced as axis 0 of the transpose: the same values.
+    rng = np.random.default_rng(shape[1])
+    clean = rng.standard_normal(shape) * 10.0 ** rng.integers(-3, 4, (shape[0], 1))
+    host = clean.copy()
+    host[1] = np.where(np.arange(shape[1]) % 2 == 0, 1e300, -1e300)
+    host[4] = 0.0
+    host[4, [3, shape[1] - 2]] = [1e308, -1e308]  # every partial sum exact: NumPy's sum 0.0
+    bad = [1, 4]
+    good = [0, 2, 3, 5]
+    dev, dev_clean = cupy.asarray(host), cupy.asarray(clean)
+    ref = numpy_float64(host, 1)
+    for correction in (0.0, 1.0):
+        var = cupy.asnumpy(multireduce.var(dev, axis=1, correction=correction))
+        std = cupy.asnumpy(multireduce.std(dev, axis=1, correction=correction))
+        s = multireduce.stats(dev, axis=1, correction=correction)
+        assert np.all(np.isinf(var[bad])) and np.all(np.isinf(std[bad])), (var, std)
+        assert np.all(np.isinf(cupy.asnumpy(s.var)[bad]))
+        assert bits_equal(cupy.asnumpy(s.sum)[bad], ref["sum"][bad])
+        mean = cupy.asnumpy(s.mean)[bad]
+        assert np.all(np.abs(mean - ref["mean"][bad]) <= 64 * _EPS * 1e308), (mean, ref["mean"][bad])
+        assert bits_equal(var[good], cupy.asnumpy(multireduce.var(dev_clean, axis=1, correction=correction))[good])
+        assert bits_equal(std[good], cupy.asnumpy(multireduce.std(dev_clean, axis=1, correction=correction))[good])
+        want = multireduce.stats(dev_clean, axis=1, correction=correction)
+        for field in ("sum", "min", "max", "mean", "var"):
+            got_field = cupy.asnumpy(getattr(s, field))[good]
+            assert bits_equal(got_field, cupy.asnumpy(getattr(want, field))[good]), field
+        transposed = cupy.asarray(np.ascontiguousarray(host.T))
+        var_t = cupy.asnumpy(multireduce.var(transposed, axis=0, correction=correction))
+        np.testing.assert_allclose(var_t, var, rtol=1e-12)  # inf where var is inf
+        s_t = multireduce.stats(transposed, axis=0, correction=correction)
+        np.testing.assert_allclose(cupy.asnumpy(s_t.var), cupy.asnumpy(s.var), rtol=1e-12)
+
+
+def test_float64_infinite_or_nan_elements_keep_numpys_nan_var():
+    # With an infinity or a NaN among the elements var stays NaN and the mean is NumPy's
+    # (+-inf or NaN), as before: only finite elements take the overflow rules.
+    alternating = np.where(np.arange(4097) % 2 == 0, 1e300, -1e300)
+    cases = [np.array(c) for c in ([np.inf, 1e308, -1e308], [1e308, -1e308, -np.inf], [np.inf, -np.inf, 1e308])]
+    cases.append(np.array([1e308, np.nan, -1e308]))
+    for k, value in enumerate((np.inf, -np.inf, np.nan)):
+        x = alternating.copy()
+        x[7 + 1000 * k] = value
+        cases.append(x)
+    for host in cases:
+        ref = numpy_float64(host)
+        for offset in (0, 1):
+            dev = on_device(host, offset)
+            s = multireduce.stats(dev)
+            for got in (multireduce.var(dev), multireduce.std(dev, correction=1), s.var):
+                assert math.isnan(float(got)), (host[:4], got)
+            assert bits_equal(cupy.asnumpy(s.mean), np.asarray(ref["mean"])), (host[:4], s.mean, ref["mean"])
+    x = on_device(np.array([1e308, np.nan, -1e308]), 1)
+    assert float(multireduce.nanmean(x)) == 0.0  # the non-NaN elements' sum, 0, over 2

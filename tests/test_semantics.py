@@ -956,6 +956,318 @@ def test_scalar_merge_of_infinities_and_signed_zeros():
     assert math.isclose(float(m.m2), math.fsum(((both - both.mean()) ** 2).tolist()), rel_tol=1e-14)
 
 
+# -- float64 near the overflow threshold ---------------------------------------------------------
+# NumPy's rules: the mean is the float64 sum over the count; var is inf where the squared
+# deviations overflow. Here finite elements never give a NaN variance (nor a NaN mean where
+# NumPy's sum does not overflow); an infinite or NaN element gives NumPy's NaN.
+
+_EPS = float(np.finfo(np.float64).eps)
+
+
+def _alternating(n: int, value: float = 1e300) -> np.ndarray:
+    return np.where(np.arange(n) % 2 == 0, value, -value)
+
+
+def _numpy_moments(x: np.ndarray, axis=None, ddof: float = 0.0) -> dict:
+    with _quiet_ctx():
+        return {
+            "sum": np.sum(x, axis=axis),
+            "mean": np.mean(x, axis=axis),
+            "var": np.var(x, axis=axis, ddof=ddof),
+            "std": np.std(x, axis=axis, ddof=ddof),
+        }
+
+
+def _check_overflow_moments(x: np.ndarray, axis=None, ddof: float = 0.0, exact_mean: bool = True) -> None:
+    """var, std, mean and every field of stats of ``x`` against NumPy's float64 results.
+
+    var and std (and stats' var) must be NumPy's bits (inf where NumPy's squares overflow).
+    The mean op, and stats' sum, min and max, must be NumPy's bits too; stats' mean as well
+    with ``exact_mean``, else (states merged by Chan's update over several blocks) within a
+    few float64 ulps of the largest magnitude.
+    """
+    ref = _numpy_moments(x, axis, ddof)
+    with _quiet_ctx():
+        got = {
+            "var": multireduce.var(x, axis=axis, correction=ddof),
+            "std": multireduce.std(x, axis=axis, correction=ddof),
+            "mean": multireduce.mean(x, axis=axis),
+        }
+        s = multireduce.stats(x, axis=axis, correction=ddof)
+    for name in ("var", "std", "mean"):
+        _bits_equal(got[name], ref[name])
+    _bits_equal(s.var, ref["var"])
+    _bits_equal(s.sum, ref["sum"])
+    _bits_equal(s.min, np.min(x, axis=axis))
+    _bits_equal(s.max, np.max(x, axis=axis))
+    _bits_equal(s.count, np.int64(x.size if axis is None else x.shape[axis]) + np.zeros_like(s.count))
+    if exact_mean:
+        _bits_equal(s.mean, ref["mean"])
+    else:
+        scale = np.max(np.abs(x), axis=axis)
+        assert np.all(np.abs(np.asarray(s.mean) - ref["mean"]) <= 64 * _EPS * scale), (s.mean, ref["mean"])
+
+
+@pytest.mark.filterwarnings("ignore:(overflow|invalid value):RuntimeWarning")  # as NumPy warns
+@pytest.mark.parametrize("ddof", [0.0, 1.0])
+@pytest.mark.parametrize(
+    "data",
+    [
+        [1e308, -1e308],
+        [-1e308, 1e308, 0.5],
+        [1e200, -1e200, 3.0],
+        [1.7e308, -1.7e308, 1.7e308],
+        [0.0, 1e155, -1e155, 2.0],
+    ],
+)
+def test_float64_overflow_small_arrays_match_numpy(data, ddof):
+    x = np.array(data)
+    _check_overflow_moments(x, ddof=ddof)
+    assert math.isinf(float(multireduce.var(x, correction=ddof)))
+
+
+@pytest.mark.filterwarnings("ignore:(overflow|invalid value):RuntimeWarning")  # as NumPy warns
+@pytest.mark.parametrize("n", [1, 2, 3, 1023, 1024, 1025, 70_000, 300_001])
+def test_float64_alternating_1e300_match_numpy(n):
+    # Up to _BLOCK_ELEMENTS (131072) one CPU block: NumPy's own sums, bit for bit; 300_001
+    # elements are three blocks merged (Chan), whose mean is within rounding of NumPy's.
+    x = _alternating(n)
+    for ddof in (0.0, 1.0):
+        if n - ddof <= 0:
+            continue
+        _check_overflow_moments(x, ddof=ddof, exact_mean=n <= 131_072)
+        assert math.isinf(float(multireduce.var(x, correction=ddof))) == (n > 1)
+
+
+@pytest.mark.filterwarnings("ignore:(overflow|invalid value):RuntimeWarning")  # as NumPy warns
+@pytest.mark.parametrize("n", [70_000, 300_001])
+@pytest.mark.parametrize("where", [(0, -1), (1, 2), (-2, 7)])
+def test_float64_one_pair_of_1e308_among_zeros(n, where):
+    # One +1e308 and one -1e308 among zeros, in one block or in two: NumPy's mean is 0.0 and
+    # its var inf (the deviations 1e308 square to inf).
+    x = np.zeros(n)
+    x[where[0]], x[where[1]] = 1e308, -1e308
+    _check_overflow_moments(x, exact_mean=n <= 131_072)
+    assert float(multireduce.mean(x)) == 0.0 and float(multireduce.stats(x).sum) == 0.0
+
+
+@pytest.mark.filterwarnings("ignore:(overflow|invalid value):RuntimeWarning")  # as NumPy warns
+def test_float64_block_sums_that_overflow_give_an_infinite_var_not_nan():
+    # A CPU block of 131072 x 1e308 has the float64 sum inf (its mean inf, as NumPy's): Chan's
+    # update with the next block computed inf - inf, and var was NaN. NumPy: mean and var inf.
+    x = np.concatenate([np.full(131_072, 1e308), np.ones(10)])
+    for ddof in (0.0, 1.0):
+        _check_overflow_moments(x, ddof=ddof)
+    # Both signs (each block's sum overflows, and so does NumPy's, to inf - inf): NumPy's mean
+    # and var are NaN; the var of finite elements is inf here, the mean is still the sum over n.
+    x = np.concatenate([np.full(150_000, 1e308), np.full(150_000, -1e308)])
+    s = multireduce.stats(x)
+    assert math.isinf(float(multireduce.var(x))) and math.isinf(float(s.var)) and math.isinf(float(multireduce.std(x)))
+    assert math.isnan(float(s.sum)) and math.isnan(float(s.mean)) and math.isnan(float(multireduce.mean(x)))
+
+
+@pytest.mark.filterwarnings("ignore:(overflow|invalid value):RuntimeWarning")  # as NumPy warns
+@pytest.mark.parametrize("layout", ["C", "F"])
+def test_float64_overflow_over_an_axis_leaves_the_other_slices_unchanged(layout):
+    # Columns reduced over 3000 rows (the column path: blocks of 1024 rows merged; of the
+    # Fortran-order copy, rows read in one block each), and the rows of the transpose:
+    # overflowing slices get NumPy's inf, and every other slice has the bits it has when no
+    # slice overflows.
+    rng = np.random.default_rng(3)
+    normal = rng.standard_normal((3000, 10)) * 10.0 ** rng.integers(-3, 4, 10)  # 80-byte rows
+    x = normal.copy()
+    x[:, 0] = 1e308  # each block's sum overflows to inf: mean and var inf
+    x[:, 1] = _alternating(3000)  # deviations 1e300 square to inf
+    x[[5, 2999], 2] = [1e308, -1e308]  # one pair among the normal values
+    if layout == "F":
+        x, normal = np.asfortranarray(x), np.asfortranarray(normal)
+    for axis, view, clean in ((0, x, normal), (1, x.T, normal.T)):
+        ref = _numpy_moments(view, axis)
+        var = multireduce.var(view, axis=axis)
+        std = multireduce.std(view, axis=axis, correction=1)
+        s = multireduce.stats(view, axis=axis)
+        assert np.all(np.isinf(var[:3])) and np.all(np.isinf(std[:3])) and np.all(np.isinf(s.var[:3]))
+        _bits_equal(var[:3], ref["var"][:3])
+        _bits_equal(s.sum[:3], ref["sum"][:3])
+        assert float(s.mean[0]) == math.inf == float(multireduce.mean(view, axis=axis)[0])
+        assert abs(float(s.mean[2]) - float(ref["mean"][2])) <= 64 * _EPS * 1e308
+        want = multireduce.stats(clean, axis=axis)
+        for name in ("sum", "min", "max", "mean", "var"):
+            _bits_equal(getattr(s, name)[3:], getattr(want, name)[3:])
+        _bits_equal(var[3:], multireduce.var(clean, axis=axis)[3:])
+        _bits_equal(std[3:], multireduce.std(clean, axis=axis, correction=1)[3:])
+
+
+@pytest.mark.filterwarnings("ignore:(overflow|invalid value):RuntimeWarning")  # as NumPy warns
+def test_float64_rows_over_many_blocks_with_overflow():
+    # Rows of 300_001 elements: three CPU blocks each, merged by Chan's update.
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((4, 300_001))
+    clean = x.copy()
+    x[1] = _alternating(300_001)
+    x[2, :140_000] = 1e308  # the first block's sum overflows: mean and var inf (as NumPy's)
+    x[3, [0, 200_000]] = [1e308, -1e308]  # in two blocks
+    ref = _numpy_moments(x, 1)
+    for ddof in (0.0, 1.0):
+        var = multireduce.var(x, axis=1, correction=ddof)
+        s = multireduce.stats(x, axis=1, correction=ddof)
+        _bits_equal(var[1:], np.full(3, np.inf))
+        _bits_equal(s.var[1:], np.full(3, np.inf))
+        _bits_equal(var[0], multireduce.var(clean, axis=1, correction=ddof)[0])
+        _bits_equal(s.var[0], multireduce.stats(clean, axis=1, correction=ddof).var[0])
+    assert float(s.mean[2]) == math.inf == float(ref["mean"][2])
+    assert np.all(np.abs(s.mean[[1, 3]] - ref["mean"][[1, 3]]) <= 64 * _EPS * 1e308)
+
+
+@pytest.mark.filterwarnings("ignore:(overflow|invalid value):RuntimeWarning")  # as NumPy warns
+def test_float64_infinite_or_nan_elements_keep_numpys_nan_var():
+    cases = [
+        [np.inf, 1e308, -1e308],
+        [1e308, -1e308, -np.inf],
+        [np.inf, -np.inf, 1e308],
+        [1e308, np.nan, -1e308],
+        np.concatenate([np.full(131_072, 1e308), [np.inf, 1.0]]),  # an overflowing block, then inf
+        np.concatenate([_alternating(200_000), [-np.inf]]),
+    ]
+    for data in cases:
+        x = np.asarray(data, dtype=np.float64)
+        ref = _numpy_moments(x)
+        with _quiet_ctx():
+            s = multireduce.stats(x)
+            got = (multireduce.var(x), multireduce.std(x), s.var, s.std)
+            mean = (multireduce.mean(x), s.mean)
+        assert all(math.isnan(float(v)) for v in got), (x[:4], got)
+        assert math.isnan(float(ref["var"]))
+        for m in mean:
+            assert same_float(float(m), float(ref["mean"])), (x[:4], m, ref["mean"])
+    with _quiet_ctx():
+        assert float(multireduce.nanmean(np.array([1e308, np.nan, -1e308]))) == 0.0
+
+
+@pytest.mark.filterwarnings("ignore:(overflow|invalid value):RuntimeWarning")  # as NumPy warns
+def test_moments_merge_of_overflowing_means():
+    # Two states whose means are +-1e308: their difference overflows, and Chan's update gave
+    # -inf for the mean; now the weighted mean (NumPy: 0.0). M2 is inf, never NaN.
+    one = _stats.moments(np.array([1e308]), (0,))
+    neg = _stats.moments(np.array([-1e308]), (0,))
+    three = _stats.moments(np.array([3.0]), (0,))
+    for merged in (_stats.merge(one, neg), _stats.merge_all([one, neg]), _stats.merge(neg, one)):
+        assert float(merged.mean) == 0.0 and float(merged.m2) == math.inf and float(merged.total) == 0.0
+    merged = _stats.merge_all([one, neg, three])
+    assert float(merged.mean) == 1.0 and float(merged.m2) == math.inf
+    f64 = np.dtype(np.float64)
+    assert float(_stats.finalize_moments(merged, OPS["var"], f64)) == math.inf
+    assert float(_stats.finalize_moments(merged, OPS["std"], f64, 1.0)) == math.inf
+    stats = _stats.finalize_stats(merged, f64)
+    assert (float(stats.mean), float(stats.var), float(stats.sum)) == (1.0, math.inf, 3.0)
+    # A state whose mean is inf (its block's sum overflowed) merged with a finite one: M2 inf
+    # (its elements are finite), not NaN; with an infinite element, NaN as before.
+    big = _stats.moments(np.full(4, 1e308), (0,))
+    assert float(big.mean) == math.inf and float(big.m2) == math.inf
+    for a, b in ((big, three), (three, big)):
+        assert float(_stats.merge(a, b).m2) == math.inf and float(_stats.merge_all([a, b]).m2) == math.inf
+    inf = _stats.moments(np.array([np.inf, 1.0]), (0,))
+    assert math.isnan(float(_stats.merge(big, inf).m2)) and math.isnan(float(_stats.merge_all([inf, big]).m2))
+    # Both signs overflowed (inf and -inf means): the mean is the total over n (NaN here, the
+    # total is inf - inf as NumPy's sum), the var inf.
+    both = _stats.merge(big, _stats.moments(np.full(4, -1e308), (0,)))
+    assert math.isnan(float(both.mean)) and float(both.m2) == math.inf
+    assert math.isnan(float(_stats.finalize_stats(both, f64).mean))
+    assert float(_stats.finalize_stats(both, f64).var) == math.inf
+
+
+@pytest.mark.filterwarnings("ignore:(overflow|invalid value):RuntimeWarning")  # as NumPy warns
+def test_finalize_of_overflowed_states():
+    # States as a GPU thread or another layer may hand them over: M2 NaN (inf - inf) and a
+    # mean of +-inf or NaN with finite lo and hi. var and std are inf, the mean total / n;
+    # with an infinite lo or hi, or a NaN element, NumPy's NaN. Array and 0-d paths alike.
+    f64 = np.dtype(np.float64)
+
+    def state(mean, m2, lo, hi, nan=0, total=0.0, n=2):
+        return _stats.Moments(
+            np.int64(n),
+            np.int64(nan),
+            np.float64(total),
+            np.float64(mean),
+            np.float64(m2),
+            np.float64(lo),
+            np.float64(hi),
+        )
+
+    for state_, var, mean in [
+        (state(-np.inf, np.nan, -1e308, 1e308), math.inf, 0.0),
+        (state(np.nan, np.nan, -1e308, 1e308, total=3.0, n=3), math.inf, 1.0),
+        (state(1.0, np.nan, -1e200, 1e200, total=3.0, n=3), math.inf, 1.0),  # mean finite: kept
+        (state(np.inf, np.nan, 1.0, np.inf, total=np.inf), math.nan, math.inf),
+        (state(np.nan, np.nan, -np.inf, np.inf, total=np.nan), math.nan, math.nan),
+        (state(-np.inf, np.nan, -1e308, 1e308, nan=1), math.nan, math.nan),
+    ]:
+        for s in (state_, state_.map(lambda a: np.asarray(a).reshape(1))):
+            got_var = np.asarray(_stats.finalize_moments(s, OPS["var"], f64)).reshape(-1)[0]
+            got_std = np.asarray(_stats.finalize_moments(s, OPS["std"], f64)).reshape(-1)[0]
+            got_mean = np.asarray(_stats.finalize_moments(s, OPS["mean"], f64)).reshape(-1)[0]
+            fields = _stats.finalize_stats(s, f64)
+            assert same_float(float(got_var), var) and same_float(float(got_std), math.sqrt(var)), (state_, got_var)
+            assert same_float(float(np.asarray(fields.var).reshape(-1)[0]), var), state_
+            assert same_float(float(got_mean), mean) and same_float(float(np.asarray(fields.mean).reshape(-1)[0]), mean)
+
+
+@pytest.mark.filterwarnings("ignore:(overflow|invalid value):RuntimeWarning")  # as NumPy warns
+def test_dask_merges_of_overflowing_chunks():
+    # Chunks of one element: the tree merges states whose means are +-1e308 (their
+    # difference overflows). Chunks of 2 over rows: each row's positive and negative halves.
+    da = pytest.importorskip("dask.array")
+    mdask = pytest.importorskip("multireduce.dask")
+    for data in ([1e308, -1e308, 3.0], [1e308, -1e308] * 4, [-1e308, 1e308, 1.0, 2.0]):
+        host = np.array(data)
+        ref = _numpy_moments(host)
+        for chunks in (1, 2):
+            x = da.from_array(host, chunks=chunks)
+            for op in ("mean", "var", "std"):
+                _bits_equal(mdask.treereduce(x, op, split_every=2).compute(), ref[op])
+            s = mdask.stats(x, split_every=2)
+            s = s.compute() if hasattr(s, "compute") else s
+            _bits_equal(s.mean, ref["mean"])
+            _bits_equal(s.var, ref["var"])
+            _bits_equal(s.sum, ref["sum"])
+    host = np.array([[1e308, -1e308, 1.0, 2.0], [1.0, 2.0, 3.0, 4.0]])
+    x = da.from_array(host, chunks=(1, 1))
+    ref = _numpy_moments(host, 1)
+    var = mdask.treereduce(x, "var", axis=1, split_every=2).compute()
+    _bits_equal(var, ref["var"])
+    _bits_equal(mdask.treereduce(x, "mean", axis=1, split_every=2).compute(), ref["mean"])
+
+
+@pytest.mark.filterwarnings("ignore:(overflow|invalid value):RuntimeWarning")  # as NumPy warns
+@pytest.mark.parametrize("count", [2, 3, 5, 8, 13])
+def test_scalar_merges_of_overflowing_states_equal_array_merges(count):
+    # merge_all's Python-value merges (0-d states, MPI's merge_records) against the array
+    # merge() pair by pair, bit for bit, with states whose means overflow.
+    rng = np.random.default_rng(count)
+    blocks = [
+        [1e308],
+        [-1e308],
+        [1e308, 1e308],  # mean inf (the block's sum), M2 inf
+        [-1.5e308, -1e308],
+        [1e200, -1e200, 3.0],
+        [np.inf, 1.0],
+        [1e308, np.nan],
+        [2.0, -0.5],
+    ]
+    with _quiet_ctx():
+        picks = [0, 1, *rng.integers(0, len(blocks), count - 2).tolist()]  # +1e308 and -1e308 first
+        states = [_stats.moments(np.array(blocks[k]), (0,)) for k in picks]
+        want = _pairwise_tree([s.map(np.asarray) for s in states])
+    records = np.concatenate([_stats.to_structured(s).reshape(1) for s in states])
+    for got in (_stats.merge_all(states), _stats.merge_records(records)):
+        for f in _stats._MOMENTS_FIELDS:
+            g, w = np.asarray(getattr(got, f)), np.asarray(getattr(want, f))
+            assert g.tobytes() == w.tobytes(), (f, g, w)
+    if all(np.isfinite(np.asarray(s.lo)) and np.isfinite(np.asarray(s.hi)) for s in states):
+        assert not math.isnan(float(want.m2))
+
+
+@pytest.mark.filterwarnings("ignore:(overflow|invalid value):RuntimeWarning")  # as NumPy warns
 @pytest.mark.parametrize("dtype", [np.float64, np.float32, np.float16, np.int8, np.int64, np.uint64, np.bool_])
 def test_arg_merge_pairs_equals_arg_merge_all(dtype):
     # The MPI layer merges one (value, index) pair per rank in Python scalars; the winner and

@@ -23,20 +23,38 @@
  *      index range minus its NaN count. ACC independent float64 (s1, s2) pairs per thread.
  *   2. Once per thread: n = count - NaN, mean = c + s1/n, M2 = s2 - s1*(s1/n) (clamped at
  *      0; NaN stays), and for floats total = s1 + n*c (in float64, rounded once to the sum
- *      accumulator; exact in int64/uint64 for small integers). An infinite element makes s1 infinite, so mean is +-inf (NaN for +inf
- *      and -inf) and M2 is NaN, as on the CPU.
+ *      accumulator; exact in int64/uint64 for small integers). An infinite element makes
+ *      s1 infinite, so mean is +-inf (NaN for +inf and -inf) and M2 is NaN, as on the CPU.
+ *   2b. RESCAN (float64 input only, the one whose shifted sums can overflow): a thread whose
+ *      elements are finite (lo, hi finite) but whose mean or M2 is not (s1 or s2
+ *      overflowed: see ERROR) reads its elements again, twice, in the order it visited
+ *      them, and forms its state as the CPU forms a block's (_stats._block_moments):
+ *      total = sum(x), mean = total / n, M2 = sum((x - mean)**2) (inf where that is NaN:
+ *      a total that overflowed both ways), NaN elements skipped. Its s1 had lost the sum
+ *      and the mean (c = 1e308 and x = -1e308 give s1 = -inf where sum(x) is 0). This runs
+ *      after the main loop, only in such threads: other threads pay one branch.
  *   3. Threads, warps and blocks merge with Chan et al.'s update (merge_moments, the same
- *      rules as _stats.merge: an empty side leaves the other unchanged; with an infinite
- *      mean the mean is the weighted mean and M2 is NaN). Warp tree with shuffles, then
- *      warp 0 over the warps' states, then the last block of the row merges the blocks'
- *      states in block order.
+ *      rules as _stats.merge: an empty side leaves the other unchanged; finite means whose
+ *      difference overflows give their weighted mean; with an infinite or NaN mean the mean
+ *      is the weighted mean and M2 is NaN if an element was infinite, else inf). Warp tree
+ *      with shuffles, then warp 0 over the warps' states, then the last block of the row
+ *      merges the blocks' states in block order.
  *
  *   ERROR. With d_i = x_i - c, M2 = s2 - s1**2/n is exact in real arithmetic; in float64
  *   its error is at most about (m + 2) * eps * (s2 + s1**2/n) for a thread's m elements,
  *   i.e. relative to M2 about (m + 2) * eps * (1 + 2 * (mean - c)**2 / var) (eps = 2**-53).
  *   As c is one of the thread's own elements, (mean - c)**2 / var is O(1) unless c is an
  *   outlier of that thread's elements. Chan's merges then add O(log(threads)) * eps.
- *   Float64 input with |x - c| above about 1e154 overflows s2 (M2 becomes NaN or inf).
+ *   Float64 input with |x - c| above about 1e154 overflows s2 (M2 inf, or NaN from
+ *   inf - inf), and |sum(x - c)| above about 1.8e308 overflows s1 (mean and total +-inf or
+ *   NaN). Such a thread's state comes from the RESCAN (2b), whose M2 is inf only where the
+ *   float64 sum of the thread's elements overflows, or that of their squared deviations
+ *   from its own mean; NumPy's var (the mean of the squared deviations from the sum over
+ *   n) is then inf too, up to the order of the additions. So an outlier c does not make
+ *   a var inf whose NumPy value is finite (c = 1e153 among 999 zeros of one thread
+ *   overflows s2, not M2).
+ *   Merges and the finalize kernels keep the M2 of finite elements from becoming NaN: var
+ *   and std are inf wherever the squares overflow, NaN only with an infinite or NaN element.
  *
  * ALGORITHM (arg_rows_kernel)
  *   Same decomposition. Each element becomes an ordered integer key (IEEE total order for
@@ -208,9 +226,15 @@ __device__ __forceinline__ MomentState<S, E> merge_moments(const MomentState<S, 
             const double delta = b.mean - a.mean;
             r.mean = a.mean + delta * (wb * inv);
             r.m2 = a.m2 + b.m2 + delta * delta * (wa * (wb * inv));
-        } else {  // inf - inf in the update: the weighted mean, and no variance
+            // delta overflowed (opposite signs near the float64 limit): the weighted mean,
+            // which cannot overflow. M2 is inf already (delta**2).
+            if (!is_finite_value(r.mean)) r.mean = a.mean * (wa * inv) + b.mean * (wb * inv);
+        } else {
+            // inf - inf in the update: the weighted mean. No variance where an element was
+            // infinite; else a float64 sum of finite elements overflowed: M2 inf.
             r.mean = (wa * a.mean + wb * b.mean) * inv;
-            r.m2 = __longlong_as_double(0x7ff8000000000000LL);
+            r.m2 = is_finite_value(r.lo) && is_finite_value(r.hi) ? __longlong_as_double(0x7ff0000000000000LL)
+                                                                   : __longlong_as_double(0x7ff8000000000000LL);
         }
     }
     return r;
@@ -522,6 +546,65 @@ struct MomentAcc {
     }
 };
 
+// RESCAN (ALGORITHM 2b): the elements of a float64 row that thread `tid` visits in
+// moments_rows_kernel, in its order (head, vectors of two, tail), NaN skipped, folded by
+// f.add. Plain 8-byte loads: this runs only where a thread's shifted sums overflowed.
+template <class F>
+__device__ __forceinline__ void fold_thread_elements(const double* __restrict__ x, long long tid, long long nthreads,
+                                                     long long head, long long nvec, long long tail_start,
+                                                     long long tail, F& f) {
+    if (tid < head) f.add(x[tid]);
+    for (long long i = tid; i < nvec; i += nthreads) {
+        f.add(x[head + 2 * i]);
+        f.add(x[head + 2 * i + 1]);
+    }
+    if (tid < tail) f.add(x[tail_start + tid]);
+}
+
+struct PlainSum {
+    double s;
+    __device__ __forceinline__ void add(double e) {
+        if (e == e) s += e;
+    }
+};
+
+struct SquaredDeviations {
+    double mean;
+    double s;
+    __device__ __forceinline__ void add(double e) {
+        if (e == e) {
+            const double d = e - mean;
+            s = fma(d, d, s);
+        }
+    }
+};
+
+// Whether a float64 thread state needs the RESCAN: finite elements (n > 0, lo and hi finite)
+// with a mean or M2 that is not finite.
+template <class S, class E>
+__device__ __forceinline__ bool shifted_sums_overflowed(const MomentState<S, E>& v) {
+    return v.n > 0 && is_finite_value(v.lo) && is_finite_value(v.hi) &&
+           !(is_finite_value(v.mean) && is_finite_value(v.m2));
+}
+
+// The thread state v (of float64 elements) formed again by the RESCAN; n, nan, lo, hi kept.
+// Not inlined: inlined, it changed the register allocation of the main loop of
+// moments_rows_kernel<double> (333 SASS instructions per trip of 8 vectors instead of 317,
+// sm_90, nvcc 13.0); as a call, 319, and 60 registers instead of 56 (the bound is 64).
+template <class S, class E>
+__device__ __noinline__ MomentState<S, E> rescan_state(MomentState<S, E> v, const double* __restrict__ x,
+                                                        long long tid, long long nthreads, long long head,
+                                                        long long nvec, long long tail_start, long long tail) {
+    PlainSum sum{0.0};
+    fold_thread_elements(x, tid, nthreads, head, nvec, tail_start, tail, sum);
+    SquaredDeviations sq{sum.s / static_cast<double>(v.n), 0.0};
+    fold_thread_elements(x, tid, nthreads, head, nvec, tail_start, tail, sq);
+    v.total = static_cast<S>(sum.s);
+    v.mean = sq.mean;
+    v.m2 = sq.s == sq.s ? sq.s : __longlong_as_double(0x7ff0000000000000LL);  // NaN: a NaN mean
+    return v;
+}
+
 // The moments of each of `rows` contiguous rows of `length` elements (ALGORITHM above).
 template <class T, class S, class E, int BLOCK, int UNROLL>
 __global__ void __launch_bounds__(BLOCK, 2)
@@ -579,6 +662,9 @@ moments_rows_kernel(const T* __restrict__ in, long long rows, long long length, 
         if (tid < tail) acc.add(x[tail_start + tid], ACC - 1);
 
         State v = acc.state(thread_count(tid, nthreads, head, nvec, tail, VEC));
+        if constexpr (IsFloating<T>::value && sizeof(T) == 8) {
+            if (shifted_sums_overflowed(v)) v = rescan_state(v, x, tid, nthreads, head, nvec, tail_start, tail);
+        }
         v = block_merge<BLOCK>(v, empty, warp_states);
 
         if (gridDim.x == 1) {
@@ -821,20 +907,35 @@ arg_rows_kernel(const T* __restrict__ in, long long rows, long long length, ArgP
 // the host. T: the input element; SumOut and MeanOut: the result dtypes of sum and mean.
 // The same rules as the host: NaN (any NaN element) propagates into sum, min, max, mean and
 // var; a float sum of zeros is +0.0; mean needs n > 0, var needs n - correction > 0 (else
-// NaN). Each result is rounded once from the float64 value, as NumPy's astype.
+// NaN); the mean is state_mean's and the M2 state_m2's. Each result is rounded once from the
+// float64 value, as NumPy's astype.
 
 // The mean a state with n > 0 stands for: multireduce._stats.state_mean, with the same
 // float64 operations. An integer total is exact unless it wrapped, which it cannot where
 // n * max(|lo|, |hi|) < 2**62; there the mean is double(total) / double(n), so that it does
-// not depend on how the elements were split into merged states. Else the state's mean.
+// not depend on how the elements were split into merged states. A float state's mean that
+// is +-inf or NaN though lo and hi are finite (no infinite element) comes from a float64 sum
+// that overflowed: double(total) / double(n), NumPy's mean. Else the state's mean.
 template <class S, class E>
 __device__ __forceinline__ double state_mean(const MomentState<S, E>& st) {
     if constexpr (!IsFloating<S>::value) {
         const double n = static_cast<double>(st.n);
         const double largest = fmax(fabs(static_cast<double>(st.lo)), fabs(static_cast<double>(st.hi)));
         if (n * largest < 0x1p62) return static_cast<double>(st.total) / n;
+    } else {
+        if (!is_finite_value(st.mean) && is_finite_value(st.lo) && is_finite_value(st.hi))
+            return static_cast<double>(st.total) / static_cast<double>(st.n);
     }
     return st.mean;
+}
+
+// The M2 a state stands for: multireduce._stats._overflowed_m2. A NaN M2 though lo and hi
+// are finite (no infinite element) comes from float64 squares or sums that overflowed
+// (inf - inf): inf, so that var and std are inf, as NumPy's. Else the state's M2.
+template <class S, class E>
+__device__ __forceinline__ double state_m2(const MomentState<S, E>& st) {
+    return st.m2 != st.m2 && is_finite_value(st.lo) && is_finite_value(st.hi) ? __longlong_as_double(0x7ff0000000000000LL)
+                                                                                : st.m2;
 }
 
 template <class T, class S, class E, class SumOut, class MeanOut>
@@ -864,7 +965,7 @@ __global__ void stats_finalize_kernel(const MomentState<S, E>* __restrict__ stat
         }
         const double dof = static_cast<double>(st.n) - correction;
         mean[r] = Convert<MeanOut, double>::apply(st.n > 0 && !has_nan ? state_mean(st) : qnan);
-        var[r] = Convert<MeanOut, double>::apply(dof > 0.0 && !has_nan ? st.m2 / dof : qnan);
+        var[r] = Convert<MeanOut, double>::apply(dof > 0.0 && !has_nan ? state_m2(st) / dof : qnan);
     }
 }
 
@@ -872,8 +973,9 @@ __global__ void stats_finalize_kernel(const MomentState<S, E>* __restrict__ stat
 // var (OP 1) or std (OP 2) of `rows` moments states, finalized on the device so that
 // multireduce.var/std of a CuPy array wait for nothing: the values of
 // multireduce._stats.finalize_moments (the host decides only its warnings, from the shape).
-// NaN where a NaN was read or where n - correction <= 0; the float64 value (std: its
-// correctly rounded square root) is rounded once to Out. (The mean is mean_from_sum_kernel's.)
+// NaN where a NaN was read or where n - correction <= 0; else state_m2 / dof (inf where
+// the squares of finite elements overflowed). The float64 value (std: its correctly rounded
+// square root) is rounded once to Out. (The mean is mean_from_sum_kernel's.)
 
 template <class S, class E, class Out, int OP>
 __global__ void moments_finalize_kernel(const MomentState<S, E>* __restrict__ states, long long rows,
@@ -885,7 +987,7 @@ __global__ void moments_finalize_kernel(const MomentState<S, E>* __restrict__ st
         const MomentState<S, E> st = states[r];
         const bool has_nan = st.nan > 0;
         const double dof = static_cast<double>(st.n) - correction;
-        double value = dof > 0.0 && !has_nan ? st.m2 / dof : qnan;
+        double value = dof > 0.0 && !has_nan ? state_m2(st) / dof : qnan;
         if constexpr (OP == 2) value = sqrt(value);
         out[r] = Convert<Out, double>::apply(value);
     }
