@@ -26,13 +26,16 @@
  *      accumulator; exact in int64/uint64 for small integers). An infinite element makes
  *      s1 infinite, so mean is +-inf (NaN for +inf and -inf) and M2 is NaN, as on the CPU.
  *   2b. RESCAN (float64 input only, the one whose shifted sums can overflow): a thread whose
- *      elements are finite (lo, hi finite) but whose mean or M2 is not (s1 or s2
- *      overflowed: see ERROR) reads its elements again, twice, in the order it visited
- *      them, and forms its state as the CPU forms a block's (_stats._block_moments):
+ *      elements are finite (lo, hi finite) but whose mean is not (s1 overflowed), or whose
+ *      M2 is not (s2 overflowed: see ERROR) while hi - lo <= 1.9e154, reads its elements
+ *      again, twice, in the order it visited them, and forms its state as the CPU forms a
+ *      block's (_stats._block_moments):
  *      total = sum(x), mean = total / n, M2 = sum((x - mean)**2) (inf where that is NaN:
  *      a total that overflowed both ways), NaN elements skipped. Its s1 had lost the sum
  *      and the mean (c = 1e308 and x = -1e308 give s1 = -inf where sum(x) is 0). This runs
- *      after the main loop, only in such threads: other threads pay one branch.
+ *      after the main loop, only in such threads: other threads pay one branch. Where
+ *      hi - lo > 1.9e154 and the mean is finite, the true M2 exceeds the largest float64
+ *      (shifted_sums_overflowed) and is set to inf without reading anything again.
  *   3. Threads, warps and blocks merge with Chan et al.'s update (merge_moments, the same
  *      rules as _stats.merge: an empty side leaves the other unchanged; finite means whose
  *      difference overflows give their weighted mean; with an infinite or NaN mean the mean
@@ -580,11 +583,25 @@ struct SquaredDeviations {
 };
 
 // Whether a float64 thread state needs the RESCAN: finite elements (n > 0, lo and hi finite)
-// with a mean or M2 that is not finite.
+// with a mean or M2 that is not finite. A finite mean with M2 not finite needs none where
+// hi - lo > 1.9e154: M2 = sum((x - mean)**2) >= (hi - mean)**2 + (lo - mean)**2 >=
+// (hi - lo)**2 / 2, above the largest float64 there (sqrt(2 * DBL_MAX) = 1.89615e154), so
+// M2 is inf, as NumPy's sum of the squares (m2_overflowed). (Without this, one element
+// near DBL_MAX among ordinary ones sent its thread through the RESCAN: about 0.35 ms of
+// dependent loads at 4 GiB, `h200_61214fd`.)
 template <class S, class E>
 __device__ __forceinline__ bool shifted_sums_overflowed(const MomentState<S, E>& v) {
-    return v.n > 0 && is_finite_value(v.lo) && is_finite_value(v.hi) &&
-           !(is_finite_value(v.mean) && is_finite_value(v.m2));
+    if (!(v.n > 0 && is_finite_value(v.lo) && is_finite_value(v.hi))) return false;
+    if (!is_finite_value(v.mean)) return true;
+    return !is_finite_value(v.m2) && !(static_cast<double>(v.hi) - static_cast<double>(v.lo) > 1.9e154);
+}
+
+// The M2 of a float64 thread state with finite elements and a finite mean whose M2 is not
+// finite although it needs no RESCAN (shifted_sums_overflowed): inf.
+template <class S, class E>
+__device__ __forceinline__ bool m2_overflowed(const MomentState<S, E>& v) {
+    return v.n > 0 && !is_finite_value(v.m2) && is_finite_value(v.lo) && is_finite_value(v.hi) &&
+           is_finite_value(v.mean);
 }
 
 // The thread state v (of float64 elements) formed again by the RESCAN; n, nan, lo, hi kept.
@@ -663,7 +680,11 @@ moments_rows_kernel(const T* __restrict__ in, long long rows, long long length, 
 
         State v = acc.state(thread_count(tid, nthreads, head, nvec, tail, VEC));
         if constexpr (IsFloating<T>::value && sizeof(T) == 8) {
-            if (shifted_sums_overflowed(v)) v = rescan_state(v, x, tid, nthreads, head, nvec, tail_start, tail);
+            if (shifted_sums_overflowed(v)) {
+                v = rescan_state(v, x, tid, nthreads, head, nvec, tail_start, tail);
+            } else if (m2_overflowed(v)) {
+                v.m2 = __longlong_as_double(0x7ff0000000000000LL);  // inf - inf gave NaN
+            }
         }
         v = block_merge<BLOCK>(v, empty, warp_states);
 
