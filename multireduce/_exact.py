@@ -12,8 +12,11 @@ integer rounded once, correctly (round half to even), to the result dtype.
 
 Error bound: none beyond the one final rounding. The result is the correctly rounded exact
 sum (|error| <= half an ulp of the result), or +-inf when the exact sum rounds beyond the
-dtype's largest finite value. Special values follow IEEE 754: any NaN, or +inf together with
--inf, gives NaN; otherwise an infinity gives that infinity.
+dtype's largest finite value; that rounding raises NumPy's floating-point overflow as the
+ordinary sum's does (a ``RuntimeWarning``, under the caller's ``numpy.errstate``; see
+:func:`round_to_dtype`). Special values follow IEEE 754: any NaN, or +inf together with
+-inf, gives NaN; otherwise an infinity gives that infinity, without a warning (NumPy warns
+for none of these), whatever the finite elements add up to.
 
 Layout
 ------
@@ -165,7 +168,12 @@ class ExactSum:
     def result(self, dtype: np.dtype, *, mean: bool = False) -> np.generic:
         """The sum, or with ``mean=True`` the mean, rounded once to ``dtype``.
 
-        The mean of no elements is NaN, with NumPy's RuntimeWarning.
+        The mean of no elements is NaN, with NumPy's RuntimeWarning. A finite exact sum that
+        rounds past ``dtype``'s range is +-inf with NumPy's overflow (:func:`round_to_dtype`);
+        the mean is the exact sum over the count, rounded once, so it lies within the range
+        of its finite elements and never overflows (10 float16 60000.0: the sum is inf with
+        the warning, the mean 60000.0 without). A NaN or an infinity among the elements gives
+        NaN or that infinity without a warning.
         """
         dt = np.dtype(dtype)
         if mean and self.count == 0:
@@ -189,7 +197,17 @@ def round_to_dtype(numerator: int, scale: int, dtype: np.dtype, divide_by: int =
     """``numerator * 2**-scale / divide_by`` rounded to nearest, ties to even, in ``dtype``.
 
     One rounding, straight to the target format (no double rounding through float64), with
-    subnormals and overflow to infinity handled as IEEE 754 does.
+    subnormals and overflow to infinity handled as IEEE 754 does: a value that rounds to
+    ``2**maxexp`` or beyond (float16: from 65520 up; 65519 is 65504) is +-inf, and raises
+    NumPy's floating-point overflow under the caller's ``numpy.errstate``, as the ordinary
+    sum's does (:func:`_overflow`).
+
+    Raises
+    ------
+    FloatingPointError
+        Where the result overflows under ``numpy.errstate(over="raise")``.
+    ZeroDivisionError
+        For ``divide_by == 0``.
     """
     dt = np.dtype(dtype)
     info = np.finfo(dt)
@@ -221,6 +239,27 @@ def round_to_dtype(numerator: int, scale: int, dtype: np.dtype, divide_by: int =
         q >>= 1
         e += 1
     if e + q.bit_length() - 1 >= info.maxexp:  # beyond the largest finite exponent
-        return dt.type(-np.inf if negative else np.inf)
+        return _overflow(dt, negative)
     value = math.ldexp(float(q), e)  # exact: q has at most `precision` bits
     return dt.type(-value if negative else value)
+
+
+def _overflow(dt: np.dtype, negative: bool) -> np.generic:
+    """+-inf of the float dtype ``dt``, from a NumPy operation that overflows as the ordinary sum's does.
+
+    NumPy reports a floating-point overflow by the flag that its operation raised, under the
+    caller's ``numpy.errstate`` and warning filters: by default ``RuntimeWarning: overflow
+    encountered in <operation>``, ``FloatingPointError`` under ``over="raise"``, nothing under
+    ``over="ignore"`` (and ``"call"``, ``"print"``, ``"log"`` as NumPy does them). So the
+    overflow is made by the operation in which the ordinary CPU sum overflows, rather than
+    imitated: float16 and float32 sums accumulate in a wider float and overflow in the final
+    cast to the result dtype (``overflow encountered in cast``; the value cast here,
+    ``+-2**maxexp``, is exact in float64 and past the range), float64 sums in the reduction
+    itself (``overflow encountered in reduce``; here the sum of the largest finite value
+    with itself). Either gives the correctly rounded result, +-inf.
+    """
+    info = np.finfo(dt)
+    if dt.itemsize < 8:
+        beyond = np.array(-(2.0**info.maxexp) if negative else 2.0**info.maxexp, dtype=np.float64)
+        return beyond.astype(dt)[()]
+    return np.add.reduce(np.full(2, -info.max if negative else info.max, dtype=dt))

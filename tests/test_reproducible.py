@@ -7,6 +7,7 @@ cases compare the GPU exact-sum kernel (and the device rounding) with the CPU bi
 
 from __future__ import annotations
 
+import functools
 import json
 import warnings
 from fractions import Fraction
@@ -17,6 +18,7 @@ from mpi_scripts.launch import SCRIPTS, run
 from test_exact import assert_bits, correctly_rounded, fraction_sum
 
 import multireduce
+from multireduce import _exact
 
 FLOATS = ["float16", "float32", "float64"]
 
@@ -196,6 +198,231 @@ def test_unsupported_requests_are_explicit():
         multireduce.reduce(x, "var", reproducible=True)
     with pytest.raises(NotImplementedError, match="not available for op 'nanmean'"):
         multireduce.reduce(x, "nanmean", reproducible=True)
+
+
+# -- a finite total past the result's range: NumPy's overflow, as the ordinary sum's ----------
+
+#: What the ordinary CPU sum reports (checked below against it): float16 and float32 sums
+#: accumulate in a wider float and overflow in the final cast, float64 sums in the reduction.
+OVERFLOW_MESSAGE = {
+    "float16": "overflow encountered in cast",
+    "float32": "overflow encountered in cast",
+    "float64": "overflow encountered in reduce",
+}
+#: (value, count) whose exact total is past the dtype's range.
+PAST_THE_RANGE = {"float16": (60000.0, 10), "float32": (3e38, 10), "float64": (1.7e308, 2)}
+
+
+def recorded(call):
+    """``call()`` and every warning it emitted, as (category, message) pairs (none deduplicated)."""
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        value = call()
+    return value, [(w.category, str(w.message)) for w in seen]
+
+
+def overflow_calls(x: np.ndarray):
+    """Every way a reproducible sum of the 1-d ``x`` is rounded on the host, by name."""
+    dt = x.dtype
+    parts = [multireduce.partial(p, "sum", reproducible=True) for p in np.array_split(x, 3)]
+    return {
+        "sum": lambda: multireduce.sum(x, reproducible=True),
+        "reduce, every axis, keepdims": lambda: multireduce.reduce(
+            x.reshape(1, -1), "sum", axis=(0, 1), keepdims=True, reproducible=True
+        ),
+        "partial": lambda: multireduce.partial(x, "sum", reproducible=True).result(dt),
+        "merged partials": lambda: functools.reduce(lambda a, b: a.merge(b), parts, _exact.ExactSum()).result(dt),
+        # The MPI layer's final step on every rank: the summed limbs, unpacked and rounded.
+        "packed, as MPI": lambda: _exact.ExactSum.from_array(
+            multireduce.partial(x, "sum", reproducible=True).to_array()
+        ).result(dt),
+    }
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_overflow_warns_once_as_the_ordinary_sum(dtype):
+    # The exact total was rounded to +-inf without a warning, where the ordinary sum warns.
+    dt = np.dtype(dtype)
+    value, n = PAST_THE_RANGE[dtype]
+    for sign in (1.0, -1.0):
+        x = np.full(n, sign * value, dtype=dt)
+        ordinary, seen = recorded(lambda: multireduce.sum(x))  # noqa: B023
+        assert seen == [(RuntimeWarning, OVERFLOW_MESSAGE[dtype])] and ordinary == sign * np.inf, (sign, seen)
+        for name, call in overflow_calls(x).items():
+            got, seen = recorded(call)
+            assert seen == [(RuntimeWarning, OVERFLOW_MESSAGE[dtype])], (sign, name, seen)
+            assert_bits(np.asarray(got).reshape(()), dt.type(sign * np.inf), (sign, name))
+        # dtype= rounds to the requested dtype: float16 from float64 elements that convert.
+        got, seen = recorded(lambda: multireduce.sum(np.full(10, sign * 60000.0), dtype=np.float16, reproducible=True))  # noqa: B023
+        assert seen == [(RuntimeWarning, OVERFLOW_MESSAGE["float16"])] and got == sign * np.inf, (sign, seen)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_overflow_follows_numpy_errstate(dtype):
+    x = np.full(PAST_THE_RANGE[dtype][1], PAST_THE_RANGE[dtype][0], dtype=dtype)
+    for name, call in overflow_calls(x).items():
+        with np.errstate(over="raise"), pytest.raises(FloatingPointError, match=OVERFLOW_MESSAGE[dtype]):
+            call()
+        with np.errstate(over="ignore"):
+            got, seen = recorded(call)
+        assert seen == [] and np.asarray(got).reshape(()) == np.inf, (name, seen)
+        calls = []
+        with np.errstate(over="call", call=lambda kind, flag: calls.append(kind)):  # noqa: B023
+            got, seen = recorded(call)
+        assert calls == ["overflow"] and seen == [], (name, calls, seen)
+    with np.errstate(over="raise"), pytest.raises(FloatingPointError, match=OVERFLOW_MESSAGE[dtype]):
+        multireduce.sum(x)  # the ordinary sum alike
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_inf_and_nan_inputs_do_not_warn_whatever_the_finite_total(dtype):
+    # NumPy warns for no infinity or NaN in the input; the finite elements here alone overflow
+    # (and warn: the first line), but the special value decides the result, silently.
+    dt = np.dtype(dtype)
+    top = float(np.finfo(dt).max)
+    with np.errstate(all="raise"):
+        with pytest.raises(FloatingPointError, match=OVERFLOW_MESSAGE[dtype]):
+            multireduce.sum(np.array([top, top], dtype=dt), reproducible=True)
+        for values, want in (
+            ([top, top, np.inf], np.inf),
+            ([-top, -top, np.inf], np.inf),
+            ([top, top, -np.inf], -np.inf),
+            ([top, top, np.nan], np.nan),
+            ([top, top, np.inf, -np.inf], np.nan),
+            ([np.inf, 1.0], np.inf),
+            ([np.inf, -np.inf], np.nan),
+        ):
+            x = np.array(values, dtype=dt)
+            for op in ("sum", "mean"):
+                got, seen = recorded(lambda: multireduce.reduce(x, op, reproducible=True))  # noqa: B023
+                assert seen == [], (values, op, seen)
+                assert_bits(got, dt.type(want), (values, op))
+
+
+def _adds_up_to_the_largest(dt: np.dtype) -> list[float]:
+    """Powers of two that add up exactly to the largest finite value (float16: 2**15 + ... + 2**5 = 65504)."""
+    info = np.finfo(dt)
+    return [2.0 ** (info.maxexp - 1 - k) for k in range(info.nmant + 1)]
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_overflow_boundary_rounds_as_ieee_and_warns_only_for_inf(dtype):
+    # The largest finite value has an odd significand, so a total of it plus half its ulp (the
+    # tie) rounds to even, up: inf, with the warning. Anything below the tie rounds to it.
+    dt = np.dtype(dtype)
+    info = np.finfo(dt)
+    top, half_ulp, tiny = float(info.max), 2.0 ** (info.maxexp - 2 - info.nmant), float(info.smallest_subnormal)
+    cases = {
+        "the largest finite value": ([top], False),
+        "powers of two that add up to it": (_adds_up_to_the_largest(dt), False),
+        "an ulp past it and back": ([top, 2 * half_ulp, -2 * half_ulp], False),
+        "just below the tie": ([top, half_ulp, -tiny], False),
+        "the tie": ([top, half_ulp], True),
+        "the tie in pieces": ([top, half_ulp / 2, half_ulp / 2], True),
+        "just above the tie": ([top, half_ulp, tiny], True),
+        "an ulp past it": ([top, 2 * half_ulp], True),
+    }
+    for name, (values, overflows) in cases.items():
+        for sign in (1.0, -1.0):
+            x = np.array(values, dtype=dt) * dt.type(sign)
+            want = correctly_rounded(fraction_sum(x), dt.type)  # independent of _exact
+            assert bool(np.isinf(want)) == overflows, (name, want)
+            got, seen = recorded(lambda: multireduce.sum(x, reproducible=True))  # noqa: B023
+            assert_bits(got, want, (name, sign))
+            assert seen == ([(RuntimeWarning, OVERFLOW_MESSAGE[dtype])] if overflows else []), (name, sign, seen)
+            if not overflows:
+                with np.errstate(over="raise"):
+                    assert_bits(multireduce.sum(x, reproducible=True), want, (name, sign))
+    if dtype == "float16":
+        # 65519 rounds to 65504; 65520, the tie, to inf.
+        for extra, want in ((15.0, 65504.0), (16.0, np.inf), (8.0, 65504.0)):
+            got, seen = recorded(lambda: multireduce.sum(np.array([65504.0, extra], dtype=dt), reproducible=True))  # noqa: B023
+            assert got == want and seen == ([(RuntimeWarning, OVERFLOW_MESSAGE[dtype])] if want == np.inf else []), (
+                extra
+            )
+        got, seen = recorded(lambda: multireduce.sum(np.array([65504.0, 8.0, 8.0], dtype=dt), reproducible=True))
+        assert got == np.inf and seen == [(RuntimeWarning, OVERFLOW_MESSAGE[dtype])]
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_mean_of_a_total_past_the_range_does_not_overflow(dtype):
+    # The mean is the exact total over the count, rounded once: it lies between the smallest
+    # and the largest element, so it never overflows, and does not warn, where the sum does
+    # (float16: 10 x 60000.0 sum to 600000, inf in float16; their mean is 60000.0). The
+    # ordinary float64 mean is the float64 sum over the count: inf there, with the warning.
+    dt = np.dtype(dtype)
+    value, n = PAST_THE_RANGE[dtype]
+    for sign in (1.0, -1.0):
+        x = np.full(n, sign * value, dtype=dt)
+        got, seen = recorded(lambda: multireduce.sum(x, reproducible=True))  # noqa: B023
+        assert got == sign * np.inf and seen == [(RuntimeWarning, OVERFLOW_MESSAGE[dtype])]
+        with np.errstate(over="raise"):
+            for mean in (
+                multireduce.mean(x, reproducible=True),
+                multireduce.partial(x, "mean", reproducible=True).result(dt, mean=True),
+            ):
+                assert_bits(mean, dt.type(sign * value))
+            top = np.full(7, np.finfo(dt).max, dtype=dt) * dt.type(sign)
+            assert_bits(multireduce.mean(top, reproducible=True), dt.type(sign * np.finfo(dt).max))
+            mixed = np.array([value, value, value / 2], dtype=dt) * dt.type(sign)
+            assert_bits(multireduce.mean(mixed, reproducible=True), correctly_rounded(fraction_sum(mixed) / 3, dt.type))
+
+
+def test_dask_overflow_warns_once_and_the_mean_does_not():
+    da = pytest.importorskip("dask.array")
+    import multireduce.dask  # noqa: F401
+
+    for dtype in FLOATS:
+        value, n = PAST_THE_RANGE[dtype]
+        x = da.from_array(np.full(n, value, dtype=dtype), chunks=1)
+        got, seen = recorded(lambda: x.treereduce("sum", reproducible=True, split_every=2).compute(scheduler="sync"))  # noqa: B023
+        assert got == np.inf and seen == [(RuntimeWarning, OVERFLOW_MESSAGE[dtype])], (dtype, seen)
+        got, seen = recorded(lambda: x.treereduce("mean", reproducible=True).compute(scheduler="sync"))  # noqa: B023
+        assert got == np.dtype(dtype).type(value) and seen == [], (dtype, seen)
+
+
+MPI_OVERFLOW = """
+import warnings
+import numpy as np
+from multireduce import mpi
+
+comm = mpi.MPI.COMM_WORLD
+for dtype, value, n, message in (
+    ("float16", 60000.0, 10, "overflow encountered in cast"),
+    ("float32", 3e38, 10, "overflow encountered in cast"),
+    ("float64", 1.7e308, 2, "overflow encountered in reduce"),  # an empty shard from 3 ranks on
+):
+    local = np.array_split(np.full(n, value, dtype=dtype), comm.size)[comm.rank]
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        total = mpi.allreduce(local, "sum", reproducible=True)
+        mean = mpi.allreduce(local, "mean", reproducible=True)
+    assert total == np.inf and total.dtype == dtype, (dtype, total)
+    assert mean == np.dtype(dtype).type(value), (dtype, mean)
+    seen = [(w.category, str(w.message)) for w in seen]
+    assert seen == [(RuntimeWarning, message)], (comm.rank, dtype, seen)
+    with np.errstate(over="raise"):
+        try:
+            mpi.allreduce(local, "sum", reproducible=True)
+        except FloatingPointError as exc:  # on every rank alike, after the collectives
+            assert message in str(exc), exc
+        else:
+            raise AssertionError(f"{dtype}: over='raise' did not raise")
+    assert mpi.allreduce(np.ones(1), "sum") == comm.size  # the ranks are still in step
+print(f"overflow: ok on rank {comm.rank} of {comm.size}", flush=True)
+"""
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("ranks", [1, 2, 3])
+def test_mpi_overflow_warns_on_every_rank(mpiexec, ranks):
+    # Every rank rounds the same exact total: each warns once, as the ordinary final cast does
+    # (allreduce's Notes). The float64 sum warns too, where the ordinary path, whose partials
+    # overflow only in MPI's addition, cannot.
+    done = run(mpiexec, ranks, ["-c", MPI_OVERFLOW], timeout=120)
+    assert done.returncode == 0, done.output
+    for rank in range(ranks):
+        assert f"overflow: ok on rank {rank} of {ranks}" in done.stdout, done.output
 
 
 @pytest.mark.gpu
