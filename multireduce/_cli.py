@@ -725,6 +725,9 @@ def _cmd_run(args, comm, mpi) -> int:
     dt = info["dtype"]
     n = info["n_global"]
     check = args.check if args.check is not None else args.input is None
+    empty = [name for name in ops if n == 0 and not get_op(name).empty_allowed]
+    # n is the same on every rank, so every rank passes the same error to the agreement.
+    mpi.agree(_no_elements_error(empty, args) if empty else None, comm)
 
     rows = []
     local_times = []
@@ -795,6 +798,17 @@ def _cmd_run(args, comm, mpi) -> int:
     if failed:
         return EXIT_CHECK
     return 0
+
+
+def _no_elements_error(ops: list[str], args) -> ValueError:
+    """The error for ops that cannot reduce zero elements (max, min) when the input has none."""
+    where = "--n 0" if args.input is None else "the input files hold no elements"
+    takers = ", ".join(name for name in CLI_OPS if get_op(name).empty_allowed)
+    return ValueError(
+        f"{' and '.join(ops)} {'needs' if len(ops) == 1 else 'need'} at least one element, as in NumPy, "
+        f"and there are none ({where}); "
+        f"give at least one element, or only ops that take an empty input with --op ({takers})"
+    )
 
 
 def _distinct_warnings(caught: list[warnings.WarningMessage]) -> list[str]:

@@ -419,6 +419,15 @@ def _reduce(x: Any, op: str | Op, axis: Any, keepdims: bool, dtype: Any, correct
         else:
             value = backend.reduce(arr, op, acc, result, axes)
     elif op.kind == "moments":
+        if (
+            arr.size == 0
+            and op.name != "nanmean"
+            and math.prod(n for i, n in enumerate(arr.shape) if i not in axes) == 0
+        ):
+            # An empty result has no state to warn from, but NumPy warns by the count of the
+            # reduced axes: var(ones((2, 0)), axis=0, correction=2) is [] with "Degrees of
+            # freedom <= 0 for slice".
+            _stats.warn_moments(op, math.prod(arr.shape[a] for a in axes), corr)
         if backend is _cupy_backend and op.name != "nanmean" and arr.size:
             # Finalized on the device (nothing waits for the GPU): the warnings depend on the
             # shape alone, except nanmean's, which counts the non-NaN elements.

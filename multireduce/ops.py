@@ -317,9 +317,12 @@ class Op:
         if not self.accepts_dtype:
             takers = ", ".join(repr(o.name) for o in OPS.values() if o.accepts_dtype)
             raise TypeError(f"op {self.name!r} does not take dtype=; ops that do: {takers}")
-        req = check_dtype(requested, what="requested")
+        names = ", ".join(d.name for d in _RESULT_DTYPES)
+        try:
+            req = check_dtype(requested, what="requested")
+        except TypeError as exc:  # its message lists the input dtypes, bool among them
+            raise TypeError(f"dtype={requested!r} is not accepted for op {self.name!r}; accepted: {names}") from exc
         if req not in _RESULT_DTYPES:
-            names = ", ".join(d.name for d in _RESULT_DTYPES)
             raise TypeError(f"dtype={req} is not accepted for op {self.name!r}; accepted: {names}")
         return req
 

@@ -233,8 +233,30 @@ def test_empty_global_array(mpiexec):
     assert results(report) == {"sum": 0.0}
     done = run(mpiexec, 3, [*CLI, "--n", "0", "--cpu"])
     assert done.returncode == 1
-    message = "ranks 0-2 of 3 failed: ValueError: zero-size array to reduction operation maximum which has no identity"
+    # The message names the ops, the option and the way out (it was NumPy's "zero-size
+    # array to reduction operation maximum which has no identity", from inside allreduce).
+    message = (
+        "ranks 0-2 of 3 failed: ValueError: max and min need at least one element, as in NumPy, and there are "
+        "none (--n 0); give at least one element, or only ops that take an empty input with --op (sum)"
+    )
     assert done.stderr.count(message) == 1, done.output
+    done = run(mpiexec, 2, [*CLI, "--n", "0", "--cpu", "--op", "min", "--op", "sum"])
+    assert done.returncode == 1, done.output
+    assert done.stderr.count("failed: ValueError: min needs at least one element") == 1, done.output
+
+
+def test_empty_input_file_names_the_files(tmp_path):
+    np.save(tmp_path / "empty.npy", np.zeros(0, np.float32))
+    done = run(None, 1, [*CLI, "--cpu", "--input", str(tmp_path / "empty.npy")])
+    assert done.returncode == 1, done.output
+    assert (
+        "max and min need at least one element, as in NumPy, and there are none (the input files hold no elements)"
+        in (done.stderr)
+    ), done.output
+    report = json.loads(
+        run(None, 1, [*CLI, "--cpu", "--input", str(tmp_path / "empty.npy"), "--op", "sum", "--json"]).stdout
+    )
+    assert results(report) == {"sum": 0.0}
 
 
 @pytest.mark.mpi

@@ -461,6 +461,10 @@ def test_bad_arguments():
         multireduce.reduce(np.ones(3), "max", dtype=np.float64)
     with pytest.raises(TypeError, match="dtype=bool is not accepted"):
         multireduce.sum(np.ones(3), dtype=bool)
+    for requested in (complex, "S3", np.dtype(">f8")):  # the accepted result dtypes, not the input dtypes
+        with pytest.raises(TypeError, match=r"is not accepted for op 'sum'; accepted: int8, .*float64$") as info:
+            multireduce.sum(np.ones(3), dtype=requested)
+        assert "bool" not in str(info.value), info.value
     with pytest.raises(np.exceptions.AxisError):
         multireduce.sum(np.ones((2, 2)), axis=2)
     with pytest.raises(ValueError, match="repeated axis"):

@@ -516,6 +516,21 @@ def test_moments_warnings_follow_numpy_and_point_at_the_caller():
         (lambda: multireduce.mean(np.zeros((0, 2)), axis=0), lambda: np.mean(np.zeros((0, 2)), axis=0)),
         (lambda: multireduce.nanmean(nan2), lambda: np.nanmean(nan2)),
         (lambda: multireduce.nanmean(one_nan), lambda: np.nanmean(one_nan)),
+        # Empty results: NumPy still warns by the count of the reduced axes.
+        (
+            lambda: multireduce.var(np.ones((2, 0)), axis=0, correction=2),
+            lambda: np.var(np.ones((2, 0)), axis=0, ddof=2),
+        ),
+        (
+            lambda: multireduce.std(np.ones((2, 0)), axis=0, correction=3),
+            lambda: np.std(np.ones((2, 0)), axis=0, ddof=3),
+        ),
+        (
+            lambda: multireduce.var(np.ones((2, 0)), axis=0, correction=1),
+            lambda: np.var(np.ones((2, 0)), axis=0, ddof=1),
+        ),
+        (lambda: multireduce.mean(np.ones((2, 0)), axis=0), lambda: np.mean(np.ones((2, 0)), axis=0)),
+        (lambda: multireduce.var(np.ones((0, 2, 0)), axis=(0, 1)), lambda: np.var(np.ones((0, 2, 0)), axis=(0, 1))),
     ]
     for ours, theirs in cases:
         found = []
