@@ -56,6 +56,7 @@ def float_arrays(draw):
     return draw(hnp.arrays(dt, st.integers(0, 60), elements=elements))
 
 
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # inf past the range, warned as NumPy's
 @settings(max_examples=400, deadline=None)
 @given(x=float_arrays())
 def test_correctly_rounded(x):
@@ -64,6 +65,7 @@ def test_correctly_rounded(x):
     assert_bits(got, dt(0.0) if x.size == 0 else correctly_rounded(fraction_sum(x), dt))
 
 
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # inf past the range, warned as NumPy's
 @settings(max_examples=200, deadline=None)
 @given(x=float_arrays(), data=st.data())
 def test_any_order_and_any_split_gives_the_same_bits(x, data):
@@ -79,6 +81,7 @@ def test_any_order_and_any_split_gives_the_same_bits(x, data):
     assert acc.count == x.size
 
 
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # inf past the range, warned as NumPy's
 @pytest.mark.parametrize("dt", FLOATS)
 def test_adversarial(dt):
     big = np.finfo(dt).max / 4

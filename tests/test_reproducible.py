@@ -545,6 +545,7 @@ def test_mpi_ranks_give_the_one_rank_bits(mpiexec, ranks):
     assert f"reproducible: ok at {ranks} ranks" in done.stdout
 
 
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # inf past the range, warned as NumPy's
 @pytest.mark.parametrize("dtype", FLOATS)
 def test_dask_chunkings_give_the_same_bits(dtype):
     da = pytest.importorskip("dask.array")
