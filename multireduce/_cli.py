@@ -802,7 +802,10 @@ def _cmd_run(args, comm, mpi) -> int:
 
 def _no_elements_error(ops: list[str], args) -> ValueError:
     """The error for ops that cannot reduce zero elements (max, min) when the input has none."""
-    where = "--n 0" if args.input is None else "the input files hold no elements"
+    if args.input is not None:
+        where = "the input files hold no elements"
+    else:
+        where = "--per-rank 0" if args.per_rank is not None else "--n 0"
     takers = ", ".join(name for name in CLI_OPS if get_op(name).empty_allowed)
     return ValueError(
         f"{' and '.join(ops)} {'needs' if len(ops) == 1 else 'need'} at least one element, as in NumPy, "

@@ -397,19 +397,23 @@ def _block_moments(b: np.ndarray, work: tuple[np.ndarray, np.ndarray], axis: int
     return Moments(n=n, nan=nan, total=total, mean=mean, m2=m2, lo=np.asarray(lo), hi=np.asarray(hi))
 
 
-def _overflowed_m2(m2: Any, lo: Any, hi: Any) -> Any:
+def _overflowed_m2(m2: Any, lo: Any, hi: Any, total: Any = None) -> Any:
     """``m2`` with inf for NaN where ``lo`` and ``hi`` are finite: the M2 of finite elements.
 
     With no infinite element, a NaN M2 can only come from float64 squares or sums that
     overflowed (inf - inf). The variance is then inf, as NumPy's var wherever its own
     squares or sum overflow to inf (it squares a deviation above ``sqrt(DBL_MAX)``, or its
     mean is inf). NumPy's is NaN where its sum overflows both ways (inf - inf); here finite
-    elements never get a NaN variance.
+    elements never get a NaN variance. With a float ``total`` (at finalize): inf also where
+    the total of finite elements is not finite, as the mean is then ``total / n``
+    (:func:`state_mean`) and NumPy's var of such elements is inf.
     """
-    nan = np.isnan(m2)
-    if not np.any(nan):
+    bad = np.isnan(m2)
+    if total is not None and total.dtype.kind == "f":
+        bad = bad | ~np.isfinite(total)
+    if not np.any(bad):
         return m2
-    return np.where(nan & np.isfinite(lo) & np.isfinite(hi), np.float64(np.inf), m2)
+    return np.where(bad & np.isfinite(lo) & np.isfinite(hi), np.float64(np.inf), m2)
 
 
 def _work_buffers(size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -565,20 +569,24 @@ def state_mean(state: Moments) -> np.ndarray:
     So a mean does not depend on how the elements were split into merged states (Chan's
     update gives -4e-16 where the exact mean is 0); elsewhere the state's float64 mean.
 
-    For float input, the state's mean, except where it is +-inf or NaN though ``lo`` and
-    ``hi`` are finite (no infinite element): a float64 sum of some block of the elements
-    overflowed, and the mean is ``float64(total) / float64(n)``, NumPy's formula (inf
-    where the sum itself overflows, as NumPy's; NaN where it overflowed both ways). With
-    an infinite element the state's mean (+-inf, or NaN for inf and -inf) is NumPy's.
+    For float input, the state's mean, except where it or the total is +-inf or NaN though
+    ``lo`` and ``hi`` are finite (no infinite element): a float64 sum of the elements, or of
+    some block of them, overflowed, and the mean is ``float64(total) / float64(n)``,
+    NumPy's formula (inf where the sum itself overflows, as NumPy's; NaN where it overflowed
+    both ways). The total decides even where every merged part's mean is finite, so the
+    mean does not depend on the split: Chan's update of four parts of 1e308 gives 1e308,
+    where the sum, NumPy's mean and one part of all four give inf. With an infinite element
+    the state's mean (+-inf, or NaN for inf and -inf) is NumPy's.
 
     ``stats_finalize_kernel`` (``kernels/multireduce/stats.cuh``) applies the same rules
     with the same float64 operations.
     """
     if state.total.dtype.kind not in "iu":
         mean = state.mean
-        if np.all(np.isfinite(mean)):
+        if np.all(np.isfinite(mean)) and np.all(np.isfinite(state.total)):
             return mean
-        overflowed = ~np.isfinite(mean) & np.isfinite(state.lo) & np.isfinite(state.hi) & (state.n > 0)
+        finite = np.isfinite(mean) & np.isfinite(state.total)
+        overflowed = ~finite & np.isfinite(state.lo) & np.isfinite(state.hi) & (state.n > 0)
         with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
             return np.where(overflowed, state.total.astype(np.float64) / state.n.astype(np.float64), mean)
     n = state.n.astype(np.float64)
@@ -611,15 +619,22 @@ def _state_mean_scalar(state: Moments) -> float:
             return float(total) / n
         return float(state.mean)
     mean = float(state.mean)
-    if not math.isfinite(mean) and math.isfinite(float(state.lo[()])) and math.isfinite(float(state.hi[()])):
+    if not (math.isfinite(mean) and math.isfinite(float(total))) and _finite_extremes(state):
         return float(total) / float(int(state.n))
     return mean
+
+
+def _finite_extremes(state: Moments) -> bool:
+    # Whether a 0-d float state's elements are all finite (its lo and hi are).
+    return math.isfinite(float(state.lo[()])) and math.isfinite(float(state.hi[()]))
 
 
 def _state_m2_scalar(state: Moments) -> float:
     # The M2 of a 0-d state with the rule of _overflowed_m2, in Python floats.
     m2 = float(state.m2)
-    if math.isnan(m2) and math.isfinite(float(state.lo[()])) and math.isfinite(float(state.hi[()])):
+    total = state.total[()]
+    overflowed = math.isnan(m2) or (total.dtype.kind == "f" and not math.isfinite(float(total)))
+    if overflowed and _finite_extremes(state):
         return math.inf
     return m2
 
@@ -648,7 +663,7 @@ def finalize_moments(state: Moments, op: Op, result: np.dtype, correction: float
         return _as_result(value, result)
     dof = n - correction
     with np.errstate(invalid="ignore", divide="ignore"):
-        value = _overflowed_m2(state.m2, state.lo, state.hi) / np.where(dof > 0, dof, 1.0)
+        value = _overflowed_m2(state.m2, state.lo, state.hi, state.total) / np.where(dof > 0, dof, 1.0)
     value = _nan_where((dof <= 0) | (nan > 0), value)
     if op.name == "std":
         value = np.sqrt(value)

@@ -466,6 +466,7 @@ def _moments_aggregate(
     result: np.dtype,
     correction: float,
     integer_mean: np.dtype | None = None,
+    reduced: int | None = None,
     computing_meta: bool = False,
 ):
     if computing_meta:
@@ -473,6 +474,9 @@ def _moments_aggregate(
     merged, device = _moments_merged(parts)
     if op is None:  # stats: the merged state itself (host values), finalized by stats()
         return _stats.to_structured(merged)
+    if merged.n.size == 0 and reduced is not None and op.name != "nanmean":
+        # An empty result has no state to warn from; NumPy warns by the reduced count (as the core).
+        _stats.warn_moments(op, reduced, correction)
     if integer_mean is not None:  # reproducible=True: the core's check, on the whole array's states
         refused = core._integer_mean_error(integer_mean, merged.n, merged.lo, merged.hi)
         if refused is not None:
@@ -534,6 +538,12 @@ def _arg_finalize(states: _HostState, *, op: Op):
     return _to_chunks_device(index, states.device, np.dtype(np.int64))
 
 
+def _known_count(x, axes) -> int | None:
+    """The number of elements each result reduces; None where a reduced axis has unknown chunks."""
+    sizes = [x.shape[a] for a in axes]
+    return None if any(math.isnan(n) for n in sizes) else math.prod(int(n) for n in sizes)
+
+
 def _composite_reduction(x, op: Op, result, axes, keepdims, split_every, correction, reproducible=False) -> da.Array:
     name = f"treereduce-{op.name}"
     # Layers named here (not by Dask's reduction, which tokenizes its own) carry a token of the
@@ -550,6 +560,7 @@ def _composite_reduction(x, op: Op, result, axes, keepdims, split_every, correct
                 result=result,
                 correction=correction,
                 integer_mean=x.dtype if reproducible and op.name == "mean" and x.dtype.kind in "biu" else None,
+                reduced=_known_count(x, axes),
             ),
             axis=axes,
             keepdims=keepdims,

@@ -243,6 +243,8 @@ def test_empty_global_array(mpiexec):
     done = run(mpiexec, 2, [*CLI, "--n", "0", "--cpu", "--op", "min", "--op", "sum"])
     assert done.returncode == 1, done.output
     assert done.stderr.count("failed: ValueError: min needs at least one element") == 1, done.output
+    done = run(mpiexec, 2, [*CLI, "--per-rank", "0", "--cpu", "--op", "min"])
+    assert done.returncode == 1 and "there are none (--per-rank 0)" in done.stderr, done.output
 
 
 def test_empty_input_file_names_the_files(tmp_path):

@@ -1318,3 +1318,32 @@ def test_integer_means_are_numpys_whatever_the_chunks(dtype):
         ]
         for value in got:
             assert np.float64(value).tobytes() == np.mean(x).tobytes(), (chunks, got, np.mean(x))
+
+
+@pytest.mark.parametrize(
+    ("shape", "op", "axis", "correction"),
+    [
+        ((2, 0), "var", 0, 2),
+        ((2, 0), "std", 0, 3),
+        ((2, 0), "var", 0, 1),
+        ((0, 0), "mean", 0, 0),
+        ((2, 0), "mean", 0, 0),
+    ],
+)
+def test_empty_results_warn_as_numpy(shape, op, axis, correction):
+    # An empty result has no state to warn from: NumPy (and the core) warn by the count of
+    # the reduced axes. The Dask aggregate gave [] with no warning.
+    import warnings
+
+    x = np.ones(shape)
+    kwargs = {"correction": correction} if op != "mean" else {}
+    found = []
+    for call in (
+        lambda: da.from_array(x, chunks=1).treereduce(op, axis=axis, **kwargs).compute(scheduler="sync"),
+        lambda: getattr(np, op)(x, axis=axis, **({"ddof": correction} if op != "mean" else {})),
+    ):
+        with warnings.catch_warnings(record=True) as caught, np.errstate(all="ignore"):
+            warnings.simplefilter("always")
+            assert np.shape(call()) == (0,)
+        found.append([str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)])
+    assert found[0] == found[1], found

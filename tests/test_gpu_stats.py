@@ -769,6 +769,21 @@ def test_float64_one_huge_element_among_ordinary_ones(n):
         assert math.isfinite(float(s.sum)) and math.isfinite(float(s.mean)), (position, s.sum, s.mean)
 
 
+@pytest.mark.parametrize("offset", [0, 1])
+@pytest.mark.parametrize("n, value", [(4, 1e308), (33, 1e307), (4097, 1e305), (2**20 + 3, 1e303)])
+def test_float64_total_that_overflows_gives_numpys_inf_mean_and_var(n, value, offset):
+    # Every thread's (and block's) sum is finite, the total is not: the merged means are
+    # finite (value, M2 0), but NumPy's sum, mean and var are inf, and so are ours at any
+    # split (the finalize takes the total over the count, and var inf).
+    host = np.full(n, value)
+    dev = on_device(host, offset)
+    s = multireduce.stats(dev)
+    assert (float(s.sum), float(s.mean), float(s.var)) == (math.inf, math.inf, math.inf), s
+    for op in ("mean", "var", "std"):
+        assert float(getattr(multireduce, op)(dev)) == math.inf, op
+    assert np.all(np.isinf(cupy.asnumpy(multireduce.var(dev.reshape(1, n), axis=1)))), n
+
+
 @pytest.mark.parametrize("n, value", [(33, 1.2e154), (4097, 6e153), (2**20, 5e153)])
 def test_float64_outlier_shift_keeps_a_finite_var(n, value):
     # One large element first, zeros after it: it is thread 0's shift c, and its m elements

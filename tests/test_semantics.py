@@ -18,6 +18,7 @@ every axis set (non-adjacent ones too), on multireduce's kernels.
 
 from __future__ import annotations
 
+import importlib
 import itertools
 import math
 import warnings
@@ -1189,6 +1190,37 @@ def test_moments_merge_of_overflowing_means():
     assert math.isnan(float(both.mean)) and float(both.m2) == math.inf
     assert math.isnan(float(_stats.finalize_stats(both, f64).mean))
     assert float(_stats.finalize_stats(both, f64).var) == math.inf
+
+
+@pytest.mark.filterwarnings("ignore:(overflow|invalid value):RuntimeWarning")  # as NumPy warns
+def test_a_total_that_overflows_decides_the_mean_at_any_split():
+    # Parts whose own sums and means are finite, whose total overflows: Chan's update of four
+    # parts of 1e308 gave a mean of 1e308 (var 0) where one part of all four, NumPy and the
+    # sum give inf; the mean and var depended on the split (Dask chunks, MPI ranks, the CPU's
+    # blocks). The finalize takes the total over the count, and var inf, as NumPy's.
+    f64 = np.dtype(np.float64)
+    x = np.full(4, 1e308)
+    parts = [_stats.moments(x[i : i + 1], (0,)) for i in range(4)]
+    assert float(_stats.merge_all(parts).mean) == 1e308
+    for merged in (_stats.merge_all(parts), _stats.merge_all([parts[0], _stats.moments(x[1:], (0,))])):
+        assert math.isinf(float(merged.total)), merged  # (the four parts' merged mean is 1e308)
+        stats = _stats.finalize_stats(merged, f64)
+        assert (float(stats.mean), float(stats.var), float(stats.sum)) == (math.inf, math.inf, math.inf)
+        assert float(_stats.finalize_moments(merged, OPS["mean"], f64)) == math.inf
+        assert float(_stats.finalize_moments(merged, OPS["std"], f64, 1.0)) == math.inf
+    wide = np.full((2**18, 2), 1e303)  # the CPU's blocks, each with a finite sum
+    with np.errstate(over="ignore"):
+        want_mean = np.mean(wide, axis=0)
+    assert np.array_equal(multireduce.mean(wide, axis=0), want_mean) and np.all(np.isinf(want_mean))
+    assert np.all(np.isinf(multireduce.var(wide, axis=0))) and np.all(np.isinf(multireduce.std(wide, axis=0)))
+    s = multireduce.stats(wide[:, 0].copy())
+    assert (float(s.sum), float(s.mean), float(s.var)) == (math.inf, math.inf, math.inf)
+    da = pytest.importorskip("dask.array")
+    mrdask = importlib.import_module("multireduce.dask")
+    for chunks in (1, 2, 4):
+        d = da.from_array(x, chunks=chunks)
+        got = [float(mrdask.treereduce(d, op).compute()) for op in ("mean", "var", "std")]
+        assert got == [math.inf] * 3, (chunks, got)
 
 
 @pytest.mark.filterwarnings("ignore:(overflow|invalid value):RuntimeWarning")  # as NumPy warns

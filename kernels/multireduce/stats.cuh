@@ -934,9 +934,10 @@ arg_rows_kernel(const T* __restrict__ in, long long rows, long long length, ArgP
 // The mean a state with n > 0 stands for: multireduce._stats.state_mean, with the same
 // float64 operations. An integer total is exact unless it wrapped, which it cannot where
 // n * max(|lo|, |hi|) < 2**62; there the mean is double(total) / double(n), so that it does
-// not depend on how the elements were split into merged states. A float state's mean that
-// is +-inf or NaN though lo and hi are finite (no infinite element) comes from a float64 sum
-// that overflowed: double(total) / double(n), NumPy's mean. Else the state's mean.
+// not depend on how the elements were split into merged states. A float state whose mean or
+// total is +-inf or NaN though lo and hi are finite (no infinite element) had a float64 sum
+// overflow: double(total) / double(n), NumPy's mean (the total decides even where the merged
+// parts' means are finite, so the mean does not depend on the split). Else the state's mean.
 template <class S, class E>
 __device__ __forceinline__ double state_mean(const MomentState<S, E>& st) {
     if constexpr (!IsFloating<S>::value) {
@@ -944,7 +945,8 @@ __device__ __forceinline__ double state_mean(const MomentState<S, E>& st) {
         const double largest = fmax(fabs(static_cast<double>(st.lo)), fabs(static_cast<double>(st.hi)));
         if (n * largest < 0x1p62) return static_cast<double>(st.total) / n;
     } else {
-        if (!is_finite_value(st.mean) && is_finite_value(st.lo) && is_finite_value(st.hi))
+        const bool finite = is_finite_value(st.mean) && is_finite_value(static_cast<double>(st.total));
+        if (!finite && is_finite_value(st.lo) && is_finite_value(st.hi))
             return static_cast<double>(st.total) / static_cast<double>(st.n);
     }
     return st.mean;
@@ -952,11 +954,14 @@ __device__ __forceinline__ double state_mean(const MomentState<S, E>& st) {
 
 // The M2 a state stands for: multireduce._stats._overflowed_m2. A NaN M2 though lo and hi
 // are finite (no infinite element) comes from float64 squares or sums that overflowed
-// (inf - inf): inf, so that var and std are inf, as NumPy's. Else the state's M2.
+// (inf - inf), and a float total that is not finite makes the mean inf (state_mean): inf
+// either way, so that var and std are inf, as NumPy's. Else the state's M2.
 template <class S, class E>
 __device__ __forceinline__ double state_m2(const MomentState<S, E>& st) {
-    return st.m2 != st.m2 && is_finite_value(st.lo) && is_finite_value(st.hi) ? __longlong_as_double(0x7ff0000000000000LL)
-                                                                                : st.m2;
+    bool overflowed = st.m2 != st.m2;
+    if constexpr (IsFloating<S>::value) overflowed = overflowed || !is_finite_value(static_cast<double>(st.total));
+    return overflowed && is_finite_value(st.lo) && is_finite_value(st.hi) ? __longlong_as_double(0x7ff0000000000000LL)
+                                                                          : st.m2;
 }
 
 template <class T, class S, class E, class SumOut, class MeanOut>
