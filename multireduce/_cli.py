@@ -17,6 +17,7 @@ Exit status: 0 success, 1 error, 2 usage error, 3 a result failed its check, 130
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import math
@@ -735,7 +736,7 @@ def _cmd_run(args, comm, mpi) -> int:
         # NumPy's warnings (a sum past its dtype's range: "overflow encountered in cast", from
         # the final cast that every rank makes alike) are recorded, and rank 0 reports each
         # once for all ranks (_report_warnings) instead of every rank printing its own.
-        with warnings.catch_warnings(record=True) as caught:
+        with _recorded_warnings(ctx) as caught:
             # The first call compiles the GPU kernel and sets up MPI's connections: not timed.
             mpi.allreduce(x, name, comm=comm)
             kernel_s = allreduce_s = float("inf")
@@ -812,6 +813,24 @@ def _no_elements_error(ops: list[str], args) -> ValueError:
         f"and there are none ({where}); "
         f"give at least one element, or only ops that take an empty input with --op ({takers})"
     )
+
+
+@contextlib.contextmanager
+def _recorded_warnings(ctx: _Context):
+    """Record the warnings of the reductions in the block (collective at its end).
+
+    The user's filters apply. One that makes a warning an error (``-W error``,
+    ``PYTHONWARNINGS=error``) raises it inside the block, on every rank alike (each makes the
+    same final cast after the combine): it is agreed here, so that every rank stops with one
+    message and exit status 1 instead of an abort with a traceback per rank.
+    """
+    error = None
+    with warnings.catch_warnings(record=True) as caught:
+        try:
+            yield caught
+        except Warning as exc:
+            error = exc
+    ctx.mpi.agree(error, ctx.comm)
 
 
 def _distinct_warnings(caught: list[warnings.WarningMessage]) -> list[str]:
@@ -1160,7 +1179,7 @@ def _cmd_bench(args, comm, mpi) -> int:
         for name in ops:
             if n == 0 and not get_op(name).empty_allowed:
                 continue
-            with warnings.catch_warnings(record=True) as caught:  # reported once, by rank 0
+            with _recorded_warnings(ctx) as caught:  # reported once, by rank 0
                 for _ in range(args.warmup):
                     mpi.allreduce(x, name, comm=comm)
                 kernel, combine = [], []

@@ -530,6 +530,23 @@ def test_overflow_warning_is_printed_once_and_the_report_says_so(mpiexec, tmp_pa
 
 
 @pytest.mark.mpi
+@pytest.mark.parametrize("ranks", [1, 2, 4])
+def test_a_warning_made_an_error_stops_every_rank_with_one_message(mpiexec, tmp_path, ranks):
+    # PYTHONWARNINGS=error makes the final cast's overflow warning an exception on every rank
+    # after the combine: it escaped unagreed, each rank printed a traceback and the job ended
+    # in MPI_Abort. Now it is agreed: one message, exit status 1 on every rank.
+    np.save(tmp_path / "x.npy", np.full(12, 60000.0, dtype=np.float16))
+    launcher = None if ranks == 1 else mpiexec
+    done = run(
+        launcher, ranks, [*CLI, "--input", str(tmp_path / "x.npy"), "--cpu"], extra_env={"PYTHONWARNINGS": "error"}
+    )
+    assert done.returncode == 1, done.output
+    who = "rank 0" if ranks == 1 else f"ranks {'0, 1' if ranks == 2 else '0-3'}"
+    assert done.stderr.count(f"multireduce: error: {who} of {ranks} failed: {CAST_WARNING}") == 1, done.output
+    assert "Traceback" not in done.stderr and "Abort" not in done.output, done.output
+
+
+@pytest.mark.mpi
 def test_a_warning_on_one_rank_alone_is_reported_by_rank_0(mpiexec, tmp_path):
     # Rank 2's own float64 partial overflows (NumPy: "overflow encountered in reduce", on that
     # rank only): rank 0 reports it, naming the rank, and rank 2 prints nothing of its own.
