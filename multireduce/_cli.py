@@ -951,30 +951,29 @@ def _reference_row(ctx, info, op, value, dt, n, references) -> dict:
     result_dt = get_op(op).result_dtype(dt)
     if info["source"] == "synthetic":
         pattern = info["pattern"]
-        reference = pattern.reference(op, n)
-        overflow = {}
-        if isinstance(reference, int) and result_dt.kind in "iu":
-            overflow = _int_overflow(op, reference, result_dt)
-            reference = _wrap_int(reference, result_dt)
-        elif reference is not None and result_dt.kind == "b":  # max/min of bools: as file data's
+        reference, overflow = _wrapped_reference(op, pattern.reference(op, n), result_dt)
+        if reference is not None and result_dt.kind == "b":  # max/min of bools: as file data's
             reference = bool(reference)
         passed, how = _check_value(value, reference, op, dt, n, pattern.abs_bound())
         return {"reference": reference, "check": passed, "check_how": how, **overflow}
-    reference = references[op]
-    overflow = {}
-    if isinstance(reference, int) and not isinstance(reference, bool) and result_dt.kind in "iu":
-        overflow = _int_overflow(op, reference, result_dt)
-        reference = _wrap_int(reference, result_dt)
+    reference, overflow = _wrapped_reference(op, references[op], result_dt)
     passed, how = _check_file_value(value, reference, op, n, ctx.size)
     if isinstance(reference, _FloatSum):
         reference = reference.value
     return {"reference": reference, "check": passed, "check_how": how, **overflow}
 
 
-def _int_overflow(op: str, exact: int, result_dt: np.dtype) -> dict:
-    # An integer sum whose exact value is outside its result dtype wrapped (_mark_overflows).
+def _wrapped_reference(op: str, reference: Any, result_dt: np.dtype) -> tuple[Any, dict]:
+    """An exact integer reference wrapped modulo 2**64 as the result dtype's, and the row's ``"overflow"``.
+
+    An integer sum whose exact value is outside its result dtype wrapped (:func:`_mark_overflows`).
+    Other references are returned as they are, with no ``"overflow"``.
+    """
+    if not isinstance(reference, int) or isinstance(reference, bool) or result_dt.kind not in "iu":
+        return reference, {}
     info = np.iinfo(result_dt)
-    return {"overflow": not info.min <= exact <= info.max} if op == "sum" else {}
+    overflow = {"overflow": not info.min <= reference <= info.max} if op == "sum" else {}
+    return _wrap_int(reference, result_dt), overflow
 
 
 def _jsonable(value):

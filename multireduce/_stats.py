@@ -560,6 +560,16 @@ def warn_moments(op: Op, count: Any, correction: float) -> None:
 EXACT_TOTAL_BOUND = 2.0**62
 
 
+def total_cannot_wrap(n: Any, lo: Any, hi: Any) -> np.ndarray:
+    """Where an integer total of ``n`` elements from ``lo`` to ``hi`` cannot have wrapped (elementwise).
+
+    ``n * max(|lo|, |hi|) < EXACT_TOTAL_BOUND``, in float64: :func:`state_mean`'s test, which
+    the CPU and GPU means and ``reproducible=True``'s check of integer means share.
+    """
+    largest = np.maximum(np.abs(np.asarray(lo).astype(np.float64)), np.abs(np.asarray(hi).astype(np.float64)))
+    return np.asarray(n).astype(np.float64) * largest < EXACT_TOTAL_BOUND
+
+
 def state_mean(state: Moments) -> np.ndarray:
     """The mean a moments state stands for (where ``n > 0``; the state's own mean elsewhere).
 
@@ -589,11 +599,9 @@ def state_mean(state: Moments) -> np.ndarray:
         overflowed = ~finite & np.isfinite(state.lo) & np.isfinite(state.hi) & (state.n > 0)
         with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
             return np.where(overflowed, state.total.astype(np.float64) / state.n.astype(np.float64), mean)
-    n = state.n.astype(np.float64)
-    largest = np.maximum(np.abs(state.lo.astype(np.float64)), np.abs(state.hi.astype(np.float64)))
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-        exact = state.total.astype(np.float64) / n
-        return np.where((state.n > 0) & (n * largest < EXACT_TOTAL_BOUND), exact, state.mean)
+        exact = state.total.astype(np.float64) / state.n.astype(np.float64)
+        return np.where((state.n > 0) & total_cannot_wrap(state.n, state.lo, state.hi), exact, state.mean)
 
 
 def dtype_total_bound(dtype: np.dtype, count: int) -> bool:

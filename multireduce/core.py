@@ -489,8 +489,7 @@ def _integer_mean_error(dtype: np.dtype, count: Any, lo: Any, hi: Any) -> NotImp
     largest magnitude of the first such result.
     """
     n, lo, hi = np.broadcast_arrays(np.asarray(count), np.asarray(lo), np.asarray(hi))
-    largest = np.maximum(np.abs(lo.astype(np.float64)), np.abs(hi.astype(np.float64)))
-    ok = (n == 0) | (n.astype(np.float64) * largest < _stats.EXACT_TOTAL_BOUND)
+    ok = (n == 0) | _stats.total_cannot_wrap(n, lo, hi)
     if np.all(ok):
         return None
     k = np.unravel_index(int(np.argmin(ok)), ok.shape)

@@ -80,18 +80,15 @@ def mean_result(x: np.ndarray, axes: tuple[int, ...], result: np.dtype):
 
 
 def _exact_total_bound(x: np.ndarray, axes: tuple[int, ...], count: int) -> bool:
-    """Whether every integer total of ``x`` over ``axes`` is below :data:`multireduce._stats.EXACT_TOTAL_BOUND`.
+    """Whether no integer total of ``x`` over ``axes`` can have wrapped (:func:`multireduce._stats.total_cannot_wrap`).
 
-    ``_stats.state_mean``'s test, ``n * max(|lo|, |hi|)`` in float64: from the dtype's range
-    where that suffices (narrow integers), else from the data's extremes.
+    From the dtype's range where that suffices (narrow integers), else from the data's extremes.
     """
     if _stats.dtype_total_bound(x.dtype, count):
         return True
     if x.dtype.kind == "b":
         return False
-    lo = np.min(x, axis=axes).astype(np.float64)
-    hi = np.max(x, axis=axes).astype(np.float64)
-    return bool(np.all(float(count) * np.maximum(np.abs(lo), np.abs(hi)) < _stats.EXACT_TOTAL_BOUND))
+    return bool(np.all(_stats.total_cannot_wrap(count, np.min(x, axis=axes), np.max(x, axis=axes))))
 
 
 def stats(x: np.ndarray, axes: tuple[int, ...], correction: float) -> _stats.Stats:
