@@ -142,7 +142,8 @@ def test_moments_special_values(dtype):
     for name, host in cases.items():
         assert_moments_match(host)
         gpu = multireduce.stats(cupy.asarray(host))
-        cpu = multireduce.stats(host)
+        with np.errstate(invalid="ignore"):  # inf + -inf: the CPU warns as NumPy's sum does
+            cpu = multireduce.stats(host)
         for field in ("count", "nan_count", "min", "max"):
             assert bits_equal(cupy.asnumpy(getattr(gpu, field)), np.asarray(getattr(cpu, field))), (name, field)
         for field in ("sum", "mean", "var"):
