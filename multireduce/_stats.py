@@ -372,8 +372,11 @@ def _block_moments(b: np.ndarray, work: tuple[np.ndarray, np.ndarray], axis: int
         nan = np.zeros(np.delete(b.shape, axis), np.int64)
         clean = b
     n = m - nan
-    total = np.add.reduce(clean, axis=axis, dtype=_sum_acc(b.dtype))
     np.copyto(f, clean, casting="safe")  # the float64 values (clean.astype(np.float64))
+    acc = _sum_acc(b.dtype)
+    # A float64 total is the sum of the float64 copy (float32 input: one pass fewer than
+    # summing ``clean`` through NumPy's buffered cast, and pairwise over the whole block).
+    total = np.add.reduce(f, axis=axis) if acc == np.float64 else np.add.reduce(clean, axis=axis, dtype=acc)
     ext = _extreme_acc(b.dtype)
     # NumPy's float16 min and max run without SIMD (about 10x float64's time): without NaN,
     # the extremes of the exact float64 copy are the same values, -0.0 and +0.0 included.
@@ -381,7 +384,7 @@ def _block_moments(b: np.ndarray, work: tuple[np.ndarray, np.ndarray], axis: int
     lo = OPS["nanmin"].host_reduce(src, ext, (axis % b.ndim,))
     hi = OPS["nanmax"].host_reduce(src, ext, (axis % b.ndim,))
     with np.errstate(invalid="ignore", divide="ignore"):
-        mean = np.add.reduce(f, axis=axis) / n
+        mean = (total if acc == np.float64 else np.add.reduce(f, axis=axis)) / n
         mean = np.where(n > 0, mean, 0.0)
         d = np.subtract(f, np.expand_dims(mean, axis), out=f)
         if nanmask is not None:
