@@ -137,41 +137,12 @@ def _positive_zero(x: np.ndarray) -> np.ndarray:
     return x + x.dtype.type(0) if x.dtype.kind == "f" else x
 
 
-#: Elements in NumPy's ufunc buffer for a host reduction that converts each element (float32
-#: summed in float64, int32 in int64): NumPy's default, 8,192, refills the buffer often enough
-#: that a float64 sum of 2**24 float32 elements took 9.4 ms on a 2-core VM, against 5.7 ms with
-#: 2**18 (int32 in int64: 7.8 and 4.6 ms; ``scripts/bench_cpu.py``). The buffer is one
-#: allocation per call (2 MiB of float64).
-CONVERT_BUFFER = 1 << 18
-#: Converting reductions of fewer elements keep NumPy's buffer: below about 2**22 elements the
-#: larger one gained nothing.
-CONVERT_BUFFER_FROM = 1 << 21
-
-
-def converting_reduce(ufunc: np.ufunc, x: np.ndarray, acc: np.dtype, axes: tuple[int, ...] | None) -> np.ndarray:
-    """``ufunc.reduce(x, axis=axes, dtype=acc)``, through a larger buffer where ``x`` is converted.
-
-    The buffer size changes only how many elements NumPy converts at a time, so a product
-    and an integer sum are the same; a float sum is pairwise within each buffer's elements,
-    so its float64 rounding can differ from NumPy's (more elements per pairwise sum). The
-    setting is NumPy's ufunc state, which lives in a context variable: other threads, and
-    the caller after this returns, keep their own.
-    """
-    if x.dtype == acc or x.size < CONVERT_BUFFER_FROM:
-        return ufunc.reduce(x, axis=axes, dtype=acc)
-    previous = np.setbufsize(CONVERT_BUFFER)
-    try:
-        return ufunc.reduce(x, axis=axes, dtype=acc)
-    finally:
-        np.setbufsize(previous)
-
-
 def _host_sum(x: np.ndarray, acc: np.dtype, axes: tuple[int, ...] | None = None) -> np.ndarray:
-    return _positive_zero(converting_reduce(np.add, x, acc, axes))
+    return _positive_zero(np.add.reduce(x, axis=axes, dtype=acc))
 
 
 def _host_prod(x: np.ndarray, acc: np.dtype, axes: tuple[int, ...] | None = None) -> np.ndarray:
-    return converting_reduce(np.multiply, x, acc, axes)
+    return np.multiply.reduce(x, axis=axes, dtype=acc)
 
 
 def _host_nansum(x: np.ndarray, acc: np.dtype, axes: tuple[int, ...] | None = None) -> np.ndarray:
@@ -222,7 +193,7 @@ def _extreme(ufunc, largest: bool):
 
 
 def _host_count_nonzero(x: np.ndarray, acc: np.dtype, axes: tuple[int, ...] | None = None) -> np.ndarray:
-    return converting_reduce(np.add, x != 0, acc, axes)
+    return np.add.reduce(x != 0, axis=axes, dtype=acc)
 
 
 def _host_any(x: np.ndarray, acc: np.dtype, axes: tuple[int, ...] | None = None) -> np.ndarray:

@@ -10,7 +10,7 @@ import math
 import numpy as np
 
 from .. import _exact, _stats
-from ..ops import OPS, Op, converting_reduce
+from ..ops import OPS, Op
 
 
 def _as_result(value, result: np.dtype):
@@ -73,7 +73,7 @@ def mean_result(x: np.ndarray, axes: tuple[int, ...], result: np.dtype):
     if x.dtype.kind in "biu":
         if not _exact_total_bound(x, axes, count):
             return _stats.finalize_moments(_stats.moments(x, axes), OPS["mean"], result)
-        total = converting_reduce(np.add, x, OPS["sum"].accumulator_dtype(OPS["sum"].result_dtype(x.dtype)), axes)
+        total = np.add.reduce(x, axis=axes, dtype=OPS["sum"].accumulator_dtype(OPS["sum"].result_dtype(x.dtype)))
         return _as_result(np.asarray(total).astype(np.float64) / np.float64(count), result)
     total = OPS["sum"].host_reduce(x, np.dtype(np.float64), axes)
     return _as_result(total / count, result)
