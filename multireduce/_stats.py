@@ -546,15 +546,17 @@ def warn_moments(op: Op, count: Any, correction: float) -> None:
     """NumPy's RuntimeWarnings for the moments op ``op`` over ``count`` elements per result.
 
     ``count`` (an int or an array) is the number of elements each result reduces, NaN
-    included, except for nanmean, whose count is that of the non-NaN ones (so only nanmean's
-    warning depends on the data). As NumPy: "Mean of empty slice" where the count is 0 (mean,
-    nanmean), "Degrees of freedom <= 0 for slice" where ``count - correction <= 0`` (var, std).
-    The warning points at the caller's line outside multireduce.
+    included, except for nanmean, nanvar and nanstd, whose count is that of the non-NaN ones
+    (so only their warnings depend on the data). As NumPy: "Mean of empty slice" where the
+    count is 0 (mean, nanmean), "Degrees of freedom <= 0 for slice" where ``count -
+    correction <= 0`` (var, std, nanvar, nanstd). The warning points at the caller's line
+    outside multireduce.
     """
-    mean = op.name in ("mean", "nanmean")
+    mean = op.statistic == "mean"
     limit = 0 if mean else correction  # a count at most this warns
     if count <= limit if isinstance(count, int) else np.any(np.asarray(count) <= limit):
-        message = "Mean of empty slice" if mean else "Degrees of freedom <= 0 for slice"
+        # NumPy's words: np.nanvar and np.nanstd end theirs with a period, np.var's does not.
+        message = "Mean of empty slice" if mean else "Degrees of freedom <= 0 for slice" + ("." if op.skips_nan else "")
         warnings.warn(message, RuntimeWarning, stacklevel=_outside_stacklevel())
 
 
@@ -651,9 +653,10 @@ def _state_m2_scalar(state: Moments) -> float:
 
 
 def finalize_moments(state: Moments, op: Op, result: np.dtype, correction: float = 0.0) -> Any:
-    """The value of the moments op ``op`` (mean, nanmean, var, std) from a state.
+    """The value of the moments op ``op`` (mean, nanmean, var, std, nanvar, nanstd) from a state.
 
-    NaN propagates (except for nanmean). Following the Array API, the mean of zero elements
+    NaN propagates, except for the ops that skip it (nanmean, nanvar, nanstd: the state's n,
+    mean and M2 are those of the non-NaN elements). Following the Array API, the mean of zero elements
     is NaN, and var/std are NaN where ``N - correction <= 0`` (NumPy divides by the
     non-positive count instead, giving inf or NaN). NumPy's RuntimeWarnings for these cases
     are emitted too (:func:`warn_moments`: decided by the number of elements, NaN included,
@@ -663,11 +666,11 @@ def finalize_moments(state: Moments, op: Op, result: np.dtype, correction: float
     """
     if state.n.ndim == 0:
         return _finalize_moments_scalar(state, op, result, correction)
-    skipna = op.name == "nanmean"
+    skipna = op.skips_nan
     n = state.n
     nan = state.nan
     warn_moments(op, n if skipna else n + nan, correction)
-    if op.name in ("mean", "nanmean"):
+    if op.statistic == "mean":
         value = np.where(n > 0, state_mean(state), np.float64(np.nan))
         if not skipna:
             value = _nan_where(nan > 0, value)
@@ -675,8 +678,8 @@ def finalize_moments(state: Moments, op: Op, result: np.dtype, correction: float
     dof = n - correction
     with np.errstate(invalid="ignore", divide="ignore"):
         value = _overflowed_m2(state.m2, state.lo, state.hi, state.total) / np.where(dof > 0, dof, 1.0)
-    value = _nan_where((dof <= 0) | (nan > 0), value)
-    if op.name == "std":
+    value = _nan_where((dof <= 0) | (nan > 0) if not skipna else dof <= 0, value)
+    if op.statistic == "std":
         value = np.sqrt(value)
     return _as_result(value, result)
 
@@ -686,13 +689,14 @@ def _finalize_moments_scalar(state: Moments, op: Op, result: np.dtype, correctio
     # division, sqrt) as the array code, without its per-call NumPy overhead, which is what a
     # full GPU reduction would otherwise pay on the host after its kernel.
     n, nan = int(state.n), int(state.nan)
-    warn_moments(op, n if op.name == "nanmean" else n + nan, correction)
-    if op.name in ("mean", "nanmean"):
-        value = _state_mean_scalar(state) if n > 0 and (nan == 0 or op.name == "nanmean") else math.nan
+    skipna = op.skips_nan
+    warn_moments(op, n if skipna else n + nan, correction)
+    if op.statistic == "mean":
+        value = _state_mean_scalar(state) if n > 0 and (nan == 0 or skipna) else math.nan
         return result.type(value)
     dof = n - correction
-    value = _state_m2_scalar(state) / dof if dof > 0 and nan == 0 else math.nan
-    if op.name == "std":
+    value = _state_m2_scalar(state) / dof if dof > 0 and (nan == 0 or skipna) else math.nan
+    if op.statistic == "std":
         value = math.sqrt(value) if value >= 0 else math.nan
     return result.type(value)
 

@@ -33,7 +33,9 @@ __all__ = [
     "nanmax",
     "nanmean",
     "nanmin",
+    "nanstd",
     "nansum",
+    "nanvar",
     "normalize_axes",
     "partial",
     "prod",
@@ -243,12 +245,12 @@ def _converted(arr, op: Op, result: np.dtype, acc: np.dtype, exact: bool):
 
 
 def _check_correction(op: Op, correction: Any) -> float:
-    if op.name in ("var", "std"):
+    if op.statistic in ("var", "std"):
         if isinstance(correction, bool) or not isinstance(correction, int | float | np.integer | np.floating):
             raise TypeError(f"correction must be a real number (int or float), got {correction!r}")
         return float(correction)
     if correction != 0:
-        raise TypeError(f"op {op.name!r} does not take correction=; only 'var' and 'std' do")
+        raise TypeError(f"op {op.name!r} does not take correction=; only 'var', 'std', 'nanvar' and 'nanstd' do")
     return 0.0
 
 
@@ -293,7 +295,7 @@ def reduce(
         reductions keep two dimensions), which are refused.
     op : str or Op
         One of ``multireduce.OPS``: sum, prod, max, min, mean, var, std, count_nonzero, any,
-        all, argmin, argmax, nansum, nanmax, nanmin, nanmean.
+        all, argmin, argmax, nansum, nanmax, nanmin, nanmean, nanvar, nanstd.
     axis : None, int or tuple of int, optional
         Axes to reduce (negative counts from the end); None reduces all. argmin and argmax
         take None or one int; None indexes the C-order flattening, as in NumPy.
@@ -302,7 +304,8 @@ def reduce(
     dtype : dtype, optional
         Result dtype, for sum, prod and nansum only. Elements are converted to it first.
     correction : float, optional
-        For var and std: the divisor is ``N - correction`` (``ddof`` in NumPy).
+        For var, std, nanvar and nanstd: the divisor is ``N - correction`` (``ddof`` in
+        NumPy; N counts the non-NaN elements for nanvar and nanstd).
     reproducible : bool, optional
         For float sum and mean: the correctly rounded result of the exact sum, the same bits
         whatever the order, chunking, rank count or device (see :mod:`multireduce._exact`).
@@ -318,7 +321,7 @@ def reduce(
         For NumPy input a NumPy scalar when every axis is reduced without ``keepdims``, else
         an ndarray; for CuPy input a CuPy array. Result dtypes: sum, prod, nansum: int64 for
         bool and signed integers, uint64 for unsigned integers, the input's dtype for floats;
-        max, min, nanmax, nanmin: the input's; mean, var, std, nanmean: the input's float
+        max, min, nanmax, nanmin: the input's; mean, var, std, nanmean, nanvar, nanstd: the input's float
         dtype, float64 for bool and integers; any, all: bool; count_nonzero, argmin, argmax:
         int64.
 
@@ -327,14 +330,14 @@ def reduce(
     TypeError
         For an unsupported input type (a masked array or a matrix included) or dtype,
         ``dtype=`` given to an op that does not take it, ``correction=`` given to an op other
-        than var/std, or a tuple axis for argmin/argmax.
+        than var/std/nanvar/nanstd, or a tuple axis for argmin/argmax.
     ValueError
         For an unknown op, a repeated axis, or max, min, nanmax, nanmin, argmin, argmax over
         zero elements (NumPy's messages).
     numpy.exceptions.AxisError
         For an axis out of range.
     NotImplementedError
-        With ``reproducible=True``: prod, var, std, nansum and nanmean; a float sum or mean
+        With ``reproducible=True``: prod, var, std, nansum, nanmean, nanvar and nanstd; a float sum or mean
         over an ``axis`` that leaves axes unreduced; an integer or bool mean where ``n *
         max(|x|)`` reaches 2**62 (the message gives the count and the largest magnitude).
 
@@ -419,18 +422,15 @@ def _reduce(x: Any, op: str | Op, axis: Any, keepdims: bool, dtype: Any, correct
         else:
             value = backend.reduce(arr, op, acc, result, axes)
     elif op.kind == "moments":
-        if (
-            arr.size == 0
-            and op.name != "nanmean"
-            and math.prod(n for i, n in enumerate(arr.shape) if i not in axes) == 0
-        ):
+        if arr.size == 0 and not op.skips_nan and math.prod(n for i, n in enumerate(arr.shape) if i not in axes) == 0:
             # An empty result has no state to warn from, but NumPy warns by the count of the
             # reduced axes: var(ones((2, 0)), axis=0, correction=2) is [] with "Degrees of
             # freedom <= 0 for slice".
             _stats.warn_moments(op, math.prod(arr.shape[a] for a in axes), corr)
-        if backend is _cupy_backend and op.name != "nanmean" and arr.size:
+        if backend is _cupy_backend and not op.skips_nan and arr.size:
             # Finalized on the device (nothing waits for the GPU): the warnings depend on the
-            # shape alone, except nanmean's, which counts the non-NaN elements.
+            # shape alone, except those of nanmean, nanvar and nanstd, which count the non-NaN
+            # elements (their states come to the host, below).
             _stats.warn_moments(op, math.prod(arr.shape[a] for a in axes), corr)
             value = backend.moments_result(arr, axes, op, result, corr)
         elif backend is not _cupy_backend and op.name == "mean" and arr.size and backend.sums_pairwise(arr, axes):
@@ -772,6 +772,20 @@ def nanmin(x: Any, *, axis: Any = None, keepdims: bool = False):
 def nanmean(x: Any, *, axis: Any = None, keepdims: bool = False):
     """Mean of the non-NaN elements over ``axis`` (NaN where there are none)."""
     return reduce(x, "nanmean", axis=axis, keepdims=keepdims)
+
+
+def nanvar(x: Any, *, axis: Any = None, correction: float = 0.0, keepdims: bool = False):
+    """Variance of the non-NaN elements over ``axis``, with divisor ``N - correction`` (N: their count).
+
+    :func:`var`'s one pass and merge. NaN where ``N - correction <= 0`` (all NaN, for
+    example), with NumPy's "Degrees of freedom" warning, as :func:`numpy.nanvar`.
+    """
+    return reduce(x, "nanvar", axis=axis, keepdims=keepdims, correction=correction)
+
+
+def nanstd(x: Any, *, axis: Any = None, correction: float = 0.0, keepdims: bool = False):
+    """Standard deviation of the non-NaN elements, ``sqrt(nanvar(x, ...))``; see :func:`nanvar`."""
+    return reduce(x, "nanstd", axis=axis, keepdims=keepdims, correction=correction)
 
 
 def stats(x: Any, *, axis: Any = None, correction: float = 0.0) -> _stats.Stats:

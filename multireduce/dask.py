@@ -16,7 +16,7 @@ Where the host waits for the GPU, with CuPy chunks:
   work runs on one CUDA stream (CuPy's default stream in every Dask thread, which is CuPy's
   default); a step that reads partials made on other streams synchronizes its own stream
   (:mod:`multireduce._partials`).
-* Moments ops (mean, nanmean, var, std, and :func:`stats`) and argmin/argmax: a partial is
+* Moments ops (mean, nanmean, var, std, nanvar, nanstd, and :func:`stats`) and argmin/argmax: a partial is
   a small state that is merged on the host, so each chunk's task waits for its own kernel
   (:mod:`multireduce._backend._cupy_stats`): a full reduction's kernel writes its state into
   mapped host memory and the task synchronizes the stream before reading it
@@ -474,7 +474,7 @@ def _moments_aggregate(
     merged, device = _moments_merged(parts)
     if op is None:  # stats: the merged state itself (host values), finalized by stats()
         return _stats.to_structured(merged)
-    if merged.n.size == 0 and reduced is not None and op.name != "nanmean":
+    if merged.n.size == 0 and reduced is not None and not op.skips_nan:
         # An empty result has no state to warn from; NumPy warns by the reduced count (as the core).
         _stats.warn_moments(op, reduced, correction)
     if integer_mean is not None:  # reproducible=True: the core's check, on the whole array's states
@@ -644,7 +644,7 @@ def treereduce(
     op : str or Op
         Any of ``multireduce.OPS``. Fold ops (sum, prod, max, min, count_nonzero, any, all,
         nansum, nanmax, nanmin) combine partials in the accumulator dtype; mean, nanmean,
-        var and std merge :class:`multireduce._stats.Moments` states with Chan et al.'s
+        var, std, nanvar and nanstd merge :class:`multireduce._stats.Moments` states with Chan et al.'s
         update; argmin and argmax merge (value, int64 global index) states.
     axis : None, int or tuple of int, optional
         Axes to reduce, as in :func:`multireduce.reduce` (argmin/argmax: None or one int).
@@ -669,7 +669,7 @@ def treereduce(
         costs a scheduler round trip, more than combining 64 scalars at once); for axis
         reductions (partials are arrays of the kept shape) Dask's default, 4.
     correction : float, optional
-        For var and std, as in :func:`multireduce.var`.
+        For var, std, nanvar and nanstd, as in :func:`multireduce.var`.
     reproducible : bool, optional
         For float sum and mean (full reductions of NumPy chunks): every chunk forms the
         exact sum of its elements (:class:`multireduce._exact.ExactSum`), the combines add

@@ -415,7 +415,7 @@ def allreduce(
     in rank order), up to the order of floating-point additions.
 
     Fold ops (sum, prod, max, min, count_nonzero, any, all, nansum, nanmax, nanmin) combine
-    their partials inside the Allreduce. Moments ops (mean, nanmean, var, std) and arg ops
+    their partials inside the Allreduce. Moments ops (mean, nanmean, var, std, nanvar, nanstd) and arg ops
     (argmin, argmax) agree in the same first Allreduce, then gather their small states
     (:mod:`multireduce._stats`) and merge them in rank order with the core's merge: Chan et
     al.'s update for moments, and (value, int64 global index) pairs for argmin/argmax, whose
@@ -433,8 +433,8 @@ def allreduce(
         Result dtype, for sum, prod and nansum only (as :func:`multireduce.reduce`); the
         same on every rank.
     correction : float, optional
-        For var and std, as in :func:`multireduce.var`; the same on every rank (compared
-        exactly, by value: -0.0 and 0.0 are the same).
+        For var, std, nanvar and nanstd, as in :func:`multireduce.var`; the same on every
+        rank (compared exactly, by value: -0.0 and 0.0 are the same).
     reproducible : bool, optional
         The same on every rank (compared as a bool, for every op). For float sum and mean:
         each rank forms the exact sum of its shard (:class:`multireduce._exact.ExactSum`), the

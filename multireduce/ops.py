@@ -11,7 +11,7 @@ An :class:`Op` carries everything that every layer needs to know about one reduc
 * the name of the matching predefined MPI operation.
 
 Ops of kind ``"fold"`` have one value per output element as their partial. The moments ops
-(mean, nanmean, var, std, and :func:`multireduce.stats`) and the arg ops (argmin, argmax)
+(mean, nanmean, var, std, nanvar, nanstd, and :func:`multireduce.stats`) and the arg ops (argmin, argmax)
 have a small state instead, defined once with its merge in :mod:`multireduce._stats`.
 
 The CPU backend, the GPU backend, and the MPI and Dask layers all read these objects; none of
@@ -277,6 +277,12 @@ class Op:
     host_reduce : callable or None
         Fold ops: ``host_reduce(x, acc_dtype, axes) -> array``, the CPU reduction of ``x``
         over ``axes`` (a tuple of non-negative ints) to values of ``acc_dtype``.
+    statistic : {"mean", "var", "std"} or None
+        Moments ops: what the state is finalized to. var and std (and nanvar, nanstd) take
+        ``correction=``.
+    skips_nan : bool
+        Moments ops: whether NaN elements are left out (nanmean, nanvar, nanstd), so that the
+        count is that of the other elements; otherwise a NaN makes the result NaN.
     """
 
     name: str
@@ -292,6 +298,8 @@ class Op:
     _identity: Callable[[np.dtype], np.generic] | None
     nan_wins: bool = True
     combine_with: str = ""
+    statistic: str | None = None
+    skips_nan: bool = False
 
     def __reduce_ex__(self, protocol):
         # A registered op travels by name (pickle; Dask's distributed sends it with every task):
@@ -394,7 +402,7 @@ def _fold(
     )
 
 
-def _composite(name, kind, numpy_name, result, acc, *, empty_allowed):
+def _composite(name, kind, numpy_name, result, acc, *, empty_allowed, statistic=None, skips_nan=False):
     return Op(
         name=name,
         kind=kind,
@@ -407,6 +415,8 @@ def _composite(name, kind, numpy_name, result, acc, *, empty_allowed):
         _result=result,
         _accumulator=acc,
         _identity=None,
+        statistic=statistic,
+        skips_nan=skips_nan,
     )
 
 
@@ -488,10 +498,18 @@ OPS: dict[str, Op] = {
             empty_allowed=False,
             nan_wins=False,
         ),
-        _composite("mean", "moments", "mean", _mean_result, _F64, empty_allowed=True),
-        _composite("nanmean", "moments", "nanmean", _mean_result, _F64, empty_allowed=True),
-        _composite("var", "moments", "var", _mean_result, _F64, empty_allowed=True),
-        _composite("std", "moments", "std", _mean_result, _F64, empty_allowed=True),
+        _composite("mean", "moments", "mean", _mean_result, _F64, empty_allowed=True, statistic="mean"),
+        _composite(
+            "nanmean", "moments", "nanmean", _mean_result, _F64, empty_allowed=True, statistic="mean", skips_nan=True
+        ),
+        _composite("var", "moments", "var", _mean_result, _F64, empty_allowed=True, statistic="var"),
+        _composite("std", "moments", "std", _mean_result, _F64, empty_allowed=True, statistic="std"),
+        _composite(
+            "nanvar", "moments", "nanvar", _mean_result, _F64, empty_allowed=True, statistic="var", skips_nan=True
+        ),
+        _composite(
+            "nanstd", "moments", "nanstd", _mean_result, _F64, empty_allowed=True, statistic="std", skips_nan=True
+        ),
         _composite("argmax", "arg", "argmax", _always(np.int64), _extreme_accumulator, empty_allowed=False),
         _composite("argmin", "arg", "argmin", _always(np.int64), _extreme_accumulator, empty_allowed=False),
     )

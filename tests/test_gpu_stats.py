@@ -547,6 +547,9 @@ def test_gpu_moments_warnings_come_from_the_shape():
         ("mean", np.zeros(0), {}, "Mean of empty slice"),
         ("nanmean", np.array([np.nan, np.nan]), {}, "Mean of empty slice"),
         ("nanmean", np.array([np.nan, 2.0]), {}, None),
+        ("nanvar", np.array([np.nan, np.nan]), {}, "Degrees of freedom <= 0 for slice."),
+        ("nanstd", np.array([np.nan, 2.0]), {"correction": 1}, "Degrees of freedom <= 0 for slice."),
+        ("nanvar", np.array([np.nan, 2.0, 4.0]), {"correction": 1}, None),
     ]
     for op, host, kw, message in cases:
         with warnings.catch_warnings(record=True) as caught:
@@ -860,3 +863,35 @@ def test_float64_infinite_or_nan_elements_keep_numpys_nan_var():
             assert bits_equal(cupy.asnumpy(s.mean), np.asarray(ref["mean"])), (host[:4], s.mean, ref["mean"])
     x = on_device(np.array([1e308, np.nan, -1e308]), 1)
     assert float(multireduce.nanmean(x)) == 0.0  # the non-NaN elements' sum, 0, over 2
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+@pytest.mark.parametrize("axis", [None, 0, 1, (0, 1)])
+def test_nanvar_nanstd_against_numpy(dtype, axis):
+    # nanvar/nanstd of a CuPy array: the moments kernel's state of the non-NaN elements,
+    # finalized on the host (the warnings count them), the result back on the device. Rows
+    # with NaN at the ends of the kernel's vectors, an all-NaN row and one with one element.
+    import warnings
+
+    rng = np.random.default_rng(5)
+    host = (rng.standard_normal((7, 4099)) * 3 + 1).astype(dtype)
+    host[0, [0, 1, 7, 8, 4095, 4098]] = np.nan
+    host[1] = np.nan
+    host[2, 1:] = np.nan
+    host[3, rng.integers(0, 4099, 2000)] = np.nan
+    wide = host.astype(np.float64)
+    for op, ref in (("nanvar", np.nanvar), ("nanstd", np.nanstd)):
+        for correction in (0, 1):
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                got = multireduce.reduce(cupy.asarray(host), op, axis=axis, correction=correction)
+            with warnings.catch_warnings(record=True) as theirs, np.errstate(all="ignore"):
+                warnings.simplefilter("always")
+                want = ref(wide, axis=axis, ddof=correction)
+            assert isinstance(got, cupy.ndarray) and got.dtype == np.dtype(dtype), (type(got), got.dtype)
+            assert [str(w.message) for w in caught] == [str(w.message) for w in theirs if "Degrees" in str(w.message)]
+            got = cupy.asnumpy(got).astype(np.float64)
+            assert np.array_equal(np.isnan(got), np.isnan(want)), (op, axis, correction)
+            eps = float(np.finfo(dtype).eps)
+            ok = np.isnan(want) | np.isclose(got, want, rtol=2 * eps, atol=1e-12)
+            assert np.all(ok), (op, axis, correction, got[~ok], np.asarray(want)[~ok])

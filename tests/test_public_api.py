@@ -38,6 +38,8 @@ README_FUNCTIONS = {
     "nanmean",
     "var",
     "std",
+    "nanvar",
+    "nanstd",
     "count_nonzero",
     "any",
     "all",

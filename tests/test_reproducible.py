@@ -198,6 +198,9 @@ def test_unsupported_requests_are_explicit():
         multireduce.reduce(x, "var", reproducible=True)
     with pytest.raises(NotImplementedError, match="not available for op 'nanmean'"):
         multireduce.reduce(x, "nanmean", reproducible=True)
+    for op in ("nanvar", "nanstd"):
+        with pytest.raises(NotImplementedError, match=f"not available for op '{op}'"):
+            multireduce.reduce(x, op, reproducible=True)
 
 
 # -- a finite total past the result's range: NumPy's overflow, as the ordinary sum's ----------

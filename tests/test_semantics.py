@@ -38,7 +38,9 @@ from multireduce.ops import OPS, SUPPORTED_DTYPES
 DTYPES = [dt.name for dt in SUPPORTED_DTYPES]
 FOLD_EXACT = ["sum", "prod", "nansum", "count_nonzero", "any", "all"]
 EXTREMES = ["max", "min", "nanmax", "nanmin"]
-MOMENTS = ["mean", "var", "std", "nanmean"]
+MOMENTS = ["mean", "var", "std", "nanmean", "nanvar", "nanstd"]
+#: The moments ops that take correction=.
+CORRECTED = ("var", "std", "nanvar", "nanstd")
 ARGS = ["argmax", "argmin"]
 ALL_OPS = FOLD_EXACT + EXTREMES + MOMENTS + ARGS
 SPECIALS = [np.nan, np.inf, -np.inf, -0.0, 0.0]
@@ -205,7 +207,7 @@ def check_op(x: np.ndarray, op: str, axis, keepdims: bool, correction: float = 0
     With ``device`` (a CuPy array holding the same view as ``x``), reduce that instead: the
     result must be a CuPy array on its device, and its values pass the same checks.
     """
-    kw = {"correction": correction} if op in ("var", "std") else {}
+    kw = {"correction": correction} if op in CORRECTED else {}
     axes = _norm_axes(axis, x.ndim)
     reduced = math.prod(x.shape[a] for a in axes)
     subject = x if device is None else device
@@ -261,6 +263,13 @@ def check_op(x: np.ndarray, op: str, axis, keepdims: bool, correction: float = 0
                 ref = np.mean(f, axis=axis, keepdims=keepdims)
             elif op == "nanmean":
                 ref = np.nanmean(f, axis=axis, keepdims=keepdims)
+            elif op in ("nanvar", "nanstd"):
+                # NaN where the non-NaN count - correction <= 0, NumPy's rule too.
+                ref = np.nanvar(f, axis=axis, keepdims=keepdims, ddof=correction)
+                counts = np.sum(~np.isnan(f), axis=axis, keepdims=keepdims)
+                ref = np.where(counts - correction <= 0, np.nan, ref)
+                if op == "nanstd":
+                    ref = np.sqrt(ref)
             else:
                 ref = np.var(f, axis=axis, keepdims=keepdims, ddof=correction)
                 ref = np.where(reduced - correction <= 0, np.nan, ref)  # the standard's rule
@@ -270,7 +279,8 @@ def check_op(x: np.ndarray, op: str, axis, keepdims: bool, correction: float = 0
         eps = float(np.finfo(dt).eps)
         finite = np.abs(f[np.isfinite(f)])
         scale = float(finite.max()) if finite.size else 1.0
-        atol = (1e-13 + eps) * (scale * scale if op == "var" else scale) + float(np.finfo(dt).smallest_subnormal)
+        squared = op in ("var", "nanvar")
+        atol = (1e-13 + eps) * (scale * scale if squared else scale) + float(np.finfo(dt).smallest_subnormal)
         close(got, ref, dt, atol=atol, rtol=2 * eps)
 
 
@@ -285,7 +295,7 @@ def test_ops_against_numpy(data, op):
     x = data.draw(cases())
     axis = data.draw(axes_for(x.ndim, single=op in ARGS))
     keepdims = data.draw(st.booleans())
-    correction = data.draw(st.sampled_from([0, 1, 0.5, 2])) if op in ("var", "std") else 0.0
+    correction = data.draw(st.sampled_from([0, 1, 0.5, 2])) if op in CORRECTED else 0.0
     check_op(x, op, axis, keepdims, correction)
 
 
@@ -431,7 +441,8 @@ def test_bad_axes_raise_numpys_exceptions(op):
 
 def test_zero_d_inputs():
     # The values too (only the types were checked): one element is the whole reduction.
-    want = {"count_nonzero": 1, "any": True, "all": True, "var": 0.0, "std": 0.0, "argmax": 0, "argmin": 0}
+    want = {"count_nonzero": 1, "any": True, "all": True, "argmax": 0, "argmin": 0}
+    want.update({op: 0.0 for op in CORRECTED})
     for op in ALL_OPS:
         x = np.array(3.0, dtype=np.float32)
         kw = {"axis": None}
@@ -517,6 +528,17 @@ def test_moments_warnings_follow_numpy_and_point_at_the_caller():
         (lambda: multireduce.mean(np.zeros((0, 2)), axis=0), lambda: np.mean(np.zeros((0, 2)), axis=0)),
         (lambda: multireduce.nanmean(nan2), lambda: np.nanmean(nan2)),
         (lambda: multireduce.nanmean(one_nan), lambda: np.nanmean(one_nan)),
+        # nanvar and nanstd count the non-NaN elements, and NumPy's message ends with a period.
+        (lambda: multireduce.nanvar(nan2), lambda: np.nanvar(nan2)),
+        (lambda: multireduce.nanvar(one_nan), lambda: np.nanvar(one_nan)),
+        (lambda: multireduce.nanstd(one_nan, correction=1), lambda: np.nanstd(one_nan, ddof=1)),
+        (lambda: multireduce.nanvar(row, axis=1, correction=1), lambda: np.nanvar(row, axis=1, ddof=1)),
+        (lambda: multireduce.nanvar(np.zeros(0)), lambda: np.nanvar(np.zeros(0))),
+        (lambda: multireduce.nanstd(np.ones((0, 2)), axis=0), lambda: np.nanstd(np.ones((0, 2)), axis=0)),
+        (
+            lambda: multireduce.nanvar(np.ones((2, 0)), axis=0, correction=1),
+            lambda: np.nanvar(np.ones((2, 0)), axis=0, ddof=1),
+        ),
         # Empty results: NumPy still warns by the count of the reduced axes.
         (
             lambda: multireduce.var(np.ones((2, 0)), axis=0, correction=2),
@@ -546,6 +568,7 @@ def test_moments_warnings_follow_numpy_and_point_at_the_caller():
         warnings.simplefilter("ignore", RuntimeWarning)
         assert math.isnan(multireduce.var(one_nan, correction=1)) and math.isnan(multireduce.nanmean(nan2))
     assert multireduce.nanmean(one_nan) == 1.0
+    assert multireduce.nanvar(one_nan) == 0.0 and multireduce.nanstd(np.array([1.0, np.nan, 3.0])) == 1.0
 
 
 def test_signed_zeros_and_nan_rules():
@@ -1439,7 +1462,7 @@ def test_gpu_ops(op, dtype):
             if op in ARGS and isinstance(axis, tuple):
                 continue
             for keepdims in (False, True):
-                check_op(x, op, axis, keepdims, correction=1 if op in ("var", "std") else 0.0, device=dev)
+                check_op(x, op, axis, keepdims, correction=1 if op in CORRECTED else 0.0, device=dev)
 
 
 @pytest.mark.gpu
@@ -1454,7 +1477,7 @@ def test_gpu_ops_against_numpy(data, op):
     x, dev = _device_view(base, index, order)
     axis = data.draw(axes_for(x.ndim, single=op in ARGS))
     keepdims = data.draw(st.booleans())
-    correction = data.draw(st.sampled_from([0, 1, 0.5, 2])) if op in ("var", "std") else 0.0
+    correction = data.draw(st.sampled_from([0, 1, 0.5, 2])) if op in CORRECTED else 0.0
     check_op(x, op, axis, keepdims, correction, device=dev)
 
 

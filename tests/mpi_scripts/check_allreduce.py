@@ -172,8 +172,9 @@ def _ref_new(g: np.ndarray, op: str, correction: float = 0.0):
         for v in vals:
             p *= v
         return p
-    use = num if op == "nanmean" else vals
-    if nan and op != "nanmean":
+    skips = op in ("nanmean", "nanvar", "nanstd")
+    use = num if skips else vals
+    if nan and not skips:
         return float("nan")
     n = len(use)
     if op in ("mean", "nanmean"):
@@ -182,14 +183,14 @@ def _ref_new(g: np.ndarray, op: str, correction: float = 0.0):
     if n - correction <= 0:
         return float("nan")
     var = math.fsum((v - mean) ** 2 for v in use) / (n - correction)
-    return math.sqrt(var) if op == "std" else var
+    return math.sqrt(var) if op in ("std", "nanstd") else var
 
 
 def check_new(g: np.ndarray, op: str, correction: float = 0.0) -> None:
     global CASES
     CASES += 1
     local = to_device(g[mpi.shard(g.size)])
-    kw = {"correction": correction} if op in ("var", "std") else {}
+    kw = {"correction": correction} if op in ("var", "std", "nanvar", "nanstd") else {}
     if g.size == 0 and op in ("nanmax", "nanmin", "argmax", "argmin"):
         try:
             mpi.allreduce(local, op)
@@ -217,7 +218,7 @@ def check_new(g: np.ndarray, op: str, correction: float = 0.0) -> None:
         else:
             eps = float(np.finfo(got.dtype).eps)
             scale = max([abs(float(v)) for v in g.tolist() if not math.isnan(v)] + [1.0])
-            tol = 1e-12 * scale * (scale if op == "var" else 1) + 2 * eps * abs(ref)
+            tol = 1e-12 * scale * (scale if op in ("var", "nanvar") else 1) + 2 * eps * abs(ref)
             assert abs(float(got) - ref) <= tol, (op, g.dtype, g.size, got, ref, tol)
 
 
@@ -235,7 +236,7 @@ def check_new_ops() -> None:
                 g = global_data(dt, n, "full", n)
             for op in ("count_nonzero", "any", "all", "nansum", "nanmax", "nanmin", "argmax", "argmin"):
                 check_new(g, op)
-            for op in ("mean", "var", "std", "nanmean"):
+            for op in ("mean", "var", "std", "nanmean", "nanvar", "nanstd"):
                 for correction in (0, 1):
                     check_new(g, op, correction)
             # Products: powers of two (exact for floats), and wrapping integers.
@@ -246,7 +247,11 @@ def check_new_ops() -> None:
                 h[n // 2] = np.nan
                 for op in ("nansum", "nanmax", "nanmin", "nanmean", "mean", "var", "argmax", "argmin", "count_nonzero"):
                     check_new(h, op)
+                for op in ("nanvar", "nanstd"):
+                    for correction in (0, 1):
+                        check_new(h, op, correction)
                 check_new(np.full(n, np.nan, dtype=dtype), "nanmax")  # all NaN: NaN
+                check_new(np.full(n, np.nan, dtype=dtype), "nanvar")
 
 
 def host_stats(s):
