@@ -46,7 +46,8 @@ def close(got: np.ndarray, ref: np.ndarray, scale: np.ndarray, rtol: float) -> b
 
 def assert_moments_match(host: np.ndarray, axis=None) -> None:
     gpu = multireduce.partial(cupy.asarray(host), "mean", axis=axis)
-    cpu = multireduce.partial(host, "mean", axis=axis)
+    with np.errstate(invalid="ignore"):  # inf + -inf: the CPU warns as NumPy's sum does
+        cpu = multireduce.partial(host, "mean", axis=axis)
     assert bits_equal(gpu.n, cpu.n) and bits_equal(gpu.nan, cpu.nan), (gpu.n, cpu.n, gpu.nan, cpu.nan)
     assert bits_equal(gpu.lo, cpu.lo) and bits_equal(gpu.hi, cpu.hi), (gpu.lo, cpu.lo, gpu.hi, cpu.hi)
     assert gpu.total.dtype == cpu.total.dtype
