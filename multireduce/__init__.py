@@ -14,6 +14,8 @@ from .core import (  # noqa: A004  sum, max, min, any, all are the Array API's n
     max,  # noqa: A004
     mean,
     min,  # noqa: A004
+    nanargmax,
+    nanargmin,
     nanmax,
     nanmean,
     nanmin,
@@ -47,6 +49,8 @@ __all__ = [
     "max",
     "mean",
     "min",
+    "nanargmax",
+    "nanargmin",
     "nanmax",
     "nanmean",
     "nanmin",

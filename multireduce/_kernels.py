@@ -235,11 +235,18 @@ def stats_finalize_kernel_name(dtype: np.dtype) -> str:
 
 
 @functools.cache  # called on every launch: the name is formatted once per dtype
-def arg_kernel_name(dtype: np.dtype, largest: bool, block: int = STATS_BLOCK, unroll: int = ARG_UNROLL) -> str:
-    """The C++ name of one instantiation of ``arg_rows_kernel`` (argmax if ``largest``, else argmin)."""
+def arg_kernel_name(
+    dtype: np.dtype, largest: bool, nan_wins: bool = True, block: int = STATS_BLOCK, unroll: int = ARG_UNROLL
+) -> str:
+    """The C++ name of one instantiation of ``arg_rows_kernel`` (argmax if ``largest``, else argmin).
+
+    ``nan_wins`` false: nanargmax/nanargmin (NaN the smallest key). Without NaN (integer and
+    bool input) both are the same kernel, named with ``true``.
+    """
     dt = np.dtype(dtype)
     t, e = CTYPES[dt], CTYPES[_extreme_acc(dt)]
-    return f"multireduce::arg_rows_kernel<{t}, {e}, {block}, {unroll}, {'true' if largest else 'false'}>"
+    nan = "true" if nan_wins or dt.kind != "f" else "false"
+    return f"multireduce::arg_rows_kernel<{t}, {e}, {block}, {unroll}, {'true' if largest else 'false'}, {nan}>"
 
 
 EXACT_BLOCK = 256
@@ -302,6 +309,7 @@ def default_kernel_names(
         names.add(kernel_name(add, dt, f64, f64, block, unroll, load, kernel="reduce_rows_kernel"))
         names.add(cols_kernel_name(add, dt, f64, f64, *cols_config(add, dt, f64)))
         names.add(mean_from_sum_kernel_name(OPS["mean"].result_dtype(dt)))
-        names.add(arg_kernel_name(dt, largest=True))
-        names.add(arg_kernel_name(dt, largest=False))
+        for largest in (True, False):
+            for nan_wins in (True, False):  # the same kernel for integer and bool input
+                names.add(arg_kernel_name(dt, largest=largest, nan_wins=nan_wins))
     return sorted(names)

@@ -830,17 +830,19 @@ def empty_arg_state(dtype: np.dtype, shape: tuple[int, ...] = ()) -> ArgState:
     return ArgState(np.zeros(shape, _extreme_acc(np.dtype(dtype))), np.full(shape, -1, np.int64))
 
 
-def _arg_keys(value: np.ndarray, largest: bool) -> np.ndarray:
+def _arg_keys(value: np.ndarray, largest: bool, nan_wins: bool = True) -> np.ndarray:
     # Ordered int64 keys: IEEE total order (-0.0 < +0.0), complemented for argmin, with NaN
-    # the largest key for both, so that the first NaN wins as in NumPy.
-    return encode_extreme(np.asarray(value), largest)
+    # the largest key for both, so that the first NaN wins as in NumPy (``nan_wins``), or
+    # the smallest (nanargmax, nanargmin: a NaN only where there is nothing else).
+    return encode_extreme(np.asarray(value), largest, nan_wins=nan_wins)
 
 
-def arg_state(x: np.ndarray, axis: int | None, largest: bool, offset: int = 0) -> ArgState:
+def arg_state(x: np.ndarray, axis: int | None, largest: bool, offset: int = 0, nan_wins: bool = True) -> ArgState:
     """The state of argmax (``largest``) or argmin of the non-empty NumPy array ``x``.
 
     ``axis=None`` indexes the C-order flattening of ``x``; ``offset`` is added to the
-    indices (a shard's position in the global flattening).
+    indices (a shard's position in the global flattening). ``nan_wins`` false: nanargmax or
+    nanargmin (NaN elements lose to every number; an all-NaN slice gets its first NaN).
     """
     if axis is None:
         x = x.reshape(-1)
@@ -848,24 +850,28 @@ def arg_state(x: np.ndarray, axis: int | None, largest: bool, offset: int = 0) -
     find = np.argmax if largest else np.argmin
     index = find(x, axis=axis)
     value = np.take_along_axis(x, np.expand_dims(index, axis), axis).squeeze(axis)
-    if x.dtype.kind == "f" and np.any(value == 0):
-        # NumPy takes the first of -0.0 and +0.0; the IEEE order of max/min picks +0.0 for
-        # argmax (and -0.0 for argmin) wherever both occur. Only then are the keys formed.
-        index = np.argmax(_arg_keys(x, largest), axis=axis)
+    # NumPy takes the first of -0.0 and +0.0; the IEEE order of max/min picks +0.0 for
+    # argmax (and -0.0 for argmin) wherever both occur. And NumPy's argmax finds the first
+    # NaN of a slice that holds one, which nanargmax passes over. Only then are keys formed.
+    if x.dtype.kind == "f" and (np.any(value == 0) or (not nan_wins and np.any(np.isnan(value)))):
+        index = np.argmax(_arg_keys(x, largest, nan_wins), axis=axis)
         value = np.take_along_axis(x, np.expand_dims(index, axis), axis).squeeze(axis)
     acc = _extreme_acc(x.dtype)
     return ArgState(np.asarray(value).astype(acc), np.asarray(index, dtype=np.int64) + np.int64(offset))
 
 
-def arg_merge(a: ArgState, b: ArgState, largest: bool) -> ArgState:
-    """Merge two states: the extreme wins, NaN first, equal values go to the smaller index."""
-    ka = _arg_keys(a.value, largest)
-    kb = _arg_keys(b.value, largest)
+def arg_merge(a: ArgState, b: ArgState, largest: bool, nan_wins: bool = True) -> ArgState:
+    """Merge two states: the extreme wins, equal values go to the smaller index.
+
+    NaN beats every number (``nan_wins``, argmax/argmin) or loses to every number.
+    """
+    ka = _arg_keys(a.value, largest, nan_wins)
+    kb = _arg_keys(b.value, largest, nan_wins)
     b_wins = (a.index < 0) | ((b.index >= 0) & ((kb > ka) | ((kb == ka) & (b.index < a.index))))
     return ArgState(np.where(b_wins, b.value, a.value), np.where(b_wins, b.index, a.index))
 
 
-def arg_merge_all(states: Iterable[ArgState], largest: bool) -> ArgState:
+def arg_merge_all(states: Iterable[ArgState], largest: bool, nan_wins: bool = True) -> ArgState:
     """Merge states in order (the result does not depend on the order)."""
     it = iter(states)
     try:
@@ -873,11 +879,11 @@ def arg_merge_all(states: Iterable[ArgState], largest: bool) -> ArgState:
     except StopIteration:
         raise ValueError("no arg states to merge") from None
     for s in it:
-        out = arg_merge(out, s, largest)
+        out = arg_merge(out, s, largest, nan_wins)
     return out
 
 
-def arg_merge_pairs(pairs: Sequence[tuple[np.generic, int]], largest: bool) -> ArgState:
+def arg_merge_pairs(pairs: Sequence[tuple[np.generic, int]], largest: bool, nan_wins: bool = True) -> ArgState:
     """:func:`arg_merge_all` of 0-d states given as ``(value, index)`` pairs, in Python scalars.
 
     ``value`` is a NumPy scalar of the accumulator dtype, ``index`` an int (-1: none). The
@@ -887,9 +893,9 @@ def arg_merge_pairs(pairs: Sequence[tuple[np.generic, int]], largest: bool) -> A
     if not pairs:
         raise ValueError("no arg states to merge")
     value, index = pairs[0]
-    key = encode_extreme_scalar(value, largest)
+    key = encode_extreme_scalar(value, largest, nan_wins)
     for v, i in pairs[1:]:
-        k = encode_extreme_scalar(v, largest)
+        k = encode_extreme_scalar(v, largest, nan_wins)
         if index < 0 or (i >= 0 and (k > key or (k == key and i < index))):
             value, index, key = v, i, k
     return ArgState(value, np.int64(index))
@@ -901,10 +907,13 @@ def arg_finalize(state: ArgState, op: Op) -> Any:
     Raises
     ------
     ValueError
-        If some output covers zero elements (NumPy's message).
+        If some output covers zero elements, or (nanargmax, nanargmin) only NaN: NumPy's
+        messages.
     """
     if np.any(state.index < 0):
         raise op.empty_error()
+    if op.skips_nan and np.asarray(state.value).dtype.kind == "f" and np.any(np.isnan(state.value)):
+        raise ValueError("All-NaN slice encountered")
     return _as_result(state.index, np.int64)
 
 

@@ -30,6 +30,8 @@ __all__ = [
     "max",
     "mean",
     "min",
+    "nanargmax",
+    "nanargmin",
     "nanmax",
     "nanmean",
     "nanmin",
@@ -295,10 +297,12 @@ def reduce(
         reductions keep two dimensions), which are refused.
     op : str or Op
         One of ``multireduce.OPS``: sum, prod, max, min, mean, var, std, count_nonzero, any,
-        all, argmin, argmax, nansum, nanmax, nanmin, nanmean, nanvar, nanstd.
+        all, argmin, argmax, nansum, nanmax, nanmin, nanmean, nanvar, nanstd, nanargmin,
+        nanargmax.
     axis : None, int or tuple of int, optional
-        Axes to reduce (negative counts from the end); None reduces all. argmin and argmax
-        take None or one int; None indexes the C-order flattening, as in NumPy.
+        Axes to reduce (negative counts from the end); None reduces all. argmin, argmax,
+        nanargmin and nanargmax take None or one int; None indexes the C-order flattening,
+        as in NumPy.
     keepdims : bool, optional
         If true, the reduced axes stay as axes of length one.
     dtype : dtype, optional
@@ -310,7 +314,8 @@ def reduce(
         For float sum and mean: the correctly rounded result of the exact sum, the same bits
         whatever the order, chunking, rank count or device (see :mod:`multireduce._exact`).
         Ops whose results never depend on order (integer sums, max, min, nanmax, nanmin,
-        any, all, count_nonzero, argmin, argmax) accept it and are unchanged, over any axes;
+        any, all, count_nonzero, argmin, argmax, nanargmin, nanargmax) accept it and are
+        unchanged, over any axes;
         so does the mean of integer and bool input, ``float64(exact total) / n`` (see
         Notes), wherever ``n * max(|x|) < 2**62`` for every result, so that its int64 or
         uint64 total cannot wrap.
@@ -321,24 +326,24 @@ def reduce(
         For NumPy input a NumPy scalar when every axis is reduced without ``keepdims``, else
         an ndarray; for CuPy input a CuPy array. Result dtypes: sum, prod, nansum: int64 for
         bool and signed integers, uint64 for unsigned integers, the input's dtype for floats;
-        max, min, nanmax, nanmin: the input's; mean, var, std, nanmean, nanvar, nanstd: the input's float
-        dtype, float64 for bool and integers; any, all: bool; count_nonzero, argmin, argmax:
-        int64.
+        max, min, nanmax, nanmin: the input's; mean, var, std, nanmean, nanvar, nanstd: the
+        input's float dtype, float64 for bool and integers; any, all: bool; count_nonzero,
+        argmin, argmax, nanargmin, nanargmax: int64.
 
     Raises
     ------
     TypeError
         For an unsupported input type (a masked array or a matrix included) or dtype,
         ``dtype=`` given to an op that does not take it, ``correction=`` given to an op other
-        than var/std/nanvar/nanstd, or a tuple axis for argmin/argmax.
+        than var/std/nanvar/nanstd, or a tuple axis for the arg ops.
     ValueError
-        For an unknown op, a repeated axis, or max, min, nanmax, nanmin, argmin, argmax over
-        zero elements (NumPy's messages).
+        For an unknown op, a repeated axis, or max, min, nanmax, nanmin and the arg ops over
+        zero elements; nanargmin and nanargmax over a slice of NaN only (NumPy's messages).
     numpy.exceptions.AxisError
         For an axis out of range.
     NotImplementedError
-        With ``reproducible=True``: prod, var, std, nansum, nanmean, nanvar and nanstd; a float sum or mean
-        over an ``axis`` that leaves axes unreduced; an integer or bool mean where ``n *
+        With ``reproducible=True``: prod, var, std, nansum, nanmean, nanvar and nanstd; a
+        float sum or mean over an ``axis`` that leaves axes unreduced; an integer or bool mean where ``n *
         max(|x|)`` reaches 2**62 (the message gives the count and the largest magnitude).
 
     Notes
@@ -354,7 +359,7 @@ def reduce(
     total cannot wrap, on every path); the mean of zero elements is NaN, and var/std
     are NaN where ``N - correction <= 0`` (the standard's rule; NumPy gives inf there).
     argmin/argmax return the first index of the extreme in the same order as min/max, NaN
-    first.
+    first; nanargmin/nanargmax pass over NaN.
 
     Examples
     --------
@@ -441,6 +446,11 @@ def _reduce(x: Any, op: str | Op, axis: Any, keepdims: bool, dtype: Any, correct
             value = _stats.finalize_moments(backend.moments(arr, axes, op), op, result, corr)
             if backend is _cupy_backend:  # the state came to the host; the result lives on the device
                 value = backend.from_host(value, result)
+    elif backend is _cupy_backend and op.skips_nan and arr.dtype.kind == "f":
+        # nanargmax, nanargmin: an all-NaN slice raises (NumPy's ValueError), so the state
+        # comes to the host to be checked; the indices go back to the device.
+        state = backend.arg(arr, None if full and (axis is None or ndim <= 1) else axes[0], op)
+        value = backend.from_host(_stats.arg_finalize(state, op), np.dtype(np.int64))
     else:
         # The reduced axis is not empty (checked above), so every index exists: a GPU result
         # stays on the device, with nothing to decide on the host.
@@ -451,7 +461,9 @@ def _reduce(x: Any, op: str | Op, axis: Any, keepdims: bool, dtype: Any, correct
 
 
 #: Ops whose result does not depend on the order of the elements: reproducible already.
-_ORDER_FREE = frozenset({"max", "min", "nanmax", "nanmin", "any", "all", "count_nonzero", "argmin", "argmax"})
+_ORDER_FREE = frozenset(
+    {"max", "min", "nanmax", "nanmin", "any", "all", "count_nonzero", "argmin", "argmax", "nanargmin", "nanargmax"}
+)
 
 
 def _needs_exact(dtype: np.dtype, op: Op, result: np.dtype, full: bool) -> bool:
@@ -752,6 +764,32 @@ def argmin(x: Any, *, axis: int | None = None, keepdims: bool = False):
         Over zero elements (NumPy's message).
     """
     return reduce(x, "argmin", axis=axis, keepdims=keepdims)
+
+
+def nanargmax(x: Any, *, axis: int | None = None, keepdims: bool = False):
+    """Index (int64) of the first maximum of the non-NaN elements, as :func:`numpy.nanargmax`.
+
+    :func:`argmax`'s order (+0.0 beats -0.0) among the elements that are not NaN.
+
+    Raises
+    ------
+    ValueError
+        Over zero elements, or where a slice holds only NaN (NumPy's messages).
+    """
+    return reduce(x, "nanargmax", axis=axis, keepdims=keepdims)
+
+
+def nanargmin(x: Any, *, axis: int | None = None, keepdims: bool = False):
+    """Index (int64) of the first minimum of the non-NaN elements, as :func:`numpy.nanargmin`.
+
+    :func:`argmin`'s order (-0.0 beats +0.0) among the elements that are not NaN.
+
+    Raises
+    ------
+    ValueError
+        Over zero elements, or where a slice holds only NaN (NumPy's messages).
+    """
+    return reduce(x, "nanargmin", axis=axis, keepdims=keepdims)
 
 
 def nansum(x: Any, *, axis: Any = None, keepdims: bool = False, dtype: Any = None):

@@ -513,7 +513,7 @@ def _arg_merged(parts, op: Op) -> tuple[_stats.ArgState, int | None | frozenset]
     leaves = _leaves(parts)
     device = _common_device(leaves)
     states = [_stats.arg_from_structured(p.state) for p in leaves]
-    return _stats.arg_merge_all(states, largest=op.name == "argmax"), device
+    return _stats.arg_merge_all(states, largest=op.largest, nan_wins=op.nan_wins), device
 
 
 def _arg_combine(parts, axis, keepdims, *, op: Op, computing_meta: bool = False):

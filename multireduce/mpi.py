@@ -674,7 +674,11 @@ def _combine_states(comm, plan: _Plan, state, correction: float, *, stats: bool 
             index = int(record["index"])
             pairs.append((record["value"], index + offset if index >= 0 else index))
             offset += int(record["count"])
-        value = _stats.arg_finalize(_stats.arg_merge_pairs(pairs, largest=st.op.name == "argmax"), st.op)
+        merged = _stats.arg_merge_pairs(pairs, largest=st.op.largest, nan_wins=st.op.nan_wins)
+        try:
+            value = _stats.arg_finalize(merged, st.op)
+        except ValueError as exc:  # nanargmax/nanargmin of NaN only: from the merged state, every rank's
+            _raise_everywhere(comm, exc)
     return value if reserved is None else _store(reserved, [value])[0]
 
 

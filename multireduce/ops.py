@@ -11,7 +11,8 @@ An :class:`Op` carries everything that every layer needs to know about one reduc
 * the name of the matching predefined MPI operation.
 
 Ops of kind ``"fold"`` have one value per output element as their partial. The moments ops
-(mean, nanmean, var, std, nanvar, nanstd, and :func:`multireduce.stats`) and the arg ops (argmin, argmax)
+(mean, nanmean, var, std, nanvar, nanstd, and :func:`multireduce.stats`) and the arg ops
+(argmin, argmax, nanargmin, nanargmax)
 have a small state instead, defined once with its merge in :mod:`multireduce._stats`.
 
 The CPU backend, the GPU backend, and the MPI and Dask layers all read these objects; none of
@@ -269,8 +270,8 @@ class Op:
     empty_allowed : bool
         Whether the reduction of zero elements is defined.
     nan_wins : bool
-        For MAX/MIN keys: whether NaN beats every number (max, min, any, all) or loses to
-        every number (nanmax, nanmin).
+        For MAX/MIN keys and arg keys: whether NaN beats every number (max, min, any, all,
+        argmax, argmin) or loses to every number (nanmax, nanmin, nanargmax, nanargmin).
     combine_with : str
         The fold op whose ``host_reduce`` combines this op's partials (``"sum"`` for
         count_nonzero and nansum: a NaN partial of nansum comes from inf - inf and must stay).
@@ -281,8 +282,11 @@ class Op:
         Moments ops: what the state is finalized to. var and std (and nanvar, nanstd) take
         ``correction=``.
     skips_nan : bool
-        Moments ops: whether NaN elements are left out (nanmean, nanvar, nanstd), so that the
-        count is that of the other elements; otherwise a NaN makes the result NaN.
+        Moments and arg ops: whether NaN elements are left out (nanmean, nanvar, nanstd:
+        the count is that of the other elements; nanargmax, nanargmin: an all-NaN slice
+        raises NumPy's ValueError); otherwise a NaN makes the result NaN (or its index).
+    largest : bool
+        Arg ops: argmax and nanargmax (else argmin and nanargmin).
     """
 
     name: str
@@ -300,6 +304,7 @@ class Op:
     combine_with: str = ""
     statistic: str | None = None
     skips_nan: bool = False
+    largest: bool = False
 
     def __reduce_ex__(self, protocol):
         # A registered op travels by name (pickle; Dask's distributed sends it with every task):
@@ -402,7 +407,7 @@ def _fold(
     )
 
 
-def _composite(name, kind, numpy_name, result, acc, *, empty_allowed, statistic=None, skips_nan=False):
+def _composite(name, kind, numpy_name, result, acc, *, empty_allowed, statistic=None, skips_nan=False, largest=False):
     return Op(
         name=name,
         kind=kind,
@@ -417,6 +422,8 @@ def _composite(name, kind, numpy_name, result, acc, *, empty_allowed, statistic=
         _identity=None,
         statistic=statistic,
         skips_nan=skips_nan,
+        nan_wins=not skips_nan,
+        largest=largest,
     )
 
 
@@ -510,8 +517,24 @@ OPS: dict[str, Op] = {
         _composite(
             "nanstd", "moments", "nanstd", _mean_result, _F64, empty_allowed=True, statistic="std", skips_nan=True
         ),
-        _composite("argmax", "arg", "argmax", _always(np.int64), _extreme_accumulator, empty_allowed=False),
+        _composite(
+            "argmax", "arg", "argmax", _always(np.int64), _extreme_accumulator, empty_allowed=False, largest=True
+        ),
         _composite("argmin", "arg", "argmin", _always(np.int64), _extreme_accumulator, empty_allowed=False),
+        # NumPy's messages for an empty sequence name argmax/argmin for these too.
+        _composite(
+            "nanargmax",
+            "arg",
+            "argmax",
+            _always(np.int64),
+            _extreme_accumulator,
+            empty_allowed=False,
+            skips_nan=True,
+            largest=True,
+        ),
+        _composite(
+            "nanargmin", "arg", "argmin", _always(np.int64), _extreme_accumulator, empty_allowed=False, skips_nan=True
+        ),
     )
 }
 

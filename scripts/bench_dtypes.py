@@ -8,7 +8,7 @@ CUDA events (median of ``--repeat`` rounds after ``--warmup``; CuPy's in only
 ``--peer-repeat`` of them if given), checks the result (:func:`check`), and writes a JSON
 (``--out``) with the git commit and the GPU name.
 
-The checks: argmax, max, min equal CuPy's. Integer and bool inputs against exact integer
+The checks: argmax, nanargmax, nanargmin, max, min equal CuPy's. Integer and bool inputs against exact integer
 totals of x and x**2 (:func:`exact_totals`): sums exactly (modulo 2**64, as the int64 or
 uint64 result wraps), mean within the float64 summation bound below, var and std within
 1e-12 of the exact value (CuPy's float64 var of 4 GiB of uint8 is off by more than that).
@@ -45,7 +45,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeat", type=int, default=10)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--dtypes", default=",".join(DTYPES))
-    p.add_argument("--ops", default="argmax", help="comma-separated, of argmax, sum, max, min, mean, var, std")
+    p.add_argument(
+        "--ops",
+        default="argmax",
+        help="comma-separated, of argmax, nanargmax, nanargmin, sum, max, min, mean, var, std",
+    )
     p.add_argument(
         "--peer-repeat",
         type=int,
@@ -182,7 +186,7 @@ def check(cp, x, op: str, got, theirs, totals) -> tuple[float | int, bool]:
     n = x.size
     eps_bound = (math.log2(max(n, 1)) + 4) * 2.0**-52
     result = np.dtype(str(got.dtype))
-    if op in ("argmax", "max", "min"):
+    if op in ("argmax", "nanargmax", "nanargmin", "max", "min"):
         ref = theirs(x)
         return ref.item(), bool(got == ref)
     if totals is not None:  # integer or bool input

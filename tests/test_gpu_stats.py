@@ -896,3 +896,41 @@ def test_nanvar_nanstd_against_numpy(dtype, axis):
             eps = float(np.finfo(dtype).eps)
             ok = np.isnan(want) | np.isclose(got, want, rtol=2 * eps, atol=1e-12)
             assert np.all(ok), (op, axis, correction, got[~ok], np.asarray(want)[~ok])
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+@pytest.mark.parametrize("offset", [0, 1, 3])
+def test_nanargmax_nanargmin_pass_over_nan_in_the_kernel(dtype, offset):
+    # arg_rows_kernel<..., NAN_WINS=false>: NaN is the smallest key. NaN before, at and
+    # after the extreme, at the head and tail of the 16-byte vectors (offset views), in one
+    # row of many blocks (2**20 + 5 elements) and in rows of a matrix; an all-NaN row
+    # raises NumPy's ValueError, and NaN-free data gives argmax's index.
+    rng = np.random.default_rng(offset)
+    n = 2**20 + 5
+    host = rng.standard_normal(n + offset).astype(dtype)[offset:]
+    for pos in (0, 1, 7, 8, n // 2, n - 2, n - 1):
+        host[pos] = np.nan
+    host[n // 3] = 50.0  # the maximum, after NaN
+    host[n // 3 + 1] = np.nan
+    host[2 * n // 3] = -50.0
+    dev = cupy.asarray(host)
+    for op, ref in (("nanargmax", np.nanargmax), ("nanargmin", np.nanargmin)):
+        got = multireduce.reduce(dev, op)
+        assert isinstance(got, cupy.ndarray) and int(got) == ref(host) == (n // 3 if op == "nanargmax" else 2 * n // 3)
+    rows = rng.standard_normal((6, 4099)).astype(dtype)
+    rows[rng.random(rows.shape) < 0.5] = np.nan
+    rows[:, 0] = np.nan
+    rows[5, 4098] = 9.0
+    for op, ref in (("nanargmax", np.nanargmax), ("nanargmin", np.nanargmin)):
+        for axis, data in ((1, rows), (0, rows[:, :300]), (1, rows[:, ::-1])):
+            got = multireduce.reduce(cupy.asarray(data), op, axis=axis)
+            assert np.array_equal(cupy.asnumpy(got), ref(data, axis=axis)), (op, axis)
+        bad = rows.copy()
+        bad[2] = np.nan
+        with pytest.raises(ValueError, match="All-NaN slice encountered"):
+            multireduce.reduce(cupy.asarray(bad), op, axis=1)
+        clean = np.nan_to_num(rows, nan=0.25)
+        assert np.array_equal(
+            cupy.asnumpy(multireduce.reduce(cupy.asarray(clean), op, axis=1)),
+            cupy.asnumpy(multireduce.reduce(cupy.asarray(clean), op[3:], axis=1)),
+        )

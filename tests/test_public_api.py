@@ -45,6 +45,8 @@ README_FUNCTIONS = {
     "all",
     "argmin",
     "argmax",
+    "nanargmin",
+    "nanargmax",
     "stats",
 }
 

@@ -41,7 +41,7 @@ EXTREMES = ["max", "min", "nanmax", "nanmin"]
 MOMENTS = ["mean", "var", "std", "nanmean", "nanvar", "nanstd"]
 #: The moments ops that take correction=.
 CORRECTED = ("var", "std", "nanvar", "nanstd")
-ARGS = ["argmax", "argmin"]
+ARGS = ["argmax", "argmin", "nanargmax", "nanargmin"]
 ALL_OPS = FOLD_EXACT + EXTREMES + MOMENTS + ARGS
 SPECIALS = [np.nan, np.inf, -np.inf, -0.0, 0.0]
 _MAGNITUDE = np.int64(0x7FFF_FFFF_FFFF_FFFF)
@@ -147,16 +147,19 @@ def ref_extreme(x: np.ndarray, op: str, axes: tuple[int, ...]) -> np.ndarray:
 
 
 def ref_arg(x: np.ndarray, op: str, axis) -> np.ndarray:
+    largest = op in ("argmax", "nanargmax")
     if x.dtype.kind != "f":  # exact in NumPy (float64 keys would tie distinct 64-bit integers)
-        return (np.argmax if op == "argmax" else np.argmin)(x.reshape(-1) if axis is None else x, axis=axis)
+        return (np.argmax if largest else np.argmin)(x.reshape(-1) if axis is None else x, axis=axis)
     f = np.array(x, dtype=np.float64)
     if axis is None:
         f = f.reshape(-1)
         axis = 0
     k = _keys(f)
-    if op == "argmin":
+    if not largest:
         k = ~k
-    k = np.where(np.isnan(f), np.iinfo(np.int64).max, k)  # NaN wins, first NaN first
+    # argmax/argmin: NaN wins, first NaN first; nanargmax/nanargmin: NaN loses to every number.
+    nan_key = np.iinfo(np.int64).min if op.startswith("nan") else np.iinfo(np.int64).max
+    k = np.where(np.isnan(f), nan_key, k)
     return np.argmax(k, axis=axis)
 
 
@@ -215,6 +218,12 @@ def check_op(x: np.ndarray, op: str, axis, keepdims: bool, correction: float = 0
         with pytest.raises(ValueError):
             multireduce.reduce(subject, op, axis=axis, keepdims=keepdims)
         with pytest.raises(ValueError):  # NumPy raises too
+            numpy_result(x, op, axis, keepdims)
+        return
+    if op in ("nanargmax", "nanargmin") and x.dtype.kind == "f" and np.any(np.all(np.isnan(x), axis=axis)):
+        with pytest.raises(ValueError, match="All-NaN slice encountered"):
+            multireduce.reduce(subject, op, axis=axis, keepdims=keepdims)
+        with pytest.raises(ValueError, match="All-NaN slice encountered"):  # NumPy raises too
             numpy_result(x, op, axis, keepdims)
         return
     with _quiet_ctx():
@@ -297,6 +306,53 @@ def test_ops_against_numpy(data, op):
     keepdims = data.draw(st.booleans())
     correction = data.draw(st.sampled_from([0, 1, 0.5, 2])) if op in CORRECTED else 0.0
     check_op(x, op, axis, keepdims, correction)
+
+
+NAN_OPS = ["nansum", "nanmax", "nanmin", "nanmean", "nanvar", "nanstd", "nanargmax", "nanargmin"]
+
+
+@st.composite
+def nan_dense(draw, recipe: bool = False):
+    """A float array view with NaN at a random set of positions (often most of them).
+
+    With ``recipe``, ``(base, index, None)`` for :func:`view_of`, as :func:`cases`.
+    """
+    dtype = np.dtype(draw(st.sampled_from(["float16", "float32", "float64"])))
+    shape = draw(hnp.array_shapes(min_dims=1, max_dims=3, min_side=1, max_side=6))
+    base = draw(hnp.arrays(dtype, shape, elements=st.integers(-8, 8).map(lambda k: k / 2.0)))
+    nan = draw(hnp.arrays(np.bool_, shape))
+    base[nan] = np.nan
+    index = tuple(slice(None, None, draw(st.sampled_from([1, 2, -1]))) for _ in range(base.ndim))
+    return (base, index, None) if recipe else view_of(base, index, None)
+
+
+@settings(max_examples=600, deadline=None)
+@given(data=st.data(), op=st.sampled_from(NAN_OPS))
+def test_nan_ops_against_numpy_on_nan_dense_data(data, op):
+    # The property test above plants a NaN in few of its arrays; here NaN is everywhere,
+    # with all-NaN slices (nanargmax/nanargmin raise there, as NumPy's) and NaN before the
+    # extreme (which argmax would pick and nanargmax must pass over).
+    x = data.draw(nan_dense())
+    axis = data.draw(axes_for(x.ndim, single=op in ARGS))
+    keepdims = data.draw(st.booleans())
+    correction = data.draw(st.sampled_from([0, 1])) if op in CORRECTED else 0.0
+    check_op(x, op, axis, keepdims, correction)
+
+
+@pytest.mark.parametrize("op", ["nanargmax", "nanargmin"])
+def test_nan_arg_ops_pass_over_nan(op):
+    x = np.array([np.nan, 1.0, np.nan, 3.0, -3.0, np.nan])
+    want = {"nanargmax": 3, "nanargmin": 4}[op]
+    assert multireduce.reduce(x, op) == want == getattr(np, op)(x)
+    rows = np.array([[np.nan, 2.0, 2.0], [1.0, np.nan, -0.0], [np.nan, np.nan, 0.0]])
+    got = multireduce.reduce(rows, op, axis=1)
+    assert got.tolist() == ([1, 0, 2] if op == "nanargmax" else [1, 2, 2])
+    assert multireduce.reduce(np.array([-0.0, np.nan, 0.0]), op) == (2 if op == "nanargmax" else 0)  # IEEE order
+    assert multireduce.reduce(np.arange(5, dtype=np.int16), op) == (4 if op == "nanargmax" else 0)
+    with pytest.raises(ValueError, match="All-NaN slice encountered"):
+        multireduce.reduce(np.array([[np.nan, 1.0], [np.nan, 2.0]]), op, axis=0)  # column 0: NaN only
+    with pytest.raises(ValueError, match=f"attempt to get {op[3:]} of an empty sequence"):
+        multireduce.reduce(np.zeros(0), op)
 
 
 @settings(max_examples=100, deadline=None)
@@ -441,7 +497,8 @@ def test_bad_axes_raise_numpys_exceptions(op):
 
 def test_zero_d_inputs():
     # The values too (only the types were checked): one element is the whole reduction.
-    want = {"count_nonzero": 1, "any": True, "all": True, "argmax": 0, "argmin": 0}
+    want = {"count_nonzero": 1, "any": True, "all": True}
+    want.update({op: 0 for op in ARGS})
     want.update({op: 0.0 for op in CORRECTED})
     for op in ALL_OPS:
         x = np.array(3.0, dtype=np.float32)
@@ -1441,6 +1498,17 @@ def _device_view(base, index, order):
 
 
 _GPU_AXES = [None, 0, 1, 2, -1, (0, 1), (1, 2), (0, 2), (2, 0), (0, 1, 2)]
+
+
+@pytest.mark.gpu
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), op=st.sampled_from(NAN_OPS))
+def test_gpu_nan_ops_against_numpy_on_nan_dense_data(data, op):
+    base, index, order = data.draw(nan_dense(recipe=True))
+    x, dev = _device_view(base, index, order)
+    axis = data.draw(axes_for(x.ndim, single=op in ARGS))
+    correction = data.draw(st.sampled_from([0, 1])) if op in CORRECTED else 0.0
+    check_op(x, op, axis, data.draw(st.booleans()), correction, device=dev)
 
 
 @pytest.mark.gpu

@@ -61,7 +61,8 @@
  *
  * ALGORITHM (arg_rows_kernel)
  *   Same decomposition. Each element becomes an ordered integer key (IEEE total order for
- *   floats, -0.0 < +0.0, complemented for argmin, NaN the largest key for both), and each
+ *   floats, -0.0 < +0.0, complemented for argmin, NaN the largest key for both, or the
+ *   smallest for nanargmax/nanargmin), and each
  *   thread visits its elements in increasing index order, keeping the first strictly
  *   larger key (first occurrence). Threads and blocks merge (key, index) pairs with the
  *   rule of _stats.arg_merge: larger key wins, equal keys go to the smaller index,
@@ -727,7 +728,9 @@ template <> struct KeyOf<long long> { using type = long long; };
 template <> struct KeyOf<unsigned long long> { using type = long long; };
 template <> struct KeyOf<double> { using type = long long; };
 
-template <bool LARGEST, class T>
+// NAN_WINS: NaN is the largest key (argmax, argmin: the first NaN wins), else the smallest
+// (nanargmax, nanargmin: a NaN is found only where the row holds nothing else).
+template <bool LARGEST, bool NAN_WINS, class T>
 __device__ __forceinline__ typename KeyOf<T>::type arg_key(T x) {
     using K = typename KeyOf<T>::type;
     K k;
@@ -746,7 +749,7 @@ __device__ __forceinline__ typename KeyOf<T>::type arg_key(T x) {
         // Sign-magnitude to two's complement: integer order is the IEEE total order.
         k = bits ^ ((bits >> (8 * sizeof(K) - 1)) & TOP);
         if (!LARGEST) k = ~k;
-        k = is_nan ? TOP : k;  // the first NaN wins for both
+        k = is_nan ? (NAN_WINS ? TOP : ~TOP) : k;  // ~TOP: below -inf's key (and +inf's complement)
     } else {
         if constexpr (sizeof(T) == 8 && static_cast<T>(-1) > T(0)) {
             k = static_cast<K>(x ^ 0x8000000000000000ull);
@@ -803,7 +806,8 @@ __device__ __forceinline__ ArgPartial block_merge_arg(ArgPartial v, ArgPartial* 
 
 // argmax (LARGEST) or argmin of each of `rows` contiguous rows of `length` elements:
 // out_value[row] (in the extreme accumulator E) and out_index[row] (within the row).
-template <class T, class E, int BLOCK, int UNROLL, bool LARGEST>
+// NAN_WINS false: nanargmax/nanargmin (out_value NaN where the row is all NaN).
+template <class T, class E, int BLOCK, int UNROLL, bool LARGEST, bool NAN_WINS>
 __global__ void __launch_bounds__(BLOCK, 2)
 arg_rows_kernel(const T* __restrict__ in, long long rows, long long length, ArgPartial* __restrict__ partials,
                 unsigned int* __restrict__ counters, E* __restrict__ out_value, long long* __restrict__ out_index) {
@@ -828,7 +832,7 @@ arg_rows_kernel(const T* __restrict__ in, long long rows, long long length, ArgP
         K best = 0;
         long long best_index = -1;
         if (tid < head) {
-            best = arg_key<LARGEST>(x[tid]);
+            best = arg_key<LARGEST, NAN_WINS>(x[tid]);
             best_index = tid;
         }
         long long i = tid;
@@ -840,11 +844,11 @@ arg_rows_kernel(const T* __restrict__ in, long long rows, long long length, ArgP
             for (int u = 0; u < UNROLL; ++u) raw[u] = load16<0>(body + i + u * nthreads);
 #pragma unroll
             for (int u = 0; u < UNROLL; ++u) {
-                K vk = arg_key<LARGEST>(vector_lane<T>(raw[u], 0));
+                K vk = arg_key<LARGEST, NAN_WINS>(vector_lane<T>(raw[u], 0));
                 int vj = 0;
 #pragma unroll
                 for (int j = 1; j < VEC; ++j) {
-                    const K k = arg_key<LARGEST>(vector_lane<T>(raw[u], j));
+                    const K k = arg_key<LARGEST, NAN_WINS>(vector_lane<T>(raw[u], j));
                     if (k > vk) {
                         vk = k;
                         vj = j;
@@ -858,11 +862,11 @@ arg_rows_kernel(const T* __restrict__ in, long long rows, long long length, ArgP
         }
         for (; i < nvec; i += nthreads) {
             const uint4 raw = load16<0>(body + i);
-            K vk = arg_key<LARGEST>(vector_lane<T>(raw, 0));
+            K vk = arg_key<LARGEST, NAN_WINS>(vector_lane<T>(raw, 0));
             int vj = 0;
 #pragma unroll
             for (int j = 1; j < VEC; ++j) {
-                const K k = arg_key<LARGEST>(vector_lane<T>(raw, j));
+                const K k = arg_key<LARGEST, NAN_WINS>(vector_lane<T>(raw, j));
                 if (k > vk) {
                     vk = k;
                     vj = j;
@@ -874,7 +878,7 @@ arg_rows_kernel(const T* __restrict__ in, long long rows, long long length, ArgP
             }
         }
         if (tid < length - tail_start) {
-            const K k = arg_key<LARGEST>(x[tail_start + tid]);
+            const K k = arg_key<LARGEST, NAN_WINS>(x[tail_start + tid]);
             if (best_index < 0 || k > best) {
                 best = k;
                 best_index = tail_start + tid;

@@ -397,7 +397,7 @@ def arg_index(x: cupy.ndarray, axis: int | None, op: Op) -> cupy.ndarray:
         index = cupy.empty(kshape, dtype=np.int64)
         if rows * length == 0:
             return index  # kept axes of length 0
-        name = _kernels.arg_kernel_name(x.dtype, largest=op.name == "argmax")
+        name = _kernels.arg_kernel_name(x.dtype, largest=op.largest, nan_wins=op.nan_wins)
         if rows == 1:  # the value goes to the stream's device record
             _launch_arg_full(data, length, name, None, index.data.ptr)
         else:
@@ -419,7 +419,7 @@ def arg(x: cupy.ndarray, axis: int | None, op: Op) -> _stats.ArgState:
         data, rows, length = _rows_view(x, axes, op.name, order_free=False)
         if rows * length == 0:
             return _stats.empty_arg_state(acc, kshape)
-        name = _kernels.arg_kernel_name(x.dtype, largest=op.name == "argmax")
+        name = _kernels.arg_kernel_name(x.dtype, largest=op.largest, nan_wins=op.nan_wins)
         if kshape:
             index = cupy.empty(rows, dtype=np.int64)
             value = _launch_arg_rows(data, rows, length, name, acc, index)

@@ -98,7 +98,7 @@ def stats(x: np.ndarray, axes: tuple[int, ...], correction: float) -> _stats.Sta
 
 def arg(x: np.ndarray, axis: int | None, op: Op) -> _stats.ArgState:
     """The argmin/argmax state of the non-empty ``x`` along ``axis`` (None: flattened)."""
-    return _stats.arg_state(x, axis, largest=op.name == "argmax")
+    return _stats.arg_state(x, axis, largest=op.largest, nan_wins=op.nan_wins)
 
 
 def arg_result(x: np.ndarray, axis: int | None, op: Op):

@@ -155,11 +155,17 @@ def _ref_new(g: np.ndarray, op: str, correction: float = 0.0):
         if not num:
             return float("nan")
         return (max if op == "nanmax" else min)(num, key=_ieee_key)
-    if op in ("argmax", "argmin"):
-        if nan:
+    if op in ("argmax", "argmin", "nanargmax", "nanargmin"):
+        if nan and op in ("argmax", "argmin"):
             return next(i for i, v in enumerate(vals) if fl and math.isnan(v))
-        best = (max if op == "argmax" else min)(vals, key=_ieee_key if fl else None)
-        return next(i for i, v in enumerate(vals) if v == best and (not fl or _ieee_key(v) == _ieee_key(best)))
+        if not num:
+            return "All-NaN slice encountered"  # nanargmax/nanargmin raise it
+        best = (max if op in ("argmax", "nanargmax") else min)(num, key=_ieee_key if fl else None)
+        return next(
+            i
+            for i, v in enumerate(vals)
+            if not (fl and math.isnan(v)) and v == best and (not fl or _ieee_key(v) == _ieee_key(best))
+        )
     if op == "nansum":
         return ref_sum(np.array(num, dtype=g.dtype), np.sum(g[:0]).dtype)
     if op == "prod":
@@ -191,21 +197,29 @@ def check_new(g: np.ndarray, op: str, correction: float = 0.0) -> None:
     CASES += 1
     local = to_device(g[mpi.shard(g.size)])
     kw = {"correction": correction} if op in ("var", "std", "nanvar", "nanstd") else {}
-    if g.size == 0 and op in ("nanmax", "nanmin", "argmax", "argmin"):
+    if g.size == 0 and op in ("nanmax", "nanmin", "argmax", "argmin", "nanargmax", "nanargmin"):
         try:
             mpi.allreduce(local, op)
         except ValueError as exc:
             assert "zero-size array" in str(exc) or "empty sequence" in str(exc), str(exc)
             return
         raise AssertionError(f"{op} of an empty global array did not raise on rank {RANK}")
+    ref = _ref_new(g, op, correction)
+    if isinstance(ref, str):  # nanargmax/nanargmin of NaN only: every rank raises NumPy's error
+        try:
+            mpi.allreduce(local, op)
+        except ValueError as exc:
+            assert str(exc) == ref, str(exc)
+            return
+        raise AssertionError(f"{op} of NaN only did not raise on rank {RANK}")
     with np.errstate(all="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         got = to_host(mpi.allreduce(local, op, **kw))
     same_everywhere(got)
     expected_dtype = multireduce.get_op(op).result_dtype(g.dtype)
     assert got.dtype == expected_dtype, (op, g.dtype, got.dtype, expected_dtype)
-    ref = _ref_new(g, op, correction)
-    if op in ("count_nonzero", "any", "all", "argmax", "argmin") or g.dtype.kind in "biu" and op in ("prod", "nansum"):
+    exact = ("count_nonzero", "any", "all", "argmax", "argmin", "nanargmax", "nanargmin")
+    if op in exact or g.dtype.kind in "biu" and op in ("prod", "nansum"):
         want = np.asarray(ref if op != "prod" else np.uint64(ref)).astype(got.dtype)
         assert bits_equal(got, want, got.dtype), (op, g.dtype, g.size, got, ref)
     elif op in ("nanmax", "nanmin"):
@@ -236,6 +250,8 @@ def check_new_ops() -> None:
                 g = global_data(dt, n, "full", n)
             for op in ("count_nonzero", "any", "all", "nansum", "nanmax", "nanmin", "argmax", "argmin"):
                 check_new(g, op)
+            for op in ("nanargmax", "nanargmin"):
+                check_new(g, op)
             for op in ("mean", "var", "std", "nanmean", "nanvar", "nanstd"):
                 for correction in (0, 1):
                     check_new(g, op, correction)
@@ -250,6 +266,10 @@ def check_new_ops() -> None:
                 for op in ("nanvar", "nanstd"):
                     for correction in (0, 1):
                         check_new(h, op, correction)
+                h[: n // 2] = np.nan  # NaN before the extremes, on the first ranks
+                for op in ("nanargmax", "nanargmin"):
+                    check_new(h, op)
+                    check_new(np.full(n, np.nan, dtype=dtype), op)  # raises on every rank
                 check_new(np.full(n, np.nan, dtype=dtype), "nanmax")  # all NaN: NaN
                 check_new(np.full(n, np.nan, dtype=dtype), "nanvar")
 
