@@ -35,6 +35,7 @@ __all__ = [
     "nanmax",
     "nanmean",
     "nanmin",
+    "nanprod",
     "nanstd",
     "nansum",
     "nanvar",
@@ -233,15 +234,16 @@ def _converts(dtype: np.dtype, result: np.dtype, acc: np.dtype, exact: bool = Fa
 def _converted(arr, op: Op, result: np.dtype, acc: np.dtype, exact: bool):
     """``arr`` with each element converted to ``result`` where :func:`_converts` says so (a copy).
 
-    As the backends' reductions with ``dtype=`` convert: nansum drops NaN (as 0) before an
-    integer conversion, and a NaN, an infinity or a value out of range converts without a
-    warning (whatever the cast gives, as NumPy's reduction gives).
+    As the backends' reductions with ``dtype=`` convert: nansum and nanprod drop NaN (as
+    their identity, 0 or 1) before an integer conversion, and a NaN, an infinity or a value
+    out of range converts without a warning (whatever the cast gives, as NumPy's reduction
+    gives).
     """
     if not _converts(arr.dtype, result, acc, exact):
         return arr
-    if op.name == "nansum" and arr.dtype.kind == "f" and result.kind in "iu":
+    if op.skips_nan and arr.dtype.kind == "f" and result.kind in "iu":
         xp = sys.modules["cupy"] if _is_cupy_array(arr) else np
-        arr = xp.where(xp.isnan(arr), arr.dtype.type(0), arr)
+        arr = xp.where(xp.isnan(arr), op.identity(arr.dtype), arr)
     with np.errstate(invalid="ignore", over="ignore"):
         return arr.astype(result)
 
@@ -297,8 +299,8 @@ def reduce(
         reductions keep two dimensions), which are refused.
     op : str or Op
         One of ``multireduce.OPS``: sum, prod, max, min, mean, var, std, count_nonzero, any,
-        all, argmin, argmax, nansum, nanmax, nanmin, nanmean, nanvar, nanstd, nanargmin,
-        nanargmax.
+        all, argmin, argmax, nansum, nanprod, nanmax, nanmin, nanmean, nanvar, nanstd,
+        nanargmin, nanargmax.
     axis : None, int or tuple of int, optional
         Axes to reduce (negative counts from the end); None reduces all. argmin, argmax,
         nanargmin and nanargmax take None or one int; None indexes the C-order flattening,
@@ -306,7 +308,8 @@ def reduce(
     keepdims : bool, optional
         If true, the reduced axes stay as axes of length one.
     dtype : dtype, optional
-        Result dtype, for sum, prod and nansum only. Elements are converted to it first.
+        Result dtype, for sum, prod, nansum and nanprod only. Elements are converted to it
+        first.
     correction : float, optional
         For var, std, nanvar and nanstd: the divisor is ``N - correction`` (``ddof`` in
         NumPy; N counts the non-NaN elements for nanvar and nanstd).
@@ -324,7 +327,7 @@ def reduce(
     -------
     numpy.generic, numpy.ndarray or cupy.ndarray
         For NumPy input a NumPy scalar when every axis is reduced without ``keepdims``, else
-        an ndarray; for CuPy input a CuPy array. Result dtypes: sum, prod, nansum: int64 for
+        an ndarray; for CuPy input a CuPy array. Result dtypes: sum, prod, nansum, nanprod: int64 for
         bool and signed integers, uint64 for unsigned integers, the input's dtype for floats;
         max, min, nanmax, nanmin: the input's; mean, var, std, nanmean, nanvar, nanstd: the
         input's float dtype, float64 for bool and integers; any, all: bool; count_nonzero,
@@ -342,7 +345,7 @@ def reduce(
     numpy.exceptions.AxisError
         For an axis out of range.
     NotImplementedError
-        With ``reproducible=True``: prod, var, std, nansum, nanmean, nanvar and nanstd; a
+        With ``reproducible=True``: prod, var, std, nansum, nanprod, nanmean, nanvar and nanstd; a
         float sum or mean over an ``axis`` that leaves axes unreduced; an integer or bool mean where ``n *
         max(|x|)`` reaches 2**62 (the message gives the count and the largest magnitude).
 
@@ -553,7 +556,7 @@ def partial(
     :class:`multireduce._stats.ArgState` (indices relative to ``x``'s C-order flattening for
     ``axis=None``).
 
-    ``dtype=`` (sum, prod and nansum, as in :func:`reduce`) converts each element to that
+    ``dtype=`` (sum, prod, nansum and nanprod, as in :func:`reduce`) converts each element to that
     dtype first; the partial is then in that dtype's accumulator (a float32 request gives a
     float64 partial of the float32-converted elements), so that combining partials and
     converting once at the end gives what :func:`reduce` gives.
@@ -795,6 +798,11 @@ def nanargmin(x: Any, *, axis: int | None = None, keepdims: bool = False):
 def nansum(x: Any, *, axis: Any = None, keepdims: bool = False, dtype: Any = None):
     """Sum treating NaN as zero; :func:`sum`'s dtypes. ``inf + -inf`` is still NaN."""
     return reduce(x, "nansum", axis=axis, keepdims=keepdims, dtype=dtype)
+
+
+def nanprod(x: Any, *, axis: Any = None, keepdims: bool = False, dtype: Any = None):
+    """Product treating NaN as one; :func:`prod`'s dtypes. ``inf * 0`` is still NaN."""
+    return reduce(x, "nanprod", axis=axis, keepdims=keepdims, dtype=dtype)
 
 
 def nanmax(x: Any, *, axis: Any = None, keepdims: bool = False):

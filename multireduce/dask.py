@@ -10,7 +10,7 @@ chunks, a CuPy array on the chunks' GPU for CuPy chunks (0-d for a full reductio
 
 Where the host waits for the GPU, with CuPy chunks:
 
-* Fold ops (sum, prod, max, min, count_nonzero, any, all, nansum, nanmax, nanmin): a partial
+* Fold ops (sum, prod, max, min, count_nonzero, any, all, nansum, nanprod, nanmax, nanmin): a partial
   is the chunk's value in the accumulator dtype, on its GPU, and stays there through every
   combine to the final aggregate. Nothing here synchronizes the host with the GPU when all
   work runs on one CUDA stream (CuPy's default stream in every Dask thread, which is CuPy's
@@ -643,7 +643,7 @@ def treereduce(
         Chunks must be NumPy or CuPy arrays of a supported dtype (see :func:`multireduce.reduce`).
     op : str or Op
         Any of ``multireduce.OPS``. Fold ops (sum, prod, max, min, count_nonzero, any, all,
-        nansum, nanmax, nanmin) combine partials in the accumulator dtype; mean, nanmean,
+        nansum, nanprod, nanmax, nanmin) combine partials in the accumulator dtype; mean, nanmean,
         var, std, nanvar and nanstd merge :class:`multireduce._stats.Moments` states with Chan et al.'s
         update; argmin and argmax merge (value, int64 global index) states.
     axis : None, int or tuple of int, optional
@@ -652,7 +652,7 @@ def treereduce(
     keepdims : bool, optional
         If true, the reduced axes stay as axes of length one.
     dtype : dtype, optional
-        Result dtype, for sum, prod and nansum only (as ``numpy.sum``).
+        Result dtype, for sum, prod, nansum and nanprod only (as ``numpy.sum``).
     split_every : int, dict or None, optional
         How many partials one combine or aggregate task takes. An int (at least 2) is the
         most per task: where the chunks along the reduced axes number at most that many in

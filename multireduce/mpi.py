@@ -414,7 +414,7 @@ def allreduce(
     :func:`multireduce.reduce` of the concatenation of all shards (each flattened in C order,
     in rank order), up to the order of floating-point additions.
 
-    Fold ops (sum, prod, max, min, count_nonzero, any, all, nansum, nanmax, nanmin) combine
+    Fold ops (sum, prod, max, min, count_nonzero, any, all, nansum, nanprod, nanmax, nanmin) combine
     their partials inside the Allreduce. Moments ops (mean, nanmean, var, std, nanvar, nanstd) and arg ops
     (argmin, argmax) agree in the same first Allreduce, then gather their small states
     (:mod:`multireduce._stats`) and merge them in rank order with the core's merge: Chan et
@@ -430,7 +430,7 @@ def allreduce(
     comm : mpi4py.MPI.Comm, optional
         Defaults to ``MPI.COMM_WORLD``.
     dtype : dtype, optional
-        Result dtype, for sum, prod and nansum only (as :func:`multireduce.reduce`); the
+        Result dtype, for sum, prod, nansum and nanprod only (as :func:`multireduce.reduce`); the
         same on every rank.
     correction : float, optional
         For var, std, nanvar and nanstd, as in :func:`multireduce.var`; the same on every

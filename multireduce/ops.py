@@ -152,6 +152,12 @@ def _host_nansum(x: np.ndarray, acc: np.dtype, axes: tuple[int, ...] | None = No
     return _host_sum(x, acc, axes)
 
 
+def _host_nanprod(x: np.ndarray, acc: np.dtype, axes: tuple[int, ...] | None = None) -> np.ndarray:
+    if x.dtype.kind == "f":
+        x = np.where(np.isnan(x), x.dtype.type(1), x)
+    return _host_prod(x, acc, axes)
+
+
 def ieee_zero_fix(
     x: np.ndarray, value: np.ndarray, axes: tuple[int, ...], largest: bool, nan_free: bool = False
 ) -> np.ndarray:
@@ -266,7 +272,8 @@ class Op:
     numpy_name : str
         NumPy's name for the same reduction, used in error messages that mirror NumPy's.
     accepts_dtype : bool
-        Whether ``dtype=`` may be given (sum, prod and nansum, as in the Array API).
+        Whether ``dtype=`` may be given (sum, prod, nansum and nanprod, as in the Array API
+        and NumPy).
     empty_allowed : bool
         Whether the reduction of zero elements is defined.
     nan_wins : bool
@@ -274,7 +281,8 @@ class Op:
         argmax, argmin) or loses to every number (nanmax, nanmin, nanargmax, nanargmin).
     combine_with : str
         The fold op whose ``host_reduce`` combines this op's partials (``"sum"`` for
-        count_nonzero and nansum: a NaN partial of nansum comes from inf - inf and must stay).
+        count_nonzero and nansum, ``"prod"`` for nanprod: a NaN partial of nansum comes from
+        inf - inf, of nanprod from inf * 0, and must stay).
     host_reduce : callable or None
         Fold ops: ``host_reduce(x, acc_dtype, axes) -> array``, the CPU reduction of ``x``
         over ``axes`` (a tuple of non-negative ints) to values of ``acc_dtype``.
@@ -282,9 +290,11 @@ class Op:
         Moments ops: what the state is finalized to. var and std (and nanvar, nanstd) take
         ``correction=``.
     skips_nan : bool
-        Moments and arg ops: whether NaN elements are left out (nanmean, nanvar, nanstd:
-        the count is that of the other elements; nanargmax, nanargmin: an all-NaN slice
-        raises NumPy's ValueError); otherwise a NaN makes the result NaN (or its index).
+        Whether NaN elements are left out: the nan* ops. nansum and nanprod read them as
+        their identity (also before a ``dtype=`` conversion), nanmax and nanmin lose them to
+        any number; nanmean, nanvar and nanstd count the other elements; nanargmax and
+        nanargmin pass over them (an all-NaN slice raises NumPy's ValueError). Otherwise a NaN
+        makes the result NaN (or its index).
     largest : bool
         Arg ops: argmax and nanargmax (else argmin and nanargmin).
     """
@@ -389,6 +399,7 @@ def _fold(
     empty_allowed=True,
     nan_wins=True,
     combine_with="",
+    skips_nan=False,
 ):
     return Op(
         name=name,
@@ -404,6 +415,7 @@ def _fold(
         _identity=identity,
         nan_wins=nan_wins,
         combine_with=combine_with,
+        skips_nan=skips_nan,
     )
 
 
@@ -480,6 +492,20 @@ OPS: dict[str, Op] = {
             _zero,
             accepts_dtype=True,
             combine_with="sum",
+            skips_nan=True,
+        ),
+        _fold(
+            "nanprod",
+            "NanProd",
+            "PROD",
+            "multiply",
+            _host_nanprod,
+            _sum_result,
+            _sum_accumulator,
+            _one,
+            accepts_dtype=True,
+            combine_with="prod",
+            skips_nan=True,
         ),
         _fold(
             "nanmax",
@@ -492,6 +518,7 @@ OPS: dict[str, Op] = {
             _nan_or(_lowest),
             empty_allowed=False,
             nan_wins=False,
+            skips_nan=True,
         ),
         _fold(
             "nanmin",
@@ -504,6 +531,7 @@ OPS: dict[str, Op] = {
             _nan_or(_highest),
             empty_allowed=False,
             nan_wins=False,
+            skips_nan=True,
         ),
         _composite("mean", "moments", "mean", _mean_result, _F64, empty_allowed=True, statistic="mean"),
         _composite(

@@ -1915,7 +1915,7 @@ def reduce(
         refused, and so is a Dask array of masked chunks. A file or memory map must not shrink
         while it is streamed: reading a page past its new end kills the process (SIGBUS).
     op : str or Op
-        A fold op (sum, prod, max, min, nansum, nanmax, nanmin, any, all, count_nonzero).
+        A fold op (sum, prod, max, min, nansum, nanprod, nanmax, nanmin, any, all, count_nonzero).
         prod only with an integer (or bool) result: see Raises.
     dtype : dtype, optional
         Result dtype, for the ops that take one (sum, prod, nansum), as in :func:`multireduce.reduce`.
@@ -2029,9 +2029,9 @@ def _check_streamable(op: Op, dtype: np.dtype, result: np.dtype, acc: np.dtype) 
     with ``dtype=float64``: NumPy 0.0, the pipeline nan). Integer and bool products wrap
     modulo 2**64 in any order and stream.
     """
-    if op.name == "prod" and result.kind == "f":
+    if op.mpi_name == "PROD" and result.kind == "f":  # prod and nanprod
         raise NotImplementedError(
-            f"stream.reduce cannot prod {dtype} to a {result} result: a product that overflows to inf in one "
+            f"stream.reduce cannot {op.name} {dtype} to a {result} result: a product that overflows to inf in one "
             "piece and is 0 in another combines to nan, where multiplying in NumPy's order may give 0.0 (or "
             "the reverse), so the result would depend on how the input is cut. Integer and bool products "
             "stream; for a float product use multireduce.reduce"

@@ -107,7 +107,7 @@ def timed(timer, fn, opts) -> dict:
 def check_against_cpu(cp, mr, got, host, op, axis) -> bool:
     ref = np.asarray(mr.reduce(host, op, axis=axis))
     got = cp.asnumpy(got)
-    if op in ("sum", "nansum", "prod"):
+    if op in ("sum", "nansum", "prod", "nanprod"):
         return bool(np.allclose(got, ref, rtol=1e-6, atol=1e-3))
     return bool(np.array_equal(got, ref))
 

@@ -309,8 +309,8 @@ def _expected_identity(op: str, dt: np.dtype):
     """(value, accumulator dtype) of the empty partial of ``op`` on ``dt`` input, spelled out here."""
     wide = {"b": np.int64, "i": np.int64, "u": np.uint64}.get(dt.kind, np.float32 if dt == np.float16 else np.float64)
     extreme = np.float32 if dt == np.float16 else dt
-    if op in ("sum", "nansum", "prod"):
-        return (1 if op == "prod" else 0), np.dtype(wide)
+    if op in ("sum", "nansum", "prod", "nanprod"):
+        return (1 if op in ("prod", "nanprod") else 0), np.dtype(wide)
     if op == "count_nonzero":
         return 0, np.dtype(np.int64)
     if op in ("any", "all"):
@@ -325,7 +325,7 @@ def _expected_identity(op: str, dt: np.dtype):
     return value, np.dtype(extreme)
 
 
-FOLD_OPS = ["sum", "prod", "nansum", "count_nonzero", "any", "all", "max", "min", "nanmax", "nanmin"]
+FOLD_OPS = ["sum", "prod", "nansum", "nanprod", "count_nonzero", "any", "all", "max", "min", "nanmax", "nanmin"]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

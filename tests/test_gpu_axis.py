@@ -48,13 +48,16 @@ def assert_reduction(got: np.ndarray, host: np.ndarray, op: str, axes, keepdims:
     if op in ("sum", "nansum") and kind == "f":
         assert_float_sum(got, host, axes, keepdims, skip_nan=op == "nansum")
         return
-    if op in ("sum", "nansum", "prod"):
+    if op in ("sum", "nansum", "prod", "nanprod"):
         result = sum_result_dtype(host.dtype)
         if kind == "f":
-            want = np.prod(host.astype(np.float64), axis=axes, keepdims=keepdims).astype(result)
+            wide = host.astype(np.float64)
+            if op == "nanprod":
+                wide = np.where(np.isnan(wide), 1.0, wide)
+            want = np.prod(wide, axis=axes, keepdims=keepdims).astype(result)
         else:
             # Integer sums and products wrap modulo 2**64 whatever the order: NumPy's are exact.
-            want = (np.sum if op != "prod" else np.prod)(host, axis=axes, keepdims=keepdims, dtype=result)
+            want = (np.sum if op in ("sum", "nansum") else np.prod)(host, axis=axes, keepdims=keepdims, dtype=result)
     elif op in ("max", "min", "nanmax", "nanmin"):
         largest = op.endswith("max")
         want = ieee_extreme_axes(host, axes, keepdims, largest=largest, skip_nan=op.startswith("nan"))
@@ -137,7 +140,7 @@ def test_repeated_runs_identical_bits():
             assert np.array_equal(multireduce.sum(dev, axis=axis).get().view(np.uint32), first.view(np.uint32))
 
 
-@pytest.mark.parametrize("op", ["sum", "max", "min", "prod", "nansum", "nanmax", "count_nonzero", "any"])
+@pytest.mark.parametrize("op", ["sum", "max", "min", "prod", "nanprod", "nansum", "nanmax", "count_nonzero", "any"])
 @pytest.mark.parametrize("dtype", ["float32", "int16", "float16"])
 def test_every_axis_combination_of_a_4d_array(op, dtype):
     # Non-adjacent axes take one launch per run of adjacent reduced axes, the partials in the
@@ -147,7 +150,7 @@ def test_every_axis_combination_of_a_4d_array(op, dtype):
 
     rng = np.random.default_rng(5)
     host = make_data(dtype, 2 * 3 * 5 * 7, rng).reshape(2, 3, 5, 7)
-    if op == "prod":
+    if op in ("prod", "nanprod"):
         host = rng.choice(np.array([0.5, 1.0, 2.0, -1.0], dtype=dtype), size=host.shape)
     # A 5 x 7 block of zeros: rows of +0.0 and of -0.0 (max and min must order -0.0 below
     # +0.0; products of signed zeros keep their sign), rows where any/all/count_nonzero see

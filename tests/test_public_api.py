@@ -30,6 +30,7 @@ README_FUNCTIONS = {
     "sum",
     "prod",
     "nansum",
+    "nanprod",
     "max",
     "min",
     "nanmax",

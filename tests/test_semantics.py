@@ -36,7 +36,8 @@ from multireduce import _axes, _stats
 from multireduce.ops import OPS, SUPPORTED_DTYPES
 
 DTYPES = [dt.name for dt in SUPPORTED_DTYPES]
-FOLD_EXACT = ["sum", "prod", "nansum", "count_nonzero", "any", "all"]
+FOLD_EXACT = ["sum", "prod", "nansum", "nanprod", "count_nonzero", "any", "all"]
+PRODUCTS = ("prod", "nanprod")
 EXTREMES = ["max", "min", "nanmax", "nanmin"]
 MOMENTS = ["mean", "var", "std", "nanmean", "nanvar", "nanstd"]
 #: The moments ops that take correction=.
@@ -239,15 +240,15 @@ def check_op(x: np.ndarray, op: str, axis, keepdims: bool, correction: float = 0
     assert got.dtype == np.asarray(theirs).dtype, (op, x.dtype, got.dtype, np.asarray(theirs).dtype)
     assert isinstance(got, np.generic) == isinstance(theirs, np.generic), (type(got), type(theirs))
     kept_shape = np.shape(theirs)
-    if op in ("count_nonzero", "any", "all") or (op in ("sum", "prod", "nansum") and x.dtype.kind in "biu"):
+    if op in ("count_nonzero", "any", "all") or (op in FOLD_EXACT and x.dtype.kind in "biu"):
         _bits_equal(got, theirs)
-    elif op in ("sum", "prod", "nansum"):
+    elif op in ("sum", "prod", "nansum", "nanprod"):
         f = np.asarray(x, dtype=np.float64)
-        if op == "nansum":
-            f = np.where(np.isnan(f), 0.0, f)
+        if op in ("nansum", "nanprod"):
+            f = np.where(np.isnan(f), 0.0 if op == "nansum" else 1.0, f)
         with _quiet_ctx():
-            ref = (np.sum if op != "prod" else np.prod)(f, axis=axis, keepdims=keepdims)
-            ref = np.asarray(ref + 0.0 if op != "prod" else ref).astype(x.dtype)  # sums of zeros: +0.0
+            ref = (np.prod if op in PRODUCTS else np.sum)(f, axis=axis, keepdims=keepdims)
+            ref = np.asarray(ref if op in PRODUCTS else ref + 0.0).astype(x.dtype)  # sums of zeros: +0.0
         _bits_equal(got, ref)
     elif op in EXTREMES:
         if x.dtype.kind in "biu":
@@ -299,7 +300,7 @@ _SETTINGS = settings(max_examples=1500, deadline=None, suppress_health_check=[He
 
 
 @_SETTINGS
-@given(data=st.data(), op=st.sampled_from([o for o in ALL_OPS if o != "prod"]))
+@given(data=st.data(), op=st.sampled_from([o for o in ALL_OPS if o not in PRODUCTS]))
 def test_ops_against_numpy(data, op):
     x = data.draw(cases())
     axis = data.draw(axes_for(x.ndim, single=op in ARGS))
@@ -308,18 +309,23 @@ def test_ops_against_numpy(data, op):
     check_op(x, op, axis, keepdims, correction)
 
 
-NAN_OPS = ["nansum", "nanmax", "nanmin", "nanmean", "nanvar", "nanstd", "nanargmax", "nanargmin"]
+NAN_OPS = ["nansum", "nanprod", "nanmax", "nanmin", "nanmean", "nanvar", "nanstd", "nanargmax", "nanargmin"]
 
 
 @st.composite
-def nan_dense(draw, recipe: bool = False):
+def nan_dense(draw, recipe: bool = False, powers_of_two: bool = False):
     """A float array view with NaN at a random set of positions (often most of them).
 
-    With ``recipe``, ``(base, index, None)`` for :func:`view_of`, as :func:`cases`.
+    With ``recipe``, ``(base, index, None)`` for :func:`view_of`, as :func:`cases`; with
+    ``powers_of_two``, products are exact in any order (as in :func:`cases`).
     """
     dtype = np.dtype(draw(st.sampled_from(["float16", "float32", "float64"])))
     shape = draw(hnp.array_shapes(min_dims=1, max_dims=3, min_side=1, max_side=6))
-    base = draw(hnp.arrays(dtype, shape, elements=st.integers(-8, 8).map(lambda k: k / 2.0)))
+    if powers_of_two:
+        elements = st.sampled_from([0.5, -0.5, 1.0, -1.0, 2.0, -2.0, 0.0, -0.0])
+    else:
+        elements = st.integers(-8, 8).map(lambda k: k / 2.0)
+    base = draw(hnp.arrays(dtype, shape, elements=elements))
     nan = draw(hnp.arrays(np.bool_, shape))
     base[nan] = np.nan
     index = tuple(slice(None, None, draw(st.sampled_from([1, 2, -1]))) for _ in range(base.ndim))
@@ -332,7 +338,7 @@ def test_nan_ops_against_numpy_on_nan_dense_data(data, op):
     # The property test above plants a NaN in few of its arrays; here NaN is everywhere,
     # with all-NaN slices (nanargmax/nanargmin raise there, as NumPy's) and NaN before the
     # extreme (which argmax would pick and nanargmax must pass over).
-    x = data.draw(nan_dense())
+    x = data.draw(nan_dense(powers_of_two=op == "nanprod"))
     axis = data.draw(axes_for(x.ndim, single=op in ARGS))
     keepdims = data.draw(st.booleans())
     correction = data.draw(st.sampled_from([0, 1])) if op in CORRECTED else 0.0
@@ -355,15 +361,15 @@ def test_nan_arg_ops_pass_over_nan(op):
         multireduce.reduce(np.zeros(0), op)
 
 
-@settings(max_examples=100, deadline=None)
-@given(data=st.data())
-def test_prod_against_numpy(data):
+@settings(max_examples=150, deadline=None)
+@given(data=st.data(), op=st.sampled_from(PRODUCTS))
+def test_prod_against_numpy(data, op):
     x = data.draw(cases(powers_of_two=True, max_side=3))
-    check_op(x, "prod", data.draw(axes_for(x.ndim)), data.draw(st.booleans()))
+    check_op(x, op, data.draw(axes_for(x.ndim)), data.draw(st.booleans()))
 
 
 @settings(max_examples=100, deadline=None)
-@given(data=st.data(), op=st.sampled_from(["sum", "prod", "nansum"]), requested=st.sampled_from(DTYPES[1:]))
+@given(data=st.data(), op=st.sampled_from(["sum", "prod", "nansum", "nanprod"]), requested=st.sampled_from(DTYPES[1:]))
 def test_dtype_argument_against_numpy(data, op, requested):
     x = data.draw(cases(powers_of_two=True, max_side=3))
     axis = data.draw(axes_for(x.ndim))
@@ -371,8 +377,10 @@ def test_dtype_argument_against_numpy(data, op, requested):
         got = multireduce.reduce(x, op, axis=axis, dtype=requested)
         # Elements are converted first; NumPy's answer is exact for these values except where
         # NaN reaches an integer (unspecified), so compare only where NumPy's is finite.
-        converted = np.where(np.isnan(x), 0, x) if op == "nansum" and x.dtype.kind == "f" else x
-        theirs = (np.prod if op == "prod" else np.sum)(converted.astype(requested), axis=axis, dtype=requested)
+        converted = x
+        if op in ("nansum", "nanprod") and x.dtype.kind == "f":
+            converted = np.where(np.isnan(x), 0 if op == "nansum" else 1, x)
+        theirs = (np.prod if op in PRODUCTS else np.sum)(converted.astype(requested), axis=axis, dtype=requested)
     assert got.dtype == np.dtype(requested)
     assert np.shape(got) == np.shape(theirs)
     if np.dtype(requested).kind == "f" or not (x.dtype.kind == "f" and np.isnan(x).any()):
@@ -385,7 +393,7 @@ def test_dtype_argument_against_numpy(data, op, requested):
                 # 3**27, which float32 cannot hold; NumPy rounds at every step, multireduce
                 # once). Where the exact result is representable, every partial product or
                 # sum is too (it divides, or is bounded by, the result), so both are exact.
-                exact = (np.prod if op == "prod" else np.sum)(x.astype(object), axis=axis)
+                exact = (np.prod if op in PRODUCTS else np.sum)(x.astype(object), axis=axis)
                 ok = ok | ~np.vectorize(lambda v: _representable(v, np.dtype(requested)), otypes=[bool])(exact)
             assert np.all(ok), (got, theirs)
         else:
@@ -393,7 +401,7 @@ def test_dtype_argument_against_numpy(data, op, requested):
 
 
 @settings(max_examples=150, deadline=None)
-@given(data=st.data(), op=st.sampled_from(["sum", "prod", "nansum"]), requested=st.sampled_from(DTYPES[1:]))
+@given(data=st.data(), op=st.sampled_from(["sum", "prod", "nansum", "nanprod"]), requested=st.sampled_from(DTYPES[1:]))
 def test_partial_with_dtype_then_one_cast_is_reduce(data, op, requested):
     # What the Dask and MPI layers do with dtype=: each chunk's or shard's core.partial in the
     # accumulator dtype, one cast to the result at the end. That must be reduce's answer for
@@ -1504,7 +1512,7 @@ _GPU_AXES = [None, 0, 1, 2, -1, (0, 1), (1, 2), (0, 2), (2, 0), (0, 1, 2)]
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data(), op=st.sampled_from(NAN_OPS))
 def test_gpu_nan_ops_against_numpy_on_nan_dense_data(data, op):
-    base, index, order = data.draw(nan_dense(recipe=True))
+    base, index, order = data.draw(nan_dense(recipe=True, powers_of_two=op == "nanprod"))
     x, dev = _device_view(base, index, order)
     axis = data.draw(axes_for(x.ndim, single=op in ARGS))
     correction = data.draw(st.sampled_from([0, 1])) if op in CORRECTED else 0.0
@@ -1540,7 +1548,7 @@ def test_gpu_ops_against_numpy(data, op):
     # The CPU property test's cases on the device: shapes up to 4-D (empty axes included),
     # every axis combination, keepdims, every dtype, NaN/inf/signed zeros, strided, reversed
     # and transposed views made on the device.
-    prod = op == "prod"
+    prod = op in PRODUCTS
     base, index, order = data.draw(cases(powers_of_two=prod, max_side=3 if prod else 5, recipe=True))
     x, dev = _device_view(base, index, order)
     axis = data.draw(axes_for(x.ndim, single=op in ARGS))

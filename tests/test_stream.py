@@ -1597,7 +1597,7 @@ def test_gpu_native_upload_failure_names_the_cuda_error():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("op", ["prod", "nansum", "nanmax", "nanmin", "any", "all", "count_nonzero"])
+@pytest.mark.parametrize("op", ["prod", "nanprod", "nansum", "nanmax", "nanmin", "any", "all", "count_nonzero"])
 def test_gpu_every_fold_op_streams(op):
     # The other fold ops stream through the same pipeline on their own kernels: pieces from
     # several slots (a small budget), NaN in one piece, against independent references: exact
@@ -1605,18 +1605,18 @@ def test_gpu_every_fold_op_streams(op):
     # extremes bit for bit, with IEEE 754-2019's signed-zero order), and nansum within half an
     # ulp plus its float64 accumulation's bound of the exact sum (reference.assert_float_sum).
     rng = np.random.default_rng(13)
-    if op == "prod":
+    if op in ("prod", "nanprod"):
         # Integers (float products are refused): 60 factors other than one, wrapping in int64.
         x = np.ones(3_000_017, dtype=np.int32)
         x[rng.integers(0, x.size, 60)] = rng.choice(np.array([3, 7, -5], dtype=np.int32), size=60)
-        with pytest.raises(NotImplementedError, match="cannot prod float32 to a float32 result"):
+        with pytest.raises(NotImplementedError, match=f"cannot {op} float32 to a float32 result"):
             stream.reduce(x.astype(np.float32), op)
     else:
         x = make_data("float32", 3_000_017, rng)
         x[123_456] = np.nan
         x[2_000_003] = -0.0  # a zero (of either sign): all is False, count_nonzero one less
     got = stream.reduce(x, op, budget=8 << 20, slot_bytes=2 << 20)
-    if op == "prod":
+    if op in ("prod", "nanprod"):
         assert got.dtype == np.int64, got.dtype
         assert int(got) == wrapped_int(math.prod(int(v) for v in x[x != 1].tolist()), np.int64), got
     elif op == "nansum":

@@ -92,7 +92,7 @@ __device__ __forceinline__ Acc load_as(T x) { return convert<Acc>(convert<Out>(x
 // it); the identity comes from that Op as a kernel argument, so it is defined only there.
 // An operator has `combine` and `load`: `load` turns one input element into an accumulator
 // value as it is read (in the same pass, never a separate one). Fold's load is load_as;
-// NanSum, Any, All and CountNonzero map the element first.
+// NanSum, NanProd, Any, All and CountNonzero map the element first.
 
 template <class T> __device__ __forceinline__ bool is_nan(T x) {
     if constexpr (IsFloating<T>::value) {
@@ -127,6 +127,14 @@ struct Prod : Fold {
 struct NanSum : Sum {
     template <class Acc, class Out, class T> static __device__ __forceinline__ Acc load(T x) {
         return is_nan(x) ? Acc(0) : load_as<Acc, Out>(x);
+    }
+};
+
+// nanprod: NaN elements count as one (before any dtype= conversion); a NaN made by the
+// product itself (inf * 0) stays. Its partials combine with Prod.
+struct NanProd : Prod {
+    template <class Acc, class Out, class T> static __device__ __forceinline__ Acc load(T x) {
+        return is_nan(x) ? Acc(1) : load_as<Acc, Out>(x);
     }
 };
 

@@ -396,8 +396,8 @@ def _reduce_in_passes(x, op: Op, acc: np.dtype, result: np.dtype, axes: tuple[in
     """
     axes = tuple(sorted(axes))
     if result != op.result_dtype(x.dtype) and not np.can_cast(x.dtype, result, "safe"):
-        if op.name == "nansum" and x.dtype.kind == "f":
-            x = cupy.where(cupy.isnan(x), x.dtype.type(0), x)  # NaN drops out before converting
+        if op.skips_nan and x.dtype.kind == "f":
+            x = cupy.where(cupy.isnan(x), op.identity(x.dtype), x)  # NaN drops out before converting
         x = x.astype(result)
     step = op
     while True:

@@ -168,14 +168,14 @@ def _ref_new(g: np.ndarray, op: str, correction: float = 0.0):
         )
     if op == "nansum":
         return ref_sum(np.array(num, dtype=g.dtype), np.sum(g[:0]).dtype)
-    if op == "prod":
+    if op in ("prod", "nanprod"):
         if g.dtype.kind in "biu":
             p = 1
             for v in vals:
                 p = p * int(v) % (1 << 64)
             return p
         p = 1.0
-        for v in vals:
+        for v in vals if op == "prod" else num:
             p *= v
         return p
     skips = op in ("nanmean", "nanvar", "nanstd")
@@ -219,12 +219,12 @@ def check_new(g: np.ndarray, op: str, correction: float = 0.0) -> None:
     expected_dtype = multireduce.get_op(op).result_dtype(g.dtype)
     assert got.dtype == expected_dtype, (op, g.dtype, got.dtype, expected_dtype)
     exact = ("count_nonzero", "any", "all", "argmax", "argmin", "nanargmax", "nanargmin")
-    if op in exact or g.dtype.kind in "biu" and op in ("prod", "nansum"):
-        want = np.asarray(ref if op != "prod" else np.uint64(ref)).astype(got.dtype)
+    if op in exact or g.dtype.kind in "biu" and op in ("prod", "nansum", "nanprod"):
+        want = np.asarray(ref if op not in ("prod", "nanprod") else np.uint64(ref)).astype(got.dtype)
         assert bits_equal(got, want, got.dtype), (op, g.dtype, g.size, got, ref)
     elif op in ("nanmax", "nanmin"):
         assert bits_equal(got, ref, got.dtype), (op, g.dtype, g.size, got, ref)
-    elif op in ("prod", "nansum"):
+    elif op in ("prod", "nansum", "nanprod"):
         assert bits_equal(got, got.dtype.type(ref), got.dtype), (op, g.dtype, g.size, got, ref)  # exact data
     else:
         if math.isnan(ref):
@@ -258,6 +258,11 @@ def check_new_ops() -> None:
             # Products: powers of two (exact for floats), and wrapping integers.
             p = g if dtype.kind in "biu" else rng.choice(np.array([0.5, -0.5, 1.0, -1.0, 2.0], dtype=dtype), n)
             check_new(p, "prod")
+            check_new(p, "nanprod")
+            if dtype.kind == "f" and n > 1:
+                q = p.copy()
+                q[:: max(1, n // 3)] = np.nan  # NaN counts as one
+                check_new(q, "nanprod")
             if dtype.kind == "f" and n > 1:
                 h = g.copy()
                 h[n // 2] = np.nan

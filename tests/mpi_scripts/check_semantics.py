@@ -41,7 +41,19 @@ RANK, SIZE = COMM.Get_rank(), COMM.Get_size()
 FAILURES: list[str] = []
 CASES = 0
 
-EXACT_OPS = {"max", "min", "nanmax", "nanmin", "argmax", "argmin", "count_nonzero", "any", "all"}
+EXACT_OPS = {
+    "max",
+    "min",
+    "nanmax",
+    "nanmin",
+    "argmax",
+    "argmin",
+    "nanargmax",
+    "nanargmin",
+    "count_nonzero",
+    "any",
+    "all",
+}
 STATS_FIELDS = ("count", "nan_count", "sum", "min", "max", "mean", "var")
 
 
@@ -71,7 +83,7 @@ def values(rng: np.random.Generator, dt: np.dtype, n: int, op: str) -> np.ndarra
         g = rng.standard_normal(n).astype(dt)
     else:
         g = (rng.standard_normal(n) * np.exp(rng.uniform(-6, 6, n))).astype(dt)
-    if op == "prod":  # powers of two, few enough that no order overflows or underflows: exact
+    if op in ("prod", "nanprod"):  # powers of two, few enough that no order overflows or underflows: exact
         g = rng.choice(np.array([1.0, -1.0], dtype=dt), n)
         g[rng.integers(0, n, min(n, 12))] = rng.choice(np.array([0.5, -0.5, 2.0, -2.0], dtype=dt), min(n, 12))
     info = np.finfo(dt)
@@ -162,12 +174,12 @@ def tolerance(g: np.ndarray, op: str, want: np.generic, correction) -> float:
         return n * acc_eps * mag + rounding
     if op in ("mean", "nanmean"):
         return n * eps64 * mag / max(g.size, 1) + rounding
-    if op == "prod":
+    if op in ("prod", "nanprod"):
         return 4 * n * acc_eps * abs(float(want)) + rounding
     # var and std: Chan's merges of the ranks' moments
     scale = float(np.abs(finite - finite.mean()).max()) if finite.size else 0.0
     m2 = 64 * n * eps64 * scale * scale * max(g.size, 1) / max(g.size - float(correction), 1e-300)
-    if op == "std":
+    if op in ("std", "nanstd"):
         return math.sqrt(m2) + rounding
     return m2 + rounding
 
@@ -238,7 +250,7 @@ def draw_case(rng: np.random.Generator):
     g = values(rng, dt, n, op)
     kw: dict = {}
     r = rng.random()
-    if op in ("sum", "prod", "nansum") and r < 0.3 or op != "stats" and r < 0.03:
+    if op in ("sum", "prod", "nansum", "nanprod") and r < 0.3 or op != "stats" and r < 0.03:
         kw["dtype"] = np.dtype(SUPPORTED_DTYPES[rng.integers(0, len(SUPPORTED_DTYPES))])
     requested = kw.get("dtype")
     if requested is not None and requested.kind in "iu" and g.dtype.kind == "f":
@@ -249,7 +261,7 @@ def draw_case(rng: np.random.Generator):
             g = np.nan_to_num(np.clip(g, max(info.min, -100), min(info.max, 100)), nan=0.0, posinf=1, neginf=0).astype(
                 g.dtype
             )
-    if op in ("var", "std", "stats") and rng.random() < 0.6:
+    if op in ("var", "std", "nanvar", "nanstd", "stats") and rng.random() < 0.6:
         kw["correction"] = [1, 1.0, 0.5, 2, 5.0, -0.0][rng.integers(0, 6)]
     if op != "stats" and rng.random() < 0.25:
         kw["reproducible"] = True
@@ -257,7 +269,8 @@ def draw_case(rng: np.random.Generator):
         if op == "stats":
             kw["correction"] = "1"
         else:
-            kw["correction" if op not in ("var", "std") else "dtype"] = 1 if op not in ("var", "std") else np.int8
+            corrected = op in ("var", "std", "nanvar", "nanstd")
+            kw["correction" if not corrected else "dtype"] = 1 if not corrected else np.int8
     return g, op, kw
 
 
