@@ -82,13 +82,15 @@ COLS_UNROLL_WIDE = 8
 #: nansum of float32 columns (float64 accumulators): ptxas unrolls the 256x8 loop only twice
 #: once the NaN select is in it (16 loads in flight per thread instead of Sum's 32), and it ran
 #: at 0.78x the full reduction; 256x6 gets four trips per iteration (24 loads) and 0.92x
-#: (bench/results/h200_494f0f0). float64 input compiles to Sum's shape at 256x8.
+#: (bench/results/h200_494f0f0). float64 input compiles to Sum's shape at 256x8. nanprod's
+#: load is the same select (NaN to 1): at 256x8 its float32 columns ran at 0.78x too
+#: (bench/results/h200_71ffd81).
 COLS_NANSUM_F32 = (256, 6)
 
 
 def cols_config(op: Op, dtype: np.dtype, acc: np.dtype) -> tuple[int, int]:
     """(threads per block, rows in flight) of the column kernel for ``op`` on ``dtype`` input."""
-    if op.functor == "NanSum" and np.dtype(dtype) == np.float32:
+    if op.functor in ("NanSum", "NanProd") and np.dtype(dtype) == np.float32:
         return COLS_NANSUM_F32
     if np.dtype(acc).itemsize == 8:
         return COLS_BLOCK_WIDE, COLS_UNROLL_WIDE
