@@ -542,7 +542,7 @@ def _outside_stacklevel() -> int:
     return level
 
 
-def warn_moments(op: Op, count: Any, correction: float) -> None:
+def warn_moments(op: Op, count: Any, correction: float, inexact: bool = True) -> None:
     """NumPy's RuntimeWarnings for the moments op ``op`` over ``count`` elements per result.
 
     ``count`` (an int or an array) is the number of elements each result reduces, NaN
@@ -550,13 +550,15 @@ def warn_moments(op: Op, count: Any, correction: float) -> None:
     (so only their warnings depend on the data). As NumPy: "Mean of empty slice" where the
     count is 0 (mean, nanmean), "Degrees of freedom <= 0 for slice" where ``count -
     correction <= 0`` (var, std, nanvar, nanstd). The warning points at the caller's line
-    outside multireduce.
+    outside multireduce. ``inexact``: the input is float; NumPy's nan functions of integer
+    and bool input are its plain ones (``np.nanvar`` calls ``np.var``), with their words.
     """
     mean = op.statistic == "mean"
     limit = 0 if mean else correction  # a count at most this warns
     if count <= limit if isinstance(count, int) else np.any(np.asarray(count) <= limit):
-        # NumPy's words: np.nanvar and np.nanstd end theirs with a period, np.var's does not.
-        message = "Mean of empty slice" if mean else "Degrees of freedom <= 0 for slice" + ("." if op.skips_nan else "")
+        # NumPy's words: np.nanvar and np.nanstd of floats end theirs with a period, np.var's does not.
+        period = "." if op.skips_nan and inexact else ""
+        message = "Mean of empty slice" if mean else "Degrees of freedom <= 0 for slice" + period
         warnings.warn(message, RuntimeWarning, stacklevel=_outside_stacklevel())
 
 
@@ -669,7 +671,7 @@ def finalize_moments(state: Moments, op: Op, result: np.dtype, correction: float
     skipna = op.skips_nan
     n = state.n
     nan = state.nan
-    warn_moments(op, n if skipna else n + nan, correction)
+    warn_moments(op, n if skipna else n + nan, correction, inexact=state.total.dtype.kind == "f")
     if op.statistic == "mean":
         value = np.where(n > 0, state_mean(state), np.float64(np.nan))
         if not skipna:
@@ -690,7 +692,7 @@ def _finalize_moments_scalar(state: Moments, op: Op, result: np.dtype, correctio
     # full GPU reduction would otherwise pay on the host after its kernel.
     n, nan = int(state.n), int(state.nan)
     skipna = op.skips_nan
-    warn_moments(op, n if skipna else n + nan, correction)
+    warn_moments(op, n if skipna else n + nan, correction, inexact=state.total.dtype.kind == "f")
     if op.statistic == "mean":
         value = _state_mean_scalar(state) if n > 0 and (nan == 0 or skipna) else math.nan
         return result.type(value)

@@ -430,11 +430,12 @@ def _reduce(x: Any, op: str | Op, axis: Any, keepdims: bool, dtype: Any, correct
         else:
             value = backend.reduce(arr, op, acc, result, axes)
     elif op.kind == "moments":
-        if arr.size == 0 and not op.skips_nan and math.prod(n for i, n in enumerate(arr.shape) if i not in axes) == 0:
+        float_nan_op = op.skips_nan and arr.dtype.kind == "f"
+        if arr.size == 0 and not float_nan_op and math.prod(n for i, n in enumerate(arr.shape) if i not in axes) == 0:
             # An empty result has no state to warn from, but NumPy warns by the count of the
             # reduced axes: var(ones((2, 0)), axis=0, correction=2) is [] with "Degrees of
-            # freedom <= 0 for slice".
-            _stats.warn_moments(op, math.prod(arr.shape[a] for a in axes), corr)
+            # freedom <= 0 for slice". (np.nanvar of floats does not; of integers it is np.var.)
+            _stats.warn_moments(op, math.prod(arr.shape[a] for a in axes), corr, inexact=False)
         if backend is _cupy_backend and not op.skips_nan and arr.size:
             # Finalized on the device (nothing waits for the GPU): the warnings depend on the
             # shape alone, except those of nanmean, nanvar and nanstd, which count the non-NaN

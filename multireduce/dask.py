@@ -474,9 +474,9 @@ def _moments_aggregate(
     merged, device = _moments_merged(parts)
     if op is None:  # stats: the merged state itself (host values), finalized by stats()
         return _stats.to_structured(merged)
-    if merged.n.size == 0 and reduced is not None and not op.skips_nan:
+    if merged.n.size == 0 and reduced is not None and not (op.skips_nan and merged.total.dtype.kind == "f"):
         # An empty result has no state to warn from; NumPy warns by the reduced count (as the core).
-        _stats.warn_moments(op, reduced, correction)
+        _stats.warn_moments(op, reduced, correction, inexact=False)
     if integer_mean is not None:  # reproducible=True: the core's check, on the whole array's states
         refused = core._integer_mean_error(integer_mean, merged.n, merged.lo, merged.hi)
         if refused is not None:

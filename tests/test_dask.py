@@ -1321,21 +1321,24 @@ def test_integer_means_are_numpys_whatever_the_chunks(dtype):
 
 
 @pytest.mark.parametrize(
-    ("shape", "op", "axis", "correction"),
+    ("shape", "op", "axis", "correction", "dtype"),
     [
-        ((2, 0), "var", 0, 2),
-        ((2, 0), "std", 0, 3),
-        ((2, 0), "var", 0, 1),
-        ((0, 0), "mean", 0, 0),
-        ((2, 0), "mean", 0, 0),
+        ((2, 0), "var", 0, 2, "float64"),
+        ((2, 0), "std", 0, 3, "float64"),
+        ((2, 0), "var", 0, 1, "float64"),
+        ((0, 0), "mean", 0, 0, "float64"),
+        ((2, 0), "mean", 0, 0, "float64"),
+        # np.nanvar of floats does not warn here; of integers it is np.var, which does.
+        ((2, 0), "nanvar", 0, 1, "float64"),
+        ((2, 0), "nanstd", 0, 3, "int32"),
     ],
 )
-def test_empty_results_warn_as_numpy(shape, op, axis, correction):
+def test_empty_results_warn_as_numpy(shape, op, axis, correction, dtype):
     # An empty result has no state to warn from: NumPy (and the core) warn by the count of
     # the reduced axes. The Dask aggregate gave [] with no warning.
     import warnings
 
-    x = np.ones(shape)
+    x = np.ones(shape, dtype)
     kwargs = {"correction": correction} if op != "mean" else {}
     found = []
     for call in (

@@ -355,6 +355,10 @@ def test_nan_arg_ops_pass_over_nan(op):
     assert got.tolist() == ([1, 0, 2] if op == "nanargmax" else [1, 2, 2])
     assert multireduce.reduce(np.array([-0.0, np.nan, 0.0]), op) == (2 if op == "nanargmax" else 0)  # IEEE order
     assert multireduce.reduce(np.arange(5, dtype=np.int16), op) == (4 if op == "nanargmax" else 0)
+    # The only numbers are the extreme infinity: NumPy replaces NaN by it and returns the
+    # NaN's index (0); ours is the infinity's (docs/semantics.md, differences from NumPy).
+    edge = np.array([np.nan, -np.inf if op == "nanargmax" else np.inf, np.nan])
+    assert multireduce.reduce(edge, op) == 1 and getattr(np, op)(edge) == 0
     with pytest.raises(ValueError, match="All-NaN slice encountered"):
         multireduce.reduce(np.array([[np.nan, 1.0], [np.nan, 2.0]]), op, axis=0)  # column 0: NaN only
     with pytest.raises(ValueError, match=f"attempt to get {op[3:]} of an empty sequence"):
@@ -603,6 +607,19 @@ def test_moments_warnings_follow_numpy_and_point_at_the_caller():
         (
             lambda: multireduce.nanvar(np.ones((2, 0)), axis=0, correction=1),
             lambda: np.nanvar(np.ones((2, 0)), axis=0, ddof=1),
+        ),
+        # Integer input: NumPy's nanvar is its var, words and empty results included.
+        (
+            lambda: multireduce.nanvar(np.array([1, 3], np.int8), correction=2),
+            lambda: np.nanvar(np.array([1, 3], np.int8), ddof=2),
+        ),
+        (
+            lambda: multireduce.nanstd(np.ones((2, 0), np.int32), axis=0, correction=3),
+            lambda: np.nanstd(np.ones((2, 0), np.int32), axis=0, ddof=3),
+        ),
+        (
+            lambda: multireduce.nanvar(np.zeros(0, np.int8), axis=(), correction=1),
+            lambda: np.nanvar(np.zeros(0, np.int8), axis=(), ddof=1),
         ),
         # Empty results: NumPy still warns by the count of the reduced axes.
         (
