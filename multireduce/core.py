@@ -450,15 +450,16 @@ def _reduce(x: Any, op: str | Op, axis: Any, keepdims: bool, dtype: Any, correct
             value = _stats.finalize_moments(backend.moments(arr, axes, op), op, result, corr)
             if backend is _cupy_backend:  # the state came to the host; the result lives on the device
                 value = backend.from_host(value, result)
-    elif backend is _cupy_backend and op.skips_nan and arr.dtype.kind == "f":
-        # nanargmax, nanargmin: an all-NaN slice raises (NumPy's ValueError), so the state
-        # comes to the host to be checked; the indices go back to the device.
-        state = backend.arg(arr, None if full and (axis is None or ndim <= 1) else axes[0], op)
-        value = backend.from_host(_stats.arg_finalize(state, op), np.dtype(np.int64))
     else:
-        # The reduced axis is not empty (checked above), so every index exists: a GPU result
-        # stays on the device, with nothing to decide on the host.
-        value = backend.arg_result(arr, None if full and (axis is None or ndim <= 1) else axes[0], op)
+        arg_axis = None if full and (axis is None or ndim <= 1) else axes[0]
+        if backend is _cupy_backend and op.skips_nan and arr.dtype.kind == "f":
+            # nanargmax, nanargmin: an all-NaN slice raises (NumPy's ValueError), so the state
+            # comes to the host to be checked; the indices go back to the device.
+            value = backend.from_host(_stats.arg_finalize(backend.arg(arr, arg_axis, op), op), np.dtype(np.int64))
+        else:
+            # The reduced axis is not empty (checked above), so every index exists: a GPU
+            # result stays on the device, with nothing to decide on the host.
+            value = backend.arg_result(arr, arg_axis, op)
     if keepdims:
         value = _keep(value, arr.shape, axes)
     return value

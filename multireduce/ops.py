@@ -146,16 +146,15 @@ def _host_prod(x: np.ndarray, acc: np.dtype, axes: tuple[int, ...] | None = None
     return np.multiply.reduce(x, axis=axes, dtype=acc)
 
 
-def _host_nansum(x: np.ndarray, acc: np.dtype, axes: tuple[int, ...] | None = None) -> np.ndarray:
-    if x.dtype.kind == "f":
-        x = np.where(np.isnan(x), x.dtype.type(0), x)
-    return _host_sum(x, acc, axes)
+def _nan_as(fill: int, host: Callable) -> Callable:
+    """``host`` with NaN elements read as ``fill`` first (nansum: 0, nanprod: 1)."""
 
+    def reduce(x: np.ndarray, acc: np.dtype, axes: tuple[int, ...] | None = None) -> np.ndarray:
+        if x.dtype.kind == "f":
+            x = np.where(np.isnan(x), x.dtype.type(fill), x)
+        return host(x, acc, axes)
 
-def _host_nanprod(x: np.ndarray, acc: np.dtype, axes: tuple[int, ...] | None = None) -> np.ndarray:
-    if x.dtype.kind == "f":
-        x = np.where(np.isnan(x), x.dtype.type(1), x)
-    return _host_prod(x, acc, axes)
+    return reduce
 
 
 def ieee_zero_fix(
@@ -276,9 +275,6 @@ class Op:
         and NumPy).
     empty_allowed : bool
         Whether the reduction of zero elements is defined.
-    nan_wins : bool
-        For MAX/MIN keys and arg keys: whether NaN beats every number (max, min, any, all,
-        argmax, argmin) or loses to every number (nanmax, nanmin, nanargmax, nanargmin).
     combine_with : str
         The fold op whose ``host_reduce`` combines this op's partials (``"sum"`` for
         count_nonzero and nansum, ``"prod"`` for nanprod: a NaN partial of nansum comes from
@@ -310,11 +306,19 @@ class Op:
     _result: Callable[[np.dtype], np.dtype]
     _accumulator: Callable[[np.dtype], np.dtype]
     _identity: Callable[[np.dtype], np.generic] | None
-    nan_wins: bool = True
     combine_with: str = ""
     statistic: str | None = None
     skips_nan: bool = False
     largest: bool = False
+
+    @property
+    def nan_wins(self) -> bool:
+        """Whether NaN beats every number in MAX/MIN and arg keys (else it loses to every number).
+
+        It wins for max, min, any, all, argmax and argmin, and loses for nanmax, nanmin,
+        nanargmax and nanargmin: the ops that skip NaN are those where it loses.
+        """
+        return not self.skips_nan
 
     def __reduce_ex__(self, protocol):
         # A registered op travels by name (pickle; Dask's distributed sends it with every task):
@@ -397,7 +401,6 @@ def _fold(
     *,
     accepts_dtype=False,
     empty_allowed=True,
-    nan_wins=True,
     combine_with="",
     skips_nan=False,
 ):
@@ -413,7 +416,6 @@ def _fold(
         _result=result,
         _accumulator=acc,
         _identity=identity,
-        nan_wins=nan_wins,
         combine_with=combine_with,
         skips_nan=skips_nan,
     )
@@ -434,7 +436,6 @@ def _composite(name, kind, numpy_name, result, acc, *, empty_allowed, statistic=
         _identity=None,
         statistic=statistic,
         skips_nan=skips_nan,
-        nan_wins=not skips_nan,
         largest=largest,
     )
 
@@ -486,7 +487,7 @@ OPS: dict[str, Op] = {
             "NanSum",
             "SUM",
             "add",
-            _host_nansum,
+            _nan_as(0, _host_sum),
             _sum_result,
             _sum_accumulator,
             _zero,
@@ -499,7 +500,7 @@ OPS: dict[str, Op] = {
             "NanProd",
             "PROD",
             "multiply",
-            _host_nanprod,
+            _nan_as(1, _host_prod),
             _sum_result,
             _sum_accumulator,
             _one,
@@ -517,7 +518,6 @@ OPS: dict[str, Op] = {
             _extreme_accumulator,
             _nan_or(_lowest),
             empty_allowed=False,
-            nan_wins=False,
             skips_nan=True,
         ),
         _fold(
@@ -530,7 +530,6 @@ OPS: dict[str, Op] = {
             _extreme_accumulator,
             _nan_or(_highest),
             empty_allowed=False,
-            nan_wins=False,
             skips_nan=True,
         ),
         _composite("mean", "moments", "mean", _mean_result, _F64, empty_allowed=True, statistic="mean"),

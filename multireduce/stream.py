@@ -1916,9 +1916,9 @@ def reduce(
         while it is streamed: reading a page past its new end kills the process (SIGBUS).
     op : str or Op
         A fold op (sum, prod, max, min, nansum, nanprod, nanmax, nanmin, any, all, count_nonzero).
-        prod only with an integer (or bool) result: see Raises.
+        prod and nanprod only with an integer (or bool) result: see Raises.
     dtype : dtype, optional
-        Result dtype, for the ops that take one (sum, prod, nansum), as in :func:`multireduce.reduce`.
+        Result dtype, for the ops that take one (sum, prod, nansum, nanprod), as in :func:`multireduce.reduce`.
     device : int, optional
         The CUDA device, an integer from 0 to the device count - 1; default CuPy's current
         device.
