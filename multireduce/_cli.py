@@ -36,8 +36,8 @@ from typing import Any
 
 import numpy as np
 
-from . import __version__, _provenance
-from .ops import check_dtype, get_op
+from . import __version__, _cli_checks, _provenance
+from .ops import OPS, check_dtype, get_op
 
 __all__ = ["guarded", "main"]
 
@@ -107,8 +107,13 @@ def _positive(text: str) -> int:
     return value
 
 
-#: The ops the CLI runs and checks against its exact references; the others are library calls.
-CLI_OPS = ("sum", "max", "min")
+#: The ops the CLI runs and checks against independent references: every op of the library.
+CLI_OPS = tuple(OPS)
+#: The ops a run or a benchmark takes without --op.
+DEFAULT_OPS = ("sum", "max", "min")
+#: nansum, nanmax and nanmin are checked with sum's, max's and min's references over the
+#: elements that are not NaN.
+_NAN_FOLDS = {"nansum": "sum", "nanmax": "max", "nanmin": "min"}
 
 
 def _op_name(text: str) -> str:
@@ -163,7 +168,7 @@ def _build_parser() -> argparse.ArgumentParser:
         action="append",
         type=_op_name,
         metavar="OP",
-        help=f"reduction, repeatable (default: all of {', '.join(CLI_OPS)})",
+        help=f"reduction, repeatable: {', '.join(CLI_OPS)} (default: {', '.join(DEFAULT_OPS)})",
     )
     run.add_argument(
         "--dtype",
@@ -196,7 +201,14 @@ def _build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", parents=[common], help="sweep sizes and ops, write JSON")
     bench.add_argument("--sizes", type=_sizes, default=None, help="comma-separated global lengths")
-    bench.add_argument("--op", dest="ops", action="append", type=_op_name, metavar="OP")
+    bench.add_argument(
+        "--op",
+        dest="ops",
+        action="append",
+        type=_op_name,
+        metavar="OP",
+        help=f"reduction, repeatable (default: {', '.join(DEFAULT_OPS)})",
+    )
     bench.add_argument("--dtype", type=_dtype, default=np.dtype(DEFAULT_DTYPE))
     bench.add_argument("--warmup", type=_length, default=2)
     bench.add_argument("--repeat", type=_positive, default=5)
@@ -388,10 +400,18 @@ class _Pattern:
     def _window(self, count: int) -> list[int]:
         return [(i * _MULT) % self.period + self.low for i in range(count)]
 
-    def reference(self, op: str, n: int) -> int | None:
-        """Exact sum / max / min over x[0:n] in Python integers (None: empty max/min)."""
+    def reference(self, op: str, n: int, kind: str = "f") -> Any:
+        """The exact reference of ``op`` over x[0:n] of a dtype of ``kind``.
+
+        sum / max / min (and nansum / nanmax / nanmin: there is no NaN here) in Python
+        integers (None: empty max/min); the other ops as :mod:`multireduce._cli_checks`
+        references.
+        """
         full, rest = divmod(n, self.period)
         window = self._window(self.period if full else rest)
+        if op in _cli_checks.OPS:
+            return _cli_checks.synthetic(op, window, full, rest, kind)
+        op = _NAN_FOLDS.get(op, op)
         tail = window[:rest] if full else window
         if op == "sum":
             return full * sum(window) + sum(tail) if full else sum(tail)
@@ -529,6 +549,10 @@ def _file_reference(x: np.ndarray, op: str):
     Float sums: a :class:`_FloatSum`. max/min: a Python int, bool or float (NaN if any element
     is NaN; -0.0 below +0.0), or None for an empty shard.
     """
+    if op in _cli_checks.OPS:
+        return _cli_checks.part(x, op)
+    if op in _NAN_FOLDS:
+        op, x = _NAN_FOLDS[op], x[~np.isnan(x)] if x.dtype.kind == "f" else x
     if op == "sum":
         if x.dtype.kind == "f":
             return _float_sum_part(x)
@@ -553,6 +577,12 @@ def _file_reference(x: np.ndarray, op: str):
 
 def _combine_references(op: str, parts: list) -> Any:
     """Combine the ranks' parts (:func:`_file_reference`) into the global reference."""
+    if op in _cli_checks.OPS:
+        return _cli_checks.combine(op, parts)
+    if op in ("nanmax", "nanmin"):  # no element but NaN: NaN (an empty input is refused before)
+        combined = _combine_references(_NAN_FOLDS[op], parts)
+        return math.nan if combined is None else combined
+    op = _NAN_FOLDS.get(op, op)
     if op == "sum" and any(isinstance(p, _FloatSum) for p in parts):
         return _FloatSum(
             total=sum((p.total for p in parts), Fraction(0)),
@@ -721,7 +751,7 @@ def _max_over_ranks(comm, values: list[float | None]) -> list[float | None]:
 
 def _cmd_run(args, comm, mpi) -> int:
     ctx = _setup(args, comm, mpi)
-    ops = args.ops or list(CLI_OPS)
+    ops = args.ops or list(DEFAULT_OPS)
     x, info = _load(args, ctx)
     dt = info["dtype"]
     n = info["n_global"]
@@ -802,14 +832,15 @@ def _cmd_run(args, comm, mpi) -> int:
 
 
 def _no_elements_error(ops: list[str], args) -> ValueError:
-    """The error for ops that cannot reduce zero elements (max, min) when the input has none."""
+    """The error for ops that cannot reduce zero elements (max, min, the arg ops) when the input has none."""
     if args.input is not None:
         where = "the input files hold no elements"
     else:
         where = "--per-rank 0" if args.per_rank is not None else "--n 0"
     takers = ", ".join(name for name in CLI_OPS if get_op(name).empty_allowed)
+    named = ops[0] if len(ops) == 1 else f"{', '.join(ops[:-1])} and {ops[-1]}"
     return ValueError(
-        f"{' and '.join(ops)} {'needs' if len(ops) == 1 else 'need'} at least one element, as in NumPy, "
+        f"{named} {'needs' if len(ops) == 1 else 'need'} at least one element, as in NumPy, "
         f"and there are none ({where}); "
         f"give at least one element, or only ops that take an empty input with --op ({takers})"
     )
@@ -876,14 +907,21 @@ def _report_warnings(ctx: _Context, labelled: list[tuple[str, list[dict]]]) -> N
 _FINITE_CHUNK = 1 << 22
 
 
-def _all_finite(ctx: _Context, x) -> bool:
-    """Whether every element of every rank's shard is finite (collective; failures agreed)."""
+def _all_finite(ctx: _Context, x, skip_nan: bool = False) -> bool:
+    """Whether every element of every rank's shard is finite (``skip_nan``: finite or NaN).
+
+    Collective; failures agreed.
+    """
     error = None
     finite = True
     try:
         flat = x.reshape(-1)
         for start in range(0, flat.size, _FINITE_CHUNK):
-            if not bool(ctx.xp.isfinite(flat[start : start + _FINITE_CHUNK]).all()):
+            chunk = flat[start : start + _FINITE_CHUNK]
+            ok = ctx.xp.isfinite(chunk)
+            if skip_nan:
+                ok |= ctx.xp.isnan(chunk)
+            if not bool(ok.all()):
                 finite = False
                 break
     except Exception as exc:  # agreed below (out of device memory on one rank, say)
@@ -892,34 +930,51 @@ def _all_finite(ctx: _Context, x) -> bool:
     return bool(ctx.comm.allreduce(finite, op=ctx.mpi.MPI.LAND))
 
 
+#: The ops whose result can go past its dtype's range: sums and products (integers wrap
+#: modulo 2**64, floats reach inf or NaN), and var and std (float16 results reach inf).
+_CAN_OVERFLOW = ("sum", "nansum", "prod", "nanprod", "var", "std", "nanvar", "nanstd")
+
+
 def _mark_overflows(ctx: _Context, x, rows: list[dict], dt: np.dtype, n: int) -> None:
     """Set each row's ``"overflow"``: whether its result went past its dtype's range (collective).
 
-    max and min never do. A float sum did where its result is an infinity or NaN while every
-    element on every rank is finite; NumPy warns of that where a rank's reduction or the final
-    cast to the result dtype overflows, but not where MPI's addition of the ranks' partials
-    does, so the data decides. An integer sum did where the check's exact reference is
-    outside the result dtype (the sum wrapped modulo 2**64, as NumPy's integer sums do, with
-    no warning); without the check, it cannot where ``n`` elements of the input dtype's
-    range cannot reach the result's, and is unknown (``None``) elsewhere. The results are
-    the same on every rank, so every rank makes the same collective calls here.
+    Only sums, products, variances and standard deviations can (:data:`_CAN_OVERFLOW`); max,
+    min, means (which lie within the elements' range), counts and indices never do. A float
+    sum or product did where its result is an infinity or NaN while every element on every
+    rank is finite (NaN elements aside for the nan ops); a variance or standard deviation
+    where it is an infinity (NaN is an infinite element's, or no element's). NumPy warns of
+    that where a rank's reduction or the final cast to the result dtype overflows, but not
+    where MPI's combine of the ranks' partials does, so the data decides. An integer sum or
+    product did where the check's exact reference is outside the result dtype (it wrapped
+    modulo 2**64, as NumPy's integer sums and products do, with no warning); without the
+    check, a sum cannot where ``n`` elements of the input dtype's range cannot reach the
+    result's, a product where ``n`` factors of the largest magnitude cannot, and it is
+    unknown (``None``) elsewhere. The results are the same on every rank, so every rank
+    makes the same collective calls here.
     """
-    result_dt = get_op("sum").result_dtype(dt)
-    finite = None
+    finite: dict[bool, bool] = {}
     for row in rows:
-        if row["op"] != "sum":
+        op = get_op(row["op"])
+        result_dt = op.result_dtype(dt)
+        if op.name not in _CAN_OVERFLOW:
             row["overflow"] = False
         elif result_dt.kind == "f":
-            if math.isfinite(float(row["result"])):
+            value = float(row["result"])
+            if math.isfinite(value) or (op.statistic is not None and math.isnan(value)):
                 row["overflow"] = False
             else:
-                if finite is None:
-                    finite = _all_finite(ctx, x)
-                row["overflow"] = finite
+                if op.skips_nan not in finite:
+                    finite[op.skips_nan] = _all_finite(ctx, x, op.skips_nan)
+                row["overflow"] = finite[op.skips_nan]
         elif "overflow" not in row:  # _reference_row sets it where the check ran
             low, high = (0, 1) if dt.kind == "b" else (int(np.iinfo(dt).min), int(np.iinfo(dt).max))
             out = np.iinfo(result_dt)
-            row["overflow"] = False if out.min <= n * low and n * high <= out.max else None
+            if op.name in ("prod", "nanprod"):
+                largest = max(abs(low), abs(high))
+                fits = largest <= 1 or n * math.log2(largest) < math.log2(out.max)
+            else:
+                fits = out.min <= n * low and n * high <= out.max
+            row["overflow"] = False if fits else None
 
 
 def _overflow_note(row: dict, dtype: np.dtype) -> str:
@@ -931,7 +986,7 @@ def _overflow_note(row: dict, dtype: np.dtype) -> str:
         return f"overflow: the {row['op']} went past {where}, so it is {row['result']}"
     return (
         f"overflow: the exact {row['op']} is outside the range of {result_dt}: it wrapped modulo 2**64, "
-        "as NumPy's integer sums do"
+        f"as NumPy's integer {'products' if 'prod' in row['op'] else 'sums'} do"
     )
 
 
@@ -951,12 +1006,24 @@ def _reference_row(ctx, info, op, value, dt, n, references) -> dict:
     result_dt = get_op(op).result_dtype(dt)
     if info["source"] == "synthetic":
         pattern = info["pattern"]
-        reference, overflow = _wrapped_reference(op, pattern.reference(op, n), result_dt)
+        reference = pattern.reference(op, n, dt.kind)
+    else:
+        reference = references[op]
+    if op in _cli_checks.OPS:
+        passed, how = _cli_checks.check(op, reference, value, result_dt, n, ctx.size)
+        overflow = {}
+        if op in _cli_checks.PRODUCT_OPS and result_dt.kind in "iu":
+            overflow = {"overflow": _cli_checks.wrapped_past_range(op, reference, result_dt)}
+        shown = _cli_checks.reference_value(op, reference, result_dt)
+        return {"reference": shown, "check": passed, "check_how": how, **overflow}
+    op = _NAN_FOLDS.get(op, op)
+    if info["source"] == "synthetic":
+        reference, overflow = _wrapped_reference(op, reference, result_dt)
         if reference is not None and result_dt.kind == "b":  # max/min of bools: as file data's
             reference = bool(reference)
         passed, how = _check_value(value, reference, op, dt, n, pattern.abs_bound())
         return {"reference": reference, "check": passed, "check_how": how, **overflow}
-    reference, overflow = _wrapped_reference(op, references[op], result_dt)
+    reference, overflow = _wrapped_reference(op, reference, result_dt)
     passed, how = _check_file_value(value, reference, op, n, ctx.size)
     if isinstance(reference, _FloatSum):
         reference = reference.value
@@ -1000,13 +1067,15 @@ def _format_run(r: dict) -> str:
         + f" (CUDA-aware {'yes' if r['cuda_aware'] else 'no'}, decided by {r['cuda_aware_decided_by']})",
         f"data: {r['source']}, {r['dtype']}, n = {r['n']:,} ({r['bytes'] / 1e6:,.1f} MB over all ranks)",
         "",
-        f"{'op':<5} {'result':>24} {'reference':>24} {'check':>6} {'kernel ms':>10} {'GB/s':>8} {'allreduce us':>13}",
     ]
+    width = max([5, *(len(row["op"]) for row in r["results"])])
+    head = f"{'result':>24} {'reference':>24} {'check':>6} {'kernel ms':>10} {'GB/s':>8} {'allreduce us':>13}"
+    lines.append(f"{'op':<{width}} {head}")
     for row in r["results"]:
         check = "-" if "check" not in row else ("ok" if row["check"] else "FAIL")
         gbps = "-" if row["kernel_gbps"] is None else f"{row['kernel_gbps']:.1f}"
         lines.append(
-            f"{row['op']:<5} {row['result']!s:>24} {row.get('reference', '-')!s:>24} {check:>6} "
+            f"{row['op']:<{width}} {row['result']!s:>24} {row.get('reference', '-')!s:>24} {check:>6} "
             f"{row['kernel_s'] * 1e3:>10.3f} {gbps:>8} {row['allreduce_us']:>13.1f}"
         )
     lines += [_overflow_note(row, np.dtype(r["dtype"])) for row in r["results"] if row.get("overflow")]
@@ -1158,7 +1227,7 @@ def _cmd_bench(args, comm, mpi) -> int:
         except Exception as exc:  # agreed below
             error = exc
     mpi.agree(error, comm)
-    ops = args.ops or list(CLI_OPS)
+    ops = args.ops or list(DEFAULT_OPS)
     dt = args.dtype
     sizes = args.sizes or (
         [2**10, 2**16, 2**20, 2**24, 2**27] if ctx.backend == "gpu" else [2**10, 2**14, 2**18, 2**21]
@@ -1231,11 +1300,12 @@ def _cmd_bench(args, comm, mpi) -> int:
         if args.json:
             _emit(ctx, json.dumps(doc, indent=2))
         else:
-            lines = [f"{'op':<5} {'dtype':<8} {'n':>12} {'kernel ms':>10} {'GB/s':>8} {'allreduce us':>13}"]
+            width = max([5, *(len(rec["op"]) for rec in records)])
+            lines = [f"{'op':<{width}} {'dtype':<8} {'n':>12} {'kernel ms':>10} {'GB/s':>8} {'allreduce us':>13}"]
             for rec in records:
                 gbps = "-" if rec["kernel_gbps"] is None else f"{rec['kernel_gbps']:.1f}"
                 lines.append(
-                    f"{rec['op']:<5} {rec['dtype']:<8} {rec['n']:>12,} {rec['kernel_s_median'] * 1e3:>10.3f} "
+                    f"{rec['op']:<{width}} {rec['dtype']:<8} {rec['n']:>12,} {rec['kernel_s_median'] * 1e3:>10.3f} "
                     f"{gbps:>8} {rec['allreduce_s_median'] * 1e6:>13.1f}"
                 )
             lines.append(f"wrote {args.output} ({len(records)} records, {ctx.size} rank(s), {ctx.backend})")

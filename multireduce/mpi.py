@@ -740,8 +740,9 @@ def _timed_allreduce(x_local: Any, op: str | Op, comm=None) -> tuple[Any, float,
     """:func:`allreduce` split into its two phases for the CLI's timings.
 
     Returns ``(result, local_seconds, combine_seconds)`` on this rank: the local partial
-    including a stream synchronization, then the combine. A Barrier precedes each phase so
-    that one rank's wait for another is not counted in the next phase.
+    (a moments or arg op's state) including a stream synchronization, then the combine. A
+    Barrier precedes each phase so that one rank's wait for another is not counted in the
+    next phase. Every op, with its default arguments.
     """
     comm = _comm(comm)
     plan = partial = error = None
@@ -749,7 +750,7 @@ def _timed_allreduce(x_local: Any, op: str | Op, comm=None) -> tuple[Any, float,
     start = MPI.Wtime()
     try:
         plan, x = _plan(x_local, op, None)
-        partial = _local_partial(x, plan)
+        partial = _local_partial(x, plan) if plan.op.kind == "fold" else core.partial(x, plan.op)
         if plan.on_gpu:
             import cupy
 
@@ -759,7 +760,10 @@ def _timed_allreduce(x_local: Any, op: str | Op, comm=None) -> tuple[Any, float,
     local = MPI.Wtime() - start
     comm.Barrier()
     start = MPI.Wtime()
-    result = _combine(comm, plan, partial, error)
+    if error is None and plan.op.kind != "fold":
+        result = _combine_states(comm, plan, partial, plan.correction)
+    else:
+        result = _combine(comm, plan, partial, error)
     if plan.on_gpu:
         import cupy
 

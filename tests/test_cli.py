@@ -47,7 +47,7 @@ def run_json(mpiexec, ranks, *args, timeout=60):
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--op", "median"], "unknown op 'median'; the CLI runs: 'sum', 'max', 'min'"),
+        (["--op", "median"], "unknown op 'median'; the CLI runs: 'sum', 'max', 'min', 'prod', 'count_nonzero', "),
         (["--n", "-5"], "must be a non-negative integer, got '-5' (negative)"),
         (["--n", "1.5"], "must be a non-negative integer, got '1.5'"),
         (["--n", "ten"], "must be a non-negative integer, got 'ten'"),
@@ -237,7 +237,8 @@ def test_empty_global_array(mpiexec):
     # array to reduction operation maximum which has no identity", from inside allreduce).
     message = (
         "ranks 0-2 of 3 failed: ValueError: max and min need at least one element, as in NumPy, and there are "
-        "none (--n 0); give at least one element, or only ops that take an empty input with --op (sum)"
+        "none (--n 0); give at least one element, or only ops that take an empty input with --op (sum, prod, "
+        "count_nonzero, any, all, nansum, nanprod, mean, nanmean, var, std, nanvar, nanstd)"
     )
     assert done.stderr.count(message) == 1, done.output
     done = run(mpiexec, 2, [*CLI, "--n", "0", "--cpu", "--op", "min", "--op", "sum"])

@@ -1,0 +1,587 @@
+"""Independent references for the CLI's check of the ops beyond sum, max and min.
+
+``python -m multireduce --check`` compares every result with a reference computed without
+multireduce. sum, max and min have theirs in :mod:`multireduce._cli`; this module holds the
+others, in four families:
+
+- counts (``count_nonzero``, ``any``, ``all``): exact integers;
+- moments (``mean``, ``var``, ``std`` and their nan forms): the exact sums of the elements
+  and of their squares as rationals (:class:`Moments`), and a bound on the error of a
+  summation in the accumulator dtype;
+- arg ops (``argmax``, ``argmin`` and their nan forms): the exact global index
+  (:class:`Extreme`);
+- products (``prod``, ``nanprod``): the sign, zeros and special values exactly, the magnitude
+  in float64 (:class:`Product`), integers modulo 2**64 exactly.
+
+``nansum``, ``nanmax`` and ``nanmin`` use sum's, max's and min's references over the elements
+that are not NaN. Each rank makes a *part* of its shard (``part(x, op)``), the parts of all
+ranks are combined in rank order (``combine(op, parts)``), and the result is compared with
+``check(op, reference, result, ...)``, which returns ``(passed, how)``. The synthetic data
+(``x[i] = (i * 7919) % period + low``) gets the same reference types from closed forms
+(:func:`synthetic`), so a check does not depend on where its data came from.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+
+from .ops import get_op
+
+#: Elements converted to Python numbers at a time (bounds a reference's memory).
+CHUNK = 1 << 16
+
+COUNT_OPS = ("count_nonzero", "any", "all")
+MOMENT_OPS = ("mean", "var", "std", "nanmean", "nanvar", "nanstd")
+ARG_OPS = ("argmax", "argmin", "nanargmax", "nanargmin")
+PRODUCT_OPS = ("prod", "nanprod")
+#: The ops this module checks.
+OPS = COUNT_OPS + MOMENT_OPS + ARG_OPS + PRODUCT_OPS
+
+
+def _to_float(value: Fraction) -> float:
+    """``value`` rounded once to float64; past float64's range, an infinity of its sign."""
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
+
+
+def _same_float(a: float, b: float) -> bool:
+    if math.isnan(a) or math.isnan(b):
+        return math.isnan(a) and math.isnan(b)
+    return a == b and math.copysign(1.0, a) == math.copysign(1.0, b)
+
+
+def _sqrt(value: Fraction) -> Fraction:
+    """The square root of a non-negative rational, to 64 significant bits or better (rounded down)."""
+    if value == 0:
+        return Fraction(0)
+    p, q = value.numerator, value.denominator
+    k = max(0, 66 - (p.bit_length() - q.bit_length()) // 2)
+    return Fraction(math.isqrt((p << (2 * k)) // q), 1 << k)
+
+
+def _not_nan(x: np.ndarray) -> np.ndarray:
+    return x[~np.isnan(x)] if x.dtype.kind == "f" else x
+
+
+# --------------------------------------------------------------------------------------------
+# Exact sums of floats and of their squares
+
+
+#: frexp gives float64 values as m * 2**e with e >= -1073: m * 2**53 is an integer, and
+#: x * 2**_EXP_BIAS = (m * 2**53) * 2**(e - 53 + _EXP_BIAS) an integer too (squares' low
+#: parts reach 2**-1074 * 2**-53 at most, hence the margin).
+_EXP_BIAS = 1126 + 60
+
+
+def exact_sum(x: np.ndarray) -> Fraction:
+    """The exact sum of the finite float64 values ``x`` (no rounding, no overflow).
+
+    Each element is an integer m * 2**53 times a power of two; the integers are added per
+    power of two (their 32-bit halves in float64 bincounts of 2**20 elements, exact below
+    2**53), and the sums per power in Python integers.
+    """
+    total = 0
+    for start in range(0, x.size, 1 << 20):
+        chunk = x[start : start + (1 << 20)]
+        chunk = chunk[chunk != 0]
+        m, e = np.frexp(chunk)
+        digits = (m * 2.0**53).astype(np.int64)
+        shift = e + (_EXP_BIAS - 53)
+        low = np.bincount(shift, weights=digits & 0xFFFFFFFF)
+        high = np.bincount(shift, weights=digits >> 32)  # arithmetic shift keeps the sign
+        for b in np.flatnonzero((low != 0) | (high != 0)).tolist():
+            total += (int(low[b]) + (int(high[b]) << 32)) << b
+    return Fraction(total, 1 << _EXP_BIAS)
+
+
+#: Dekker's splitter for float64: hi holds the top 26 bits of a value, lo the rest.
+_SPLIT = 2.0**27 + 1
+
+
+def exact_sum_of_squares(x: np.ndarray) -> Fraction:
+    """The exact sum of the squares of the finite float64 values ``x``.
+
+    A square p + e, with p = fl(x * x) and e its exact rounding error (Dekker's product), is
+    exact where neither part over- or underflows: for |x| in [2**-400, 2**500]. The few
+    elements outside are squared as rationals.
+    """
+    a = np.abs(x)
+    ordinary = (a >= 2.0**-400) & (a <= 2.0**500)
+    y = x[ordinary]
+    p = y * y
+    t = y * _SPLIT
+    hi = t - (t - y)
+    lo = y - hi
+    e = ((hi * hi - p) + 2.0 * hi * lo) + lo * lo
+    total = exact_sum(p) + exact_sum(e)
+    for v in x[~ordinary & (a != 0)].tolist():
+        total += Fraction(v) ** 2
+    return total
+
+
+def _int_sums(x: np.ndarray) -> tuple[int, int, int]:
+    """Exact sum, sum of squares and sum of |x| of integers or bools, as Python ints."""
+    total = squares = magnitude = 0
+    for start in range(0, x.size, CHUNK):
+        chunk = x[start : start + CHUNK]
+        if chunk.size and float(np.max(np.abs(chunk.astype(np.float64)))) < 2**26:
+            wide = chunk.astype(np.int64)
+            total += int(wide.sum())
+            magnitude += int(np.abs(wide).sum())
+            # Squares below 2**52, summed 2**11 at a time in int64 (below 2**63): exact.
+            squares += sum(np.add.reduceat(wide * wide, np.arange(0, wide.size, 1 << 11)).tolist())
+        else:
+            values = chunk.tolist()
+            total += sum(values)
+            magnitude += sum(abs(v) for v in values)
+            squares += sum(v * v for v in values)
+    return total, squares, magnitude
+
+
+# --------------------------------------------------------------------------------------------
+# Moments: mean, var, std
+
+
+@dataclass(frozen=True)
+class Moments:
+    """Exact sums over the counted elements (the finite ones; NaN and infinities are flagged)."""
+
+    count: int  # the elements counted: all, or those not NaN for the nan ops
+    total: Fraction  # exact sum of the finite counted elements
+    squares: Fraction  # exact sum of their squares
+    magnitude: float  # sum of their |x| (float64; inf past its range): the mean's error scale
+    nan: bool
+    pos_inf: bool
+    neg_inf: bool
+
+    def __add__(self, other: Moments) -> Moments:
+        return Moments(
+            self.count + other.count,
+            self.total + other.total,
+            self.squares + other.squares,
+            self.magnitude + other.magnitude,
+            self.nan or other.nan,
+            self.pos_inf or other.pos_inf,
+            self.neg_inf or other.neg_inf,
+        )
+
+    def exact(self, statistic: str) -> Fraction | float:
+        """The exact mean or variance (correction 0) as a rational, or NaN / an infinity."""
+        if self.nan or (self.pos_inf and self.neg_inf) or self.count == 0:
+            return math.nan
+        if self.pos_inf or self.neg_inf:
+            return (math.inf if self.pos_inf else -math.inf) if statistic == "mean" else math.nan
+        mean = self.total / self.count
+        if statistic == "mean":
+            return mean
+        return self.squares / self.count - mean * mean
+
+    def value(self, statistic: str) -> float:
+        exact = self.exact(statistic)
+        if not isinstance(exact, Fraction):
+            return exact
+        return _to_float(_sqrt(exact) if statistic == "std" else exact)
+
+
+def _moments_part(x: np.ndarray, skips_nan: bool) -> Moments:
+    if x.dtype.kind != "f":
+        total, squares, magnitude = _int_sums(x)
+        return Moments(int(x.size), Fraction(total), Fraction(squares), float(magnitude), False, False, False)
+    nan = bool(np.isnan(x).any())
+    counted = _not_nan(x) if skips_nan else x
+    finite = counted[np.isfinite(counted)].astype(np.float64)
+    with np.errstate(over="ignore"):
+        magnitude = float(np.add.reduce(np.abs(finite), dtype=np.float64))
+    return Moments(
+        count=int(counted.size),
+        total=exact_sum(finite),
+        squares=exact_sum_of_squares(finite),
+        magnitude=magnitude,
+        nan=nan and not skips_nan,
+        pos_inf=bool(np.isposinf(counted).any()),
+        neg_inf=bool(np.isneginf(counted).any()),
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# argmax, argmin
+
+
+def _ieee_key(value) -> tuple:
+    # IEEE 754-2019 maximum/minimum order: -0.0 below +0.0 (ints and bools sort as they are).
+    return (value, math.copysign(1.0, value)) if isinstance(value, float) else (value, 0)
+
+
+@dataclass(frozen=True)
+class Extreme:
+    """The first element at the extreme of an arg op: its value and global index.
+
+    ``index`` is None where there is no candidate (no elements; for the nan ops, no element
+    that is not NaN). ``size`` is the number of elements the part covers (its offset for the
+    parts after it). A NaN value (non-nan ops) is the extreme, as in NumPy.
+    """
+
+    value: Any
+    index: int | None
+    size: int
+
+
+def _extreme_part(x: np.ndarray, op) -> Extreme:
+    """The extreme of ``x`` under the project's rule, and its first index.
+
+    NaN first (non-nan ops), else the greatest (argmax) or least (argmin) element in IEEE
+    order (-0.0 < +0.0).
+    """
+    size = int(x.size)
+    if x.dtype.kind == "f":
+        nan_at = np.flatnonzero(np.isnan(x))
+        if nan_at.size and not op.skips_nan:
+            return Extreme(math.nan, int(nan_at[0]), size)
+        candidates = np.flatnonzero(~np.isnan(x))
+    else:
+        candidates = np.arange(size)
+    if candidates.size == 0:
+        return Extreme(None, None, size)
+    values = x[candidates]
+    best = values.max() if op.largest else values.min()
+    at = candidates[values == best]
+    if x.dtype.kind == "f" and best == 0:  # both zeros compare equal: +0.0 is the max, -0.0 the min
+        signs = np.signbit(x[at])
+        wanted = at[~signs] if op.largest else at[signs]
+        at = wanted if wanted.size else at
+    first = int(at[0])
+    value = x[first]
+    return Extreme(value.item() if x.dtype.kind != "f" else float(value), first, size)
+
+
+def _combine_extremes(op, parts: list[Extreme]) -> Extreme:
+    best, offset = None, 0
+    for p in parts:
+        if p.index is not None:
+            candidate = Extreme(p.value, offset + p.index, 0)
+            if best is None:
+                best = candidate
+            elif isinstance(best.value, float) and math.isnan(best.value):
+                pass  # the first NaN stays
+            elif isinstance(p.value, float) and math.isnan(p.value):
+                best = candidate
+            else:
+                ahead = _ieee_key(p.value) > _ieee_key(best.value)
+                if ahead if op.largest else _ieee_key(p.value) < _ieee_key(best.value):
+                    best = candidate
+        offset += p.size
+    return Extreme(None, None, offset) if best is None else replace(best, size=offset)
+
+
+# --------------------------------------------------------------------------------------------
+# prod, nanprod
+
+
+@dataclass(frozen=True)
+class Product:
+    """A product's exact sign, zeros and special values, and its magnitude in float64.
+
+    Integers: ``wrapped`` is the exact product modulo 2**64 (NumPy's integer products wrap),
+    ``log2`` the log2 of the product of the |x| > 1 (it decides whether the exact product
+    fits). Floats: ``mantissa * 2**exponent`` is |the product of the finite nonzero counted
+    elements|, within a relative 2 * count * eps of float64; ``log2`` and ``log2_small`` are
+    the log2 of the products of the |x| > 1 and of the 0 < |x| < 1, the largest and smallest
+    magnitude that any partial product of nonzero elements can have.
+    """
+
+    count: int
+    negative: bool  # an odd number of counted elements with the sign bit set
+    zero: bool
+    nan: bool
+    inf: bool
+    log2: float
+    log2_small: float = 0.0
+    mantissa: float = 1.0
+    exponent: int = 0
+    wrapped: int | None = None
+
+    def __add__(self, other: Product) -> Product:
+        m, e = math.frexp(self.mantissa * other.mantissa)
+        wrapped = None
+        if self.wrapped is not None and other.wrapped is not None:
+            wrapped = self.wrapped * other.wrapped % (1 << 64)
+        return Product(
+            self.count + other.count,
+            self.negative != other.negative,
+            self.zero or other.zero,
+            self.nan or other.nan,
+            self.inf or other.inf,
+            self.log2 + other.log2,
+            self.log2_small + other.log2_small,
+            m,
+            self.exponent + other.exponent + e,
+            wrapped,
+        )
+
+
+def _log2_sums(a: np.ndarray) -> tuple[float, float]:
+    """(sum of log2 of the values > 1, sum of log2 of the values in (0, 1)) of |x| values ``a``."""
+    with np.errstate(divide="ignore"):
+        logs = np.log2(a.astype(np.float64))
+    return math.fsum(logs[a > 1].tolist()), math.fsum(logs[(a > 0) & (a < 1)].tolist())
+
+
+def _product_part(x: np.ndarray, skips_nan: bool) -> Product:
+    if x.dtype.kind != "f":
+        wrapped = 1
+        for start in range(0, x.size, CHUNK):
+            for v in x[start : start + CHUNK].tolist():
+                wrapped = wrapped * int(v) % (1 << 64)
+                if wrapped == 0:
+                    break
+            if wrapped == 0:
+                break
+        a = np.abs(x.astype(np.float64))
+        return Product(
+            count=int(x.size),
+            negative=bool(np.count_nonzero(x < 0) % 2) if x.dtype.kind == "i" else False,
+            zero=bool((x == 0).any()),
+            nan=False,
+            inf=False,
+            log2=_log2_sums(a)[0],
+            wrapped=wrapped,
+        )
+    nan = np.isnan(x)
+    counted = x[~nan] if skips_nan else x
+    finite = counted[np.isfinite(counted)]
+    nonzero = finite[finite != 0].astype(np.float64)
+    m, e = np.frexp(np.abs(nonzero))  # m in [0.5, 1): 1,000 of them multiply to 2**-1000 at least
+    mantissa, exponent = 1.0, int(e.astype(np.int64).sum())
+    for start in range(0, m.size, 1000):
+        part, shift = math.frexp(mantissa * float(np.prod(m[start : start + 1000])))
+        mantissa, exponent = part, exponent + shift
+    big, small = _log2_sums(np.abs(finite.astype(np.float64)))
+    return Product(
+        count=int(counted.size),
+        negative=bool(np.count_nonzero(np.signbit(counted[~np.isnan(counted)])) % 2),
+        zero=bool((finite == 0).any()),
+        nan=bool(nan.any()) and not skips_nan,
+        inf=bool(np.isinf(counted).any()),
+        log2=big,
+        log2_small=small,
+        mantissa=mantissa,
+        exponent=exponent,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Parts, combination, synthetic closed forms
+
+
+def part(x: np.ndarray, op_name: str):
+    """The part of the reference of ``op_name`` over one rank's shard ``x`` (a 1-d NumPy array)."""
+    op = get_op(op_name)
+    if op_name in COUNT_OPS:
+        return (int(np.count_nonzero(x)), int(x.size))
+    if op_name in MOMENT_OPS:
+        return _moments_part(x, op.skips_nan)
+    if op_name in ARG_OPS:
+        return _extreme_part(x, op)
+    if op_name in PRODUCT_OPS:
+        return _product_part(x, op.skips_nan)
+    raise ValueError(f"no reference here for op {op_name!r}; this module checks: {', '.join(OPS)}")
+
+
+def combine(op_name: str, parts: list):
+    """Combine the ranks' parts (in rank order) into the global reference."""
+    if op_name in COUNT_OPS:
+        return (sum(p[0] for p in parts), sum(p[1] for p in parts))
+    if op_name in ARG_OPS:
+        return _combine_extremes(get_op(op_name), parts)
+    total = parts[0]
+    for p in parts[1:]:
+        total = total + p
+    return total
+
+
+def synthetic(op_name: str, window: list[int], full: int, rest: int, kind: str):
+    """The reference of ``op_name`` over the CLI's synthetic data, in closed form.
+
+    The data is ``full`` periods of ``window`` and its first ``rest`` values; ``kind`` is the
+    dtype's kind.
+    """
+    n = full * len(window) + rest
+    tail = window[:rest]
+
+    def total(f) -> int:
+        return full * sum(f(v) for v in window) + sum(f(v) for v in tail)
+
+    seen = window if full else tail
+    op = get_op(op_name)
+    if op_name in COUNT_OPS:
+        return (total(lambda v: v != 0), n)
+    if op_name in MOMENT_OPS:
+        return Moments(
+            n, Fraction(total(int)), Fraction(total(lambda v: v * v)), float(total(abs)), False, False, False
+        )
+    if op_name in ARG_OPS:
+        if not seen:
+            return Extreme(None, None, n)
+        best = max(seen) if op.largest else min(seen)
+        value = float(best) if kind == "f" else (bool(best) if kind == "b" else best)
+        return Extreme(value, seen.index(best), n)
+    if op_name in PRODUCT_OPS:
+        log2 = full * sum(math.log2(abs(v)) for v in window if abs(v) > 1)
+        log2 += sum(math.log2(abs(v)) for v in tail if abs(v) > 1)
+        zero = 0 in seen
+        negative = bool(total(lambda v: v < 0) % 2) if kind in "if" else False
+        wrapped = pow(math.prod(window) % (1 << 64), full, 1 << 64) * math.prod(tail) % (1 << 64)
+        mantissa, exponent = 1.0, 0
+        if not zero and log2 < 1200:  # the exact product is small: take its float64 magnitude
+            exact = abs(math.prod(window)) ** full * abs(math.prod(tail))
+            exponent = exact.bit_length()
+            mantissa = float(Fraction(exact, 1 << exponent))
+            if mantissa == 1.0:
+                mantissa, exponent = 0.5, exponent + 1
+        return Product(n, negative, zero, False, False, log2, 0.0, mantissa, exponent, wrapped)
+    raise ValueError(f"no reference here for op {op_name!r}; this module checks: {', '.join(OPS)}")
+
+
+# --------------------------------------------------------------------------------------------
+# Checks
+
+
+def _factor(n: int, ranks: int) -> float:
+    # The error bound's growth with the count, as the sum's check: a pairwise or blocked
+    # summation (log2(n + 1)), sequential blocks of 50,000 and the combine across ranks.
+    return math.log2(n + 1) + n / 50_000 + ranks + 1
+
+
+def _within(res: float, exact: Fraction, tol: float, res_dt: np.dtype, may_overflow: bool) -> tuple[bool, str]:
+    """Whether ``res`` lies within ``tol`` plus one ulp of the result of ``exact``.
+
+    Near the top of the result's range an infinity of the reference's sign passes too (the
+    rounding to the result dtype may overflow). ``may_overflow``: intermediate values may
+    pass the accumulator's range, so any infinity or NaN is also correct.
+    """
+    value = _to_float(exact)
+    largest = float(np.finfo(res_dt).max)
+    near_top = abs(value) + tol >= largest
+    top = np.nextafter(res_dt.type(largest), res_dt.type(0))
+    bound = tol + float(np.spacing(min(res_dt.type(largest if near_top else abs(value)), top)))
+    how = f"|err| <= {bound:.3g}"
+    if may_overflow:
+        how = "any overflow" + (f", or |err| <= {bound:.3g}" if math.isfinite(bound) else ", or any value")
+        how += ": intermediate values may pass the accumulator's range"
+        if not math.isfinite(res):
+            return True, how
+    if math.isnan(res):
+        return False, how
+    if math.isinf(res):
+        return near_top and res == (math.inf if exact > 0 else -math.inf), how
+    return _to_float(abs(Fraction(res) - exact)) <= bound, how
+
+
+def _check_moments(op, ref: Moments, res: float, res_dt: np.dtype, ranks: int) -> tuple[bool, str]:
+    statistic = op.statistic
+    exact = ref.exact(statistic)
+    if not isinstance(exact, Fraction):
+        return _same_float(res, exact), "NaN" if math.isnan(exact) else "same infinity"
+    acc = np.finfo(op.accumulator_dtype(res_dt))
+    eps = float(acc.eps) * _factor(ref.count, ranks)
+    if statistic == "mean":
+        return _within(res, exact, eps * ref.magnitude / ref.count, res_dt, not ref.magnitude < float(acc.max))
+    # var: a summation's error on the squares' scale (sum x**2 / n >= var), which also
+    # bounds the cancellation of a one-pass formula.
+    scale = _to_float(ref.squares / ref.count)
+    tol = eps * scale
+    may_overflow = not _to_float(ref.squares) < float(acc.max)
+    if statistic == "var":
+        return _within(res, exact, tol, res_dt, may_overflow)
+    # std = sqrt(var): |sqrt(a) - sqrt(b)| <= min(sqrt(|a - b|), |a - b| / sqrt(b)); plus the
+    # reference root's own error (below 2**-64 relative).
+    root = _sqrt(exact)
+    tol_std = math.sqrt(tol) if root == 0 else min(math.sqrt(tol), _to_float(tol / root))
+    tol_std += _to_float(root) * 2.0**-60
+    return _within(res, root, tol_std, res_dt, may_overflow)
+
+
+def _check_product(op, ref: Product, res, res_dt: np.dtype, ranks: int) -> tuple[bool, str]:
+    if res_dt.kind in "iu":
+        expected = int(np.array(ref.wrapped, dtype=np.uint64).astype(res_dt))
+        return int(res) == expected, "exact (modulo 2**64)"
+    res = float(res)
+    sign = -1.0 if ref.negative else 1.0
+    if ref.nan or (ref.inf and ref.zero):
+        return math.isnan(res), "NaN"
+    if ref.inf:
+        return res == sign * math.inf, "same infinity"
+    acc = np.finfo(op.accumulator_dtype(res_dt))
+    overflows = ref.log2 >= math.log2(float(acc.max)) - 1
+    underflows = ref.log2_small <= math.log2(float(acc.tiny)) + 1
+    if ref.zero:
+        if not overflows:  # no partial product of the nonzero elements reaches infinity
+            return _same_float(res, sign * 0.0), "identical (a zero element, the sign of the product)"
+        how = "NaN, or a zero of the product's sign: partial products may overflow (inf * 0)"
+        return math.isnan(res) or _same_float(res, sign * 0.0), how
+    if overflows or underflows:
+        how = "NaN or any value of the product's sign: partial products may overflow or underflow"
+        return math.isnan(res) or math.copysign(1.0, res) == sign, how
+    exact = Fraction(ref.mantissa) * Fraction(2) ** ref.exponent * int(sign)
+    # Each multiplication rounds once in the accumulator (ref.count of them, and the ranks'
+    # combine); the reference's float64 magnitude is within 2 * count * eps64.
+    rel = float(acc.eps) * (ref.count + ranks + 1) + 2.0**-52 * 2 * (ref.count + 1)
+    return _within(res, exact, rel * abs(_to_float(exact)), res_dt, False)
+
+
+def check(op_name: str, ref, result, res_dt: np.dtype, n: int, ranks: int) -> tuple[bool, str]:
+    """Compare a global result of ``op_name`` with its combined reference. Returns (passed, how)."""
+    op = get_op(op_name)
+    if op_name in COUNT_OPS:
+        count, size = ref
+        expected = {"count_nonzero": count, "any": count > 0, "all": count == size}[op_name]
+        return bool(np.asarray(result) == expected) and type(np.asarray(result).item()) is type(expected), "exact"
+    if op_name in ARG_OPS:
+        return int(result) == ref.index, "exact"
+    if op_name in MOMENT_OPS:
+        return _check_moments(op, ref, float(result), res_dt, ranks)
+    return _check_product(op, ref, result, res_dt, ranks)
+
+
+def reference_value(op_name: str, ref, res_dt: np.dtype):
+    """What the report shows as the reference: the exact value, rounded to float64 for floats."""
+    if op_name in COUNT_OPS:
+        count, size = ref
+        return {"count_nonzero": count, "any": count > 0, "all": count == size}[op_name]
+    if op_name in ARG_OPS:
+        return ref.index
+    if op_name in MOMENT_OPS:
+        return ref.value(get_op(op_name).statistic)
+    if res_dt.kind in "iu":
+        return int(np.array(ref.wrapped, dtype=np.uint64).astype(res_dt))
+    sign = -1.0 if ref.negative else 1.0
+    if ref.nan or (ref.inf and ref.zero):
+        return math.nan
+    if ref.inf:
+        return sign * math.inf
+    acc = np.finfo(get_op(op_name).accumulator_dtype(res_dt))
+    overflows = ref.log2 >= math.log2(float(acc.max)) - 1
+    if ref.zero:
+        return f"nan or {sign * 0.0}" if overflows else sign * 0.0
+    if overflows or ref.log2_small <= math.log2(float(acc.tiny)) + 1:
+        return f"nan or any {'negative' if ref.negative else 'positive'} value"
+    return sign * _to_float(Fraction(ref.mantissa) * Fraction(2) ** ref.exponent)
+
+
+def wrapped_past_range(op_name: str, ref, res_dt: np.dtype) -> bool | None:
+    """Whether an integer product's exact value is outside ``res_dt`` (it wrapped); None: unknown."""
+    if ref.zero:
+        return False
+    bits = 64 if res_dt.kind == "u" else 63
+    if ref.log2 < bits - 1e-6 * bits:
+        return False
+    if ref.log2 > bits + 1e-6 * bits:
+        return True
+    return None

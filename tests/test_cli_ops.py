@@ -1,0 +1,352 @@
+"""``python -m multireduce`` with every op (CPU): results against NumPy in float64 or exact
+integers, the check against wrong results, and the CLI's own references
+(:mod:`multireduce._cli_checks`) against the data they describe.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+from fractions import Fraction
+
+import numpy as np
+import pytest
+from mpi_scripts.launch import run
+from test_cli import CLI, WRONG_RESULT, synthetic
+
+import multireduce
+from multireduce import _cli_checks as checks
+from multireduce import core
+from multireduce.ops import OPS, get_op
+
+ALL = [arg for name in OPS for arg in ("--op", name)]
+
+
+def run_all(mpiexec, ranks, *args, ops=ALL, backend="cpu"):
+    # --cpu pins the CPU backend, so that these tests also pass on a GPU machine; the gpu
+    # tests below leave the choice to the CLI and assert that it took the GPU.
+    flags = ["--cpu"] if backend == "cpu" else []
+    done = run(mpiexec, ranks, [*CLI, *args, *ops, "--json", *flags, "--repeat", "1"], timeout=180)
+    assert done.returncode == 0, done.output
+    report = json.loads(done.stdout)
+    assert report["backend"] == backend, report
+    return report
+
+
+def rows(report: dict) -> dict[str, dict]:
+    return {row["op"]: row for row in report["results"]}
+
+
+def ieee_arg(x: np.ndarray, largest: bool, skip_nan: bool) -> int:
+    """The project's argmax/argmin: the first NaN (unless skipped), else the first element at
+    the extreme in IEEE order (-0.0 < +0.0). Written with Python comparisons only."""
+    values = x.tolist()
+    if not skip_nan:
+        for i, v in enumerate(values):
+            if isinstance(v, float) and math.isnan(v):
+                return i
+    best = None
+    for i, v in enumerate(values):
+        if isinstance(v, float) and math.isnan(v):
+            continue
+        key = (v, math.copysign(1.0, v)) if isinstance(v, float) else (v, 0)
+        if best is None or (key > best[0] if largest else key < best[0]):
+            best = (key, i)
+    return best[1]
+
+
+def expected_value(x: np.ndarray, name: str):
+    """NumPy in float64 (or exact integers) for each op over all of ``x``: the value, and the
+    absolute tolerance on it (None where a test only trusts the CLI's own check)."""
+    op = get_op(name)
+    res = op.result_dtype(x.dtype)
+    values = x[~np.isnan(x)] if (op.skips_nan and x.dtype.kind == "f") else x
+    wide = values.astype(np.float64)
+    if name in ("count_nonzero", "any", "all"):
+        count = int(np.count_nonzero(x))
+        return {"count_nonzero": count, "any": count > 0, "all": count == x.size}[name], 0
+    if name in ("argmax", "argmin", "nanargmax", "nanargmin"):
+        return ieee_arg(x, op.largest, op.skips_nan), 0
+    if name in ("prod", "nanprod"):
+        if res.kind in "iu":
+            total = 1
+            for v in values.tolist():
+                total = total * int(v) % 2**64
+            return int(np.array(total, dtype=np.uint64).astype(res)), 0
+        if wide.size > 64 or not np.isfinite(wide).all():  # partial products may overflow
+            return None, None
+        exact = math.prod(Fraction(v) for v in wide.tolist())
+        if exact != 0 and not 1e-300 < abs(exact) < 1e300:
+            return None, None
+        return float(exact), abs(float(exact)) * 1e-12 + np.finfo(res).eps * abs(float(exact))
+    if name in ("sum", "nansum", "max", "min", "nanmax", "nanmin"):
+        return None, None  # test_cli.py checks these
+    if not np.isfinite(wide).all() or wide.size == 0:
+        return None, None
+    mean = math.fsum(wide.tolist()) / wide.size
+    eps = float(np.finfo(res).eps)
+    if op.statistic == "mean":
+        return mean, 1e-12 * float(np.mean(np.abs(wide))) + 2 * eps * abs(mean)
+    with np.errstate(over="ignore"):
+        var = math.fsum(((wide - mean) ** 2).tolist()) / wide.size
+        square_mean = float(np.mean(wide**2))
+    if op.statistic == "var":
+        value, tol = var, 1e-12 * square_mean + 2 * eps * var
+    else:
+        value, tol = math.sqrt(var), 1e-6 * math.sqrt(square_mean) + 2 * eps * math.sqrt(var)
+    if value > float(np.finfo(res).max):
+        return math.inf, 0
+    return value, tol
+
+
+def assert_rows(report: dict, x: np.ndarray) -> None:
+    assert report["check_passed"] is True, report
+    for name, row in rows(report).items():
+        value, tol = expected_value(x, name)
+        if value is None:
+            continue
+        got = row["result"]
+        if isinstance(got, str):  # JSON's "inf", "nan"
+            got = float(got)
+        if tol == 0:
+            assert got == value and type(got) is type(value), (name, got, value)
+        else:
+            assert abs(got - value) <= tol, (name, got, value, tol)
+
+
+# ------------------------------------------------------------------ synthetic data, every op
+
+PATTERNS = {"int8": (-100, 201), "uint8": (0, 201), "bool": (0, 2), "uint64": (0, 2001)}
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize(
+    ("ranks", "dtype", "n"),
+    [
+        (1, "float32", 1),
+        (3, "float32", 1283),  # the first zero of the pattern is element 1283
+        (3, "float32", 1284),
+        (2, "float32", 10_007),
+        (3, "float16", 10_007),  # var past float16's range: inf
+        (3, "float64", 2_002),
+        (3, "int8", 1_283),
+        (2, "uint8", 333),
+        (3, "bool", 7),
+        (3, "int64", 5_003),
+        (2, "uint64", 99),
+        (4, "int32", 3),  # a rank without elements
+    ],
+)
+def test_every_op_on_synthetic_data(mpiexec, ranks, dtype, n):
+    report = run_all(mpiexec, ranks, "--n", str(n), "--dtype", dtype)
+    low, period = PATTERNS.get(dtype, (-1000, 2001))  # README: the documented data
+    x = synthetic(n, low, period).astype(dtype)
+    assert [row["op"] for row in report["results"]] == list(OPS)
+    assert_rows(report, x)
+    got = rows(report)
+    if dtype == "float16":
+        assert got["var"]["result"] == "inf" and got["var"]["overflow"] is True
+        assert got["std"]["overflow"] is False and math.isfinite(got["std"]["result"])
+
+
+@pytest.mark.mpi
+def test_empty_input_names_every_op_that_needs_an_element(mpiexec):
+    done = run(mpiexec, 2, [*CLI, "--cpu", "--n", "0", *ALL])
+    assert done.returncode == 1, done.output
+    message = "max, min, nanmax, nanmin, argmax, argmin, nanargmax and nanargmin need at least one element"
+    assert done.stderr.count(message) == 1, done.output
+    empty = [arg for name in OPS if get_op(name).empty_allowed for arg in ("--op", name)]
+    report = run_all(mpiexec, 2, "--n", "0", ops=empty)
+    got = rows(report)
+    assert report["check_passed"] is True
+    assert (got["prod"]["result"], got["count_nonzero"]["result"], got["any"]["result"], got["all"]["result"]) == (
+        1.0,
+        0,
+        False,
+        True,
+    )
+    assert got["mean"]["result"] == got["var"]["result"] == "nan" and got["var"]["overflow"] is False
+
+
+# ------------------------------------------------------------------ file data, every op
+
+
+def special_files(tmp_path) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(3)
+    specials = rng.standard_normal(1_001) * 1e3 + 5e3
+    specials[[3, 500]] = np.nan
+    specials[[7, 9]] = [-0.0, 0.0]
+    data = {
+        "specials": specials,
+        "infs": np.array([1.0, -np.inf, 2.0, np.inf, -0.0]),
+        "pos_inf": np.array([1.0, np.inf, 3.0, -2.0]),
+        "zeros": np.array([-0.0, 0.0, -0.0, 0.0]),
+        "normal32": rng.standard_normal(20_000).astype(np.float32),
+        "half": (rng.random(5_000) * 2 - 1).astype(np.float16),
+        "small": np.array([0.5, 1.5, 2.0, -0.25, 3.0]),
+        "wide": rng.standard_normal(300) * 2.0 ** rng.integers(-600, 600, 300),
+        "int32": rng.integers(-1000, 1000, 4_001).astype(np.int32),
+        "int64big": rng.integers(-(2**62), 2**62, 301, dtype=np.int64),
+        "uint64": rng.integers(0, 2**64 - 1, 301, dtype=np.uint64),
+        "bools": rng.random(101) < 0.5,
+        "two": np.array([np.nan, -np.inf]),  # fewer elements than ranks; nanargmax is 1 here
+    }
+    for name, x in data.items():
+        np.save(tmp_path / f"{name}.npy", x)
+    return data
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("ranks", [1, 3])
+def test_every_op_on_file_data(mpiexec, tmp_path, ranks):
+    for name, x in special_files(tmp_path).items():
+        report = run_all(mpiexec, ranks, "--input", str(tmp_path / f"{name}.npy"), "--check")
+        assert_rows(report, x)
+        got = rows(report)
+        if name == "wide":  # the squares pass float64's range: var and std overflow to inf
+            assert got["var"]["result"] == got["std"]["result"] == "inf", got
+            assert got["std"]["check_how"].startswith("any overflow"), got
+        if name == "specials":
+            assert got["mean"]["result"] == got["var"]["result"] == "nan"
+            assert got["argmax"]["result"] == got["argmin"]["result"] == 3  # the first NaN
+            assert got["nanargmax"]["result"] == int(np.nanargmax(x))
+        if name == "zeros":  # the project's rule: +0.0 is the max, -0.0 the min
+            assert (got["argmax"]["result"], got["argmin"]["result"]) == (1, 0)
+            assert got["prod"]["result"] == 0.0 and got["prod"]["check_how"].startswith("identical")
+        if name == "infs":
+            assert got["prod"]["result"] == "nan" and got["mean"]["result"] == "nan"
+        if name == "pos_inf":
+            assert got["prod"]["result"] == "-inf" and got["mean"]["result"] == "inf"
+            assert got["std"]["result"] == "nan"
+
+
+@pytest.mark.gpu
+@pytest.mark.mpi
+@pytest.mark.parametrize(("ranks", "dtype", "n"), [(3, "float32", 10_007), (2, "float16", 3_001), (3, "int8", 1_283)])
+def test_every_op_on_synthetic_data_on_the_gpu(mpiexec, ranks, dtype, n):
+    report = run_all(mpiexec, ranks, "--n", str(n), "--dtype", dtype, backend="gpu")
+    low, period = PATTERNS.get(dtype, (-1000, 2001))
+    assert_rows(report, synthetic(n, low, period).astype(dtype))
+
+
+@pytest.mark.gpu
+@pytest.mark.mpi
+def test_every_op_on_file_data_on_the_gpu(mpiexec, tmp_path):
+    for name, x in special_files(tmp_path).items():
+        report = run_all(mpiexec, 2, "--input", str(tmp_path / f"{name}.npy"), "--check", backend="gpu")
+        assert_rows(report, x)
+
+
+# ------------------------------------------------------------------ the check fails on wrong results
+
+
+@pytest.mark.mpi
+def test_check_fails_on_wrong_results_of_every_kind(mpiexec, tmp_path):
+    ints = np.arange(-50, 950, dtype=np.int32)
+    np.save(tmp_path / "ints.npy", ints)
+    floats = np.array([1.5, -2.25, 3.0, 0.5, 7.0, -1.0])
+    np.save(tmp_path / "floats.npy", floats)
+    cases = [
+        ("ints.npy", "mean:449.6,var:83333.0,argmax:998,count_nonzero:998", "mean var argmax count_nonzero"),
+        ("ints.npy", "std:288.6,any:0,all:1,argmin:ulp,nanargmin:ulp,prod:ulp", "std any all argmin nanargmin prod"),
+        ("floats.npy", "prod:-17.0,nanprod:ulp,nanmean:ulp,nanvar:8.0", "prod nanvar"),  # ulps are within the bound
+        ("floats.npy", "mean:1.2916,nanstd:2.8", "mean nanstd"),
+    ]
+    for name, changes, failing in cases:
+        argv = ["-c", WRONG_RESULT, changes, str(tmp_path / name), "--input", str(tmp_path / name), "--check"]
+        done = run(mpiexec, 2, [*argv, "--json", "--cpu", "--repeat", "1", *ALL], timeout=120)
+        assert done.returncode == 3, (name, changes, done.output)
+        report = json.loads(done.stdout)
+        assert {row["op"] for row in report["results"] if not row["check"]} == set(failing.split()), (name, report)
+
+
+# ------------------------------------------------------------------ the references themselves
+
+
+def exact_squares(x: np.ndarray) -> Fraction:
+    return sum((Fraction(v) ** 2 for v in x.tolist()), Fraction(0))
+
+
+def test_exact_sums_of_squares():
+    rng = np.random.default_rng(8)
+    cases = [
+        rng.standard_normal(2_000),
+        rng.standard_normal(500) * 2.0 ** rng.integers(-1074, 1000, 500),  # subnormal to huge
+        np.array([2.0**-1074, 5e-324 * 3, 1.7976931348623157e308, -(2.0**600)]),
+        np.array([1.0 + 2.0**-52] * 3),  # squares that float64 rounds
+        np.array([], dtype=np.float64),
+    ]
+    for x in cases:
+        assert checks.exact_sum_of_squares(x) == exact_squares(x)
+        assert checks.exact_sum(x) == sum((Fraction(v) for v in x.tolist()), Fraction(0))
+    for value in (Fraction(2), Fraction(1, 3), Fraction(10) ** 700, Fraction(1, 10**700), Fraction(0)):
+        root = checks._sqrt(value)
+        assert root * root <= value and (root * (1 + Fraction(1, 2**64))) ** 2 >= value
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int8", "uint8", "bool", "int64"])
+@pytest.mark.parametrize("n", [0, 1, 2, 1283, 1284, 2001, 2002, 4003])
+def test_closed_forms_match_the_data(dtype, n):
+    # The synthetic data's closed forms against the parts of the data itself, split in two
+    # shards (an independent derivation: NumPy over the elements, in exact arithmetic).
+    from multireduce._cli import _Pattern
+
+    dt = np.dtype(dtype)
+    pattern = _Pattern.for_dtype(dt)
+    x = pattern.values(0, n, dt, np)
+    full, rest = divmod(n, pattern.period)
+    window = pattern._window(pattern.period if full else rest)
+    for name in checks.OPS:
+        closed = checks.synthetic(name, window, full, rest, dt.kind)
+        parts = checks.combine(name, [checks.part(x[: n // 3], name), checks.part(x[n // 3 :], name)])
+        if name in checks.PRODUCT_OPS:
+            assert (closed.count, closed.negative, closed.zero) == (parts.count, parts.negative, parts.zero)
+            assert math.isclose(closed.log2, parts.log2, rel_tol=1e-12, abs_tol=1e-9)
+            if dt.kind != "f":
+                assert closed.wrapped == parts.wrapped
+            elif not closed.zero and closed.log2 < 1200:
+                got = Fraction(parts.mantissa) * 2**parts.exponent
+                want = Fraction(closed.mantissa) * 2**closed.exponent
+                assert abs(got - want) <= want * n * 2**-51
+        else:
+            assert closed == parts, name
+
+
+def test_a_wrong_reference_fails_the_check():
+    # Each family's check rejects a result one step past its bound (it cannot pass anything).
+    x = np.array([1.0, 2.0, 4.0, -3.0])
+    f64 = np.dtype(np.float64)
+    for name, wrong in [("mean", 1.0 + 1e-9), ("var", 6.5 * (1 + 1e-9)), ("std", 2.0), ("prod", -24.0 * (1 + 1e-9))]:
+        ref = checks.combine(name, [checks.part(x, name)])
+        assert checks.check(name, ref, np.float64(wrong), f64, 4, 1)[0] is False, name
+        right = {"mean": 1.0, "var": 6.5, "std": math.sqrt(6.5), "prod": -24.0}[name]
+        assert checks.check(name, ref, np.float64(right), f64, 4, 1)[0] is True, name
+    ref = checks.combine("argmax", [checks.part(x, "argmax")])
+    assert checks.check("argmax", ref, np.int64(2), f64, 4, 1) == (True, "exact")
+    assert checks.check("argmax", ref, np.int64(1), f64, 4, 1)[0] is False
+    ref = checks.combine("any", [checks.part(x, "any")])
+    assert checks.check("any", ref, np.bool_(True), f64, 4, 1)[0] is True
+    assert checks.check("any", ref, np.int64(1), f64, 4, 1)[0] is False  # an int is not a bool
+
+
+# ------------------------------------------------------------------ the mean's partial warns as NumPy's mean
+
+
+def test_mean_partials_do_not_warn_where_numpy_mean_does_not():
+    # The MPI and Dask layers' means come from moments states, whose squared deviations
+    # overflow for float64 elements past 1.3e154: they warned "overflow encountered in
+    # multiply", where NumPy's mean (and this mean) is finite and silent.
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal(300) * 1e180
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        want = np.mean(x)
+        state = core.partial(x, "mean")
+        assert math.isclose(float(state.mean), want, rel_tol=1e-14)
+        column = multireduce.mean(x.reshape(30, 10), axis=0)  # the moments path on the CPU
+        np.testing.assert_allclose(column, np.mean(x.reshape(30, 10), axis=0), rtol=1e-14)
+    with pytest.warns(RuntimeWarning, match="overflow"):  # var's squares overflow, as NumPy's var's
+        core.partial(x, "var")
+    with pytest.warns(RuntimeWarning, match="overflow"):
+        np.var(x)
