@@ -67,7 +67,6 @@ def main(argv=None) -> int:
     d = da.from_array(x, chunks=n // args.chunks, asarray=False)
     prebuilt = d.treereduce("sum")
     op = get_op("sum")
-    acc = np.dtype(np.float64)
 
     def reduce_all(blocks):
         return multireduce.sum(xp.stack([multireduce.sum(b, dtype=np.float64) for b in blocks]))
@@ -115,7 +114,7 @@ def main(argv=None) -> int:
     def chunk_host():
         t = time.perf_counter()
         for b in blocks:
-            mrdask._chunk(b, (0,), True, op=op, acc=acc)
+            mrdask._chunk(b, (0,), True, op=op, dtype=None, expected=b.dtype)
         return time.perf_counter() - t
 
     host = []
