@@ -37,6 +37,10 @@ from typing import Any
 import numpy as np
 
 from . import __version__, _cli_checks, _provenance
+from ._cli_checks import exact_sum as _exact_float_sum
+from ._cli_checks import ieee_key as _ieee_key
+from ._cli_checks import same_float as _same_float
+from ._cli_checks import to_float as _to_float
 from .ops import OPS, check_dtype, get_op
 
 __all__ = ["guarded", "main"]
@@ -460,14 +464,6 @@ def _python_values(x: np.ndarray):
         yield from (chunk.astype(np.float64) if x.dtype.kind == "f" else chunk).tolist()
 
 
-def _to_float(value: Fraction) -> float:
-    """``value`` rounded once to float64; past float64's range, an infinity of its sign."""
-    try:
-        return float(value)
-    except OverflowError:
-        return math.inf if value > 0 else -math.inf
-
-
 @dataclass(frozen=True)
 class _FloatSum:
     """The reference of a float sum over one shard, or over all of them (:func:`_combine_references`).
@@ -494,30 +490,6 @@ class _FloatSum:
         return _to_float(self.total)
 
 
-#: frexp gives float64 values as m * 2**e with e >= -1073: m * 2**53 is an integer, and
-#: x * 2**_EXP_BIAS = (m * 2**53) * 2**(e - 53 + _EXP_BIAS) an integer too.
-_EXP_BIAS = 1126
-
-
-def _exact_float_sum(x: np.ndarray) -> Fraction:
-    """The exact sum of the finite float elements ``x``, as a Fraction (no rounding, no overflow).
-
-    Each element is the integer m * 2**53 times a power of two; the integers are added per
-    power of two (their 32-bit halves in float64 bincounts of 2**20 elements, exact below
-    2**53), and the sums per power in Python integers.
-    """
-    total = 0
-    for start in range(0, x.size, 1 << 20):
-        m, e = np.frexp(x[start : start + (1 << 20)].astype(np.float64))
-        digits = (m * 2.0**53).astype(np.int64)
-        shift = e + (_EXP_BIAS - 53)  # >= 0
-        low = np.bincount(shift, weights=digits & 0xFFFFFFFF)
-        high = np.bincount(shift, weights=digits >> 32)  # arithmetic shift keeps the sign
-        for b in np.flatnonzero((low != 0) | (high != 0)).tolist():
-            total += (int(low[b]) + (int(high[b]) << 32)) << b
-    return Fraction(total, 1 << _EXP_BIAS)
-
-
 def _float_sum_part(x: np.ndarray) -> _FloatSum:
     finite_mask = np.isfinite(x)
     finite = x if finite_mask.all() else x[finite_mask]
@@ -535,11 +507,6 @@ def _float_sum_part(x: np.ndarray) -> _FloatSum:
         pos_inf=bool(np.isposinf(x).any()),
         neg_inf=bool(np.isneginf(x).any()),
     )
-
-
-def _ieee_key(value):
-    # IEEE 754-2019 maximum/minimum order: -0.0 below +0.0 (ints and bools sort as they are).
-    return (value, math.copysign(1.0, value)) if isinstance(value, float) else (value, 0)
 
 
 def _file_reference(x: np.ndarray, op: str):
@@ -601,13 +568,6 @@ def _combine_references(op: str, parts: list) -> Any:
     if any(isinstance(p, float) and math.isnan(p) for p in parts):
         return math.nan
     return (max if op == "max" else min)(parts, key=_ieee_key)
-
-
-def _same_float(a: float, b: float) -> bool:
-    # Identity of floats: NaN is NaN, infinities and zeros have the same sign.
-    if math.isnan(a) or math.isnan(b):
-        return math.isnan(a) and math.isnan(b)
-    return a == b and math.copysign(1.0, a) == math.copysign(1.0, b)
 
 
 def _check_file_value(result: np.generic, reference, op: str, n: int, ranks: int) -> tuple[bool, str]:

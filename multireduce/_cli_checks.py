@@ -43,7 +43,7 @@ PRODUCT_OPS = ("prod", "nanprod")
 OPS = COUNT_OPS + MOMENT_OPS + ARG_OPS + PRODUCT_OPS
 
 
-def _to_float(value: Fraction) -> float:
+def to_float(value: Fraction) -> float:
     """``value`` rounded once to float64; past float64's range, an infinity of its sign."""
     try:
         return float(value)
@@ -51,7 +51,8 @@ def _to_float(value: Fraction) -> float:
         return math.inf if value > 0 else -math.inf
 
 
-def _same_float(a: float, b: float) -> bool:
+def same_float(a: float, b: float) -> bool:
+    """Identity of floats: NaN is NaN, infinities and zeros have the same sign."""
     if math.isnan(a) or math.isnan(b):
         return math.isnan(a) and math.isnan(b)
     return a == b and math.copysign(1.0, a) == math.copysign(1.0, b)
@@ -75,25 +76,23 @@ def _not_nan(x: np.ndarray) -> np.ndarray:
 
 
 #: frexp gives float64 values as m * 2**e with e >= -1073: m * 2**53 is an integer, and
-#: x * 2**_EXP_BIAS = (m * 2**53) * 2**(e - 53 + _EXP_BIAS) an integer too (squares' low
-#: parts reach 2**-1074 * 2**-53 at most, hence the margin).
+#: x * 2**_EXP_BIAS = (m * 2**53) * 2**(e - 53 + _EXP_BIAS) an integer too. The margin of 60
+#: takes the low parts of squares (:func:`exact_sum_of_squares`), which reach 2**-1127.
 _EXP_BIAS = 1126 + 60
 
 
 def exact_sum(x: np.ndarray) -> Fraction:
-    """The exact sum of the finite float64 values ``x`` (no rounding, no overflow).
+    """The exact sum of the finite float elements ``x``, as a Fraction (no rounding, no overflow).
 
-    Each element is an integer m * 2**53 times a power of two; the integers are added per
+    Each element is the integer m * 2**53 times a power of two; the integers are added per
     power of two (their 32-bit halves in float64 bincounts of 2**20 elements, exact below
     2**53), and the sums per power in Python integers.
     """
     total = 0
     for start in range(0, x.size, 1 << 20):
-        chunk = x[start : start + (1 << 20)]
-        chunk = chunk[chunk != 0]
-        m, e = np.frexp(chunk)
+        m, e = np.frexp(x[start : start + (1 << 20)].astype(np.float64))
         digits = (m * 2.0**53).astype(np.int64)
-        shift = e + (_EXP_BIAS - 53)
+        shift = e + (_EXP_BIAS - 53)  # >= 0
         low = np.bincount(shift, weights=digits & 0xFFFFFFFF)
         high = np.bincount(shift, weights=digits >> 32)  # arithmetic shift keeps the sign
         for b in np.flatnonzero((low != 0) | (high != 0)).tolist():
@@ -187,7 +186,7 @@ class Moments:
         exact = self.exact(statistic)
         if not isinstance(exact, Fraction):
             return exact
-        return _to_float(_sqrt(exact) if statistic == "std" else exact)
+        return to_float(_sqrt(exact) if statistic == "std" else exact)
 
 
 def _moments_part(x: np.ndarray, skips_nan: bool) -> Moments:
@@ -214,7 +213,7 @@ def _moments_part(x: np.ndarray, skips_nan: bool) -> Moments:
 # argmax, argmin
 
 
-def _ieee_key(value) -> tuple:
+def ieee_key(value) -> tuple:
     # IEEE 754-2019 maximum/minimum order: -0.0 below +0.0 (ints and bools sort as they are).
     return (value, math.copysign(1.0, value)) if isinstance(value, float) else (value, 0)
 
@@ -273,8 +272,8 @@ def _combine_extremes(op, parts: list[Extreme]) -> Extreme:
             elif isinstance(p.value, float) and math.isnan(p.value):
                 best = candidate
             else:
-                ahead = _ieee_key(p.value) > _ieee_key(best.value)
-                if ahead if op.largest else _ieee_key(p.value) < _ieee_key(best.value):
+                ahead = ieee_key(p.value) > ieee_key(best.value)
+                if ahead if op.largest else ieee_key(p.value) < ieee_key(best.value):
                     best = candidate
         offset += p.size
     return Extreme(None, None, offset) if best is None else replace(best, size=offset)
@@ -466,7 +465,7 @@ def _within(res: float, exact: Fraction, tol: float, res_dt: np.dtype, may_overf
     rounding to the result dtype may overflow). ``may_overflow``: intermediate values may
     pass the accumulator's range, so any infinity or NaN is also correct.
     """
-    value = _to_float(exact)
+    value = to_float(exact)
     largest = float(np.finfo(res_dt).max)
     near_top = abs(value) + tol >= largest
     top = np.nextafter(res_dt.type(largest), res_dt.type(0))
@@ -481,30 +480,30 @@ def _within(res: float, exact: Fraction, tol: float, res_dt: np.dtype, may_overf
         return False, how
     if math.isinf(res):
         return near_top and res == (math.inf if exact > 0 else -math.inf), how
-    return _to_float(abs(Fraction(res) - exact)) <= bound, how
+    return to_float(abs(Fraction(res) - exact)) <= bound, how
 
 
 def _check_moments(op, ref: Moments, res: float, res_dt: np.dtype, ranks: int) -> tuple[bool, str]:
     statistic = op.statistic
     exact = ref.exact(statistic)
     if not isinstance(exact, Fraction):
-        return _same_float(res, exact), "NaN" if math.isnan(exact) else "same infinity"
+        return same_float(res, exact), "NaN" if math.isnan(exact) else "same infinity"
     acc = np.finfo(op.accumulator_dtype(res_dt))
     eps = float(acc.eps) * _factor(ref.count, ranks)
     if statistic == "mean":
         return _within(res, exact, eps * ref.magnitude / ref.count, res_dt, not ref.magnitude < float(acc.max))
     # var: a summation's error on the squares' scale (sum x**2 / n >= var), which also
     # bounds the cancellation of a one-pass formula.
-    scale = _to_float(ref.squares / ref.count)
+    scale = to_float(ref.squares / ref.count)
     tol = eps * scale
-    may_overflow = not _to_float(ref.squares) < float(acc.max)
+    may_overflow = not to_float(ref.squares) < float(acc.max)
     if statistic == "var":
         return _within(res, exact, tol, res_dt, may_overflow)
     # std = sqrt(var): |sqrt(a) - sqrt(b)| <= min(sqrt(|a - b|), |a - b| / sqrt(b)); plus the
     # reference root's own error (below 2**-64 relative).
     root = _sqrt(exact)
-    tol_std = math.sqrt(tol) if root == 0 else min(math.sqrt(tol), _to_float(tol / root))
-    tol_std += _to_float(root) * 2.0**-60
+    tol_std = math.sqrt(tol) if root == 0 else min(math.sqrt(tol), to_float(tol / root))
+    tol_std += to_float(root) * 2.0**-60
     return _within(res, root, tol_std, res_dt, may_overflow)
 
 
@@ -523,9 +522,9 @@ def _check_product(op, ref: Product, res, res_dt: np.dtype, ranks: int) -> tuple
     underflows = ref.log2_small <= math.log2(float(acc.tiny)) + 1
     if ref.zero:
         if not overflows:  # no partial product of the nonzero elements reaches infinity
-            return _same_float(res, sign * 0.0), "identical (a zero element, the sign of the product)"
+            return same_float(res, sign * 0.0), "identical (a zero element, the sign of the product)"
         how = "NaN, or a zero of the product's sign: partial products may overflow (inf * 0)"
-        return math.isnan(res) or _same_float(res, sign * 0.0), how
+        return math.isnan(res) or same_float(res, sign * 0.0), how
     if overflows or underflows:
         how = "NaN or any value of the product's sign: partial products may overflow or underflow"
         return math.isnan(res) or math.copysign(1.0, res) == sign, how
@@ -533,7 +532,7 @@ def _check_product(op, ref: Product, res, res_dt: np.dtype, ranks: int) -> tuple
     # Each multiplication rounds once in the accumulator (ref.count of them, and the ranks'
     # combine); the reference's float64 magnitude is within 2 * count * eps64.
     rel = float(acc.eps) * (ref.count + ranks + 1) + 2.0**-52 * 2 * (ref.count + 1)
-    return _within(res, exact, rel * abs(_to_float(exact)), res_dt, False)
+    return _within(res, exact, rel * abs(to_float(exact)), res_dt, False)
 
 
 def check(op_name: str, ref, result, res_dt: np.dtype, n: int, ranks: int) -> tuple[bool, str]:
@@ -572,7 +571,7 @@ def reference_value(op_name: str, ref, res_dt: np.dtype):
         return f"nan or {sign * 0.0}" if overflows else sign * 0.0
     if overflows or ref.log2_small <= math.log2(float(acc.tiny)) + 1:
         return f"nan or any {'negative' if ref.negative else 'positive'} value"
-    return sign * _to_float(Fraction(ref.mantissa) * Fraction(2) ** ref.exponent)
+    return sign * to_float(Fraction(ref.mantissa) * Fraction(2) ** ref.exponent)
 
 
 def wrapped_past_range(op_name: str, ref, res_dt: np.dtype) -> bool | None:
