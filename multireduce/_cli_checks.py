@@ -489,13 +489,19 @@ def _check_moments(op, ref: Moments, res: float, res_dt: np.dtype, ranks: int) -
     if not isinstance(exact, Fraction):
         return same_float(res, exact), "NaN" if math.isnan(exact) else "same infinity"
     acc = np.finfo(op.accumulator_dtype(res_dt))
-    eps = float(acc.eps) * _factor(ref.count, ranks)
+    factor = _factor(ref.count, ranks)
+    eps = float(acc.eps) * factor
+    # Below the normal range the accumulator's operations err by up to half its smallest
+    # subnormal each, whatever the relative precision: a variance of elements near 1e-160
+    # underflows to a few subnormal ulps (or to zero), and its square root keeps only those.
+    floor = float(acc.smallest_subnormal) * factor
     if statistic == "mean":
-        return _within(res, exact, eps * ref.magnitude / ref.count, res_dt, not ref.magnitude < float(acc.max))
+        tol = eps * ref.magnitude / ref.count + floor
+        return _within(res, exact, tol, res_dt, not ref.magnitude < float(acc.max))
     # var: a summation's error on the squares' scale (sum x**2 / n >= var), which also
     # bounds the cancellation of a one-pass formula.
     scale = to_float(ref.squares / ref.count)
-    tol = eps * scale
+    tol = eps * scale + floor
     may_overflow = not to_float(ref.squares) < float(acc.max)
     if statistic == "var":
         return _within(res, exact, tol, res_dt, may_overflow)
