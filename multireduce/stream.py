@@ -1651,17 +1651,29 @@ def _check_device(device: Any) -> int | None:
     return _settings.integer(device, "device=", accepted)
 
 
+def _cupy():
+    """CuPy, or a ModuleNotFoundError that says what to install or call instead (no CPU fallback)."""
+    try:
+        import cupy
+    except ImportError as exc:
+        raise ModuleNotFoundError(
+            f"multireduce.stream streams host data through a CUDA GPU and needs CuPy ({exc}): install "
+            "multireduce[gpu] (cupy-cuda13x) or cupy-cuda12x for a CUDA 12 driver; on the CPU, reduce the "
+            "array with multireduce.reduce (or a Dask array with multireduce.dask.treereduce)",
+            name="cupy",
+        ) from exc
+    return cupy
+
+
 @functools.cache
 def _device_count() -> int:
-    import cupy
-
-    return cupy.cuda.runtime.getDeviceCount()
+    return _cupy().cuda.runtime.getDeviceCount()
 
 
 def _device_ordinal(device: Any) -> int:
     """The CUDA device that ``device=`` names (None: CuPy's current one), checked to exist."""
     device = _check_device(device)
-    import cupy  # ModuleNotFoundError without CuPy: nothing falls back to the CPU
+    cupy = _cupy()  # nothing falls back to the CPU
 
     if device is None:
         return cupy.cuda.Device().id
@@ -1969,7 +1981,8 @@ def reduce(
         If a path source cannot be opened.
     ModuleNotFoundError
         If CuPy is not installed, also for an empty input (nothing falls back to the CPU: use
-        :func:`multireduce.reduce` there).
+        :func:`multireduce.reduce` there); the message says so. The settings are checked
+        first: their errors come with or without CuPy.
 
     Examples
     --------
@@ -2000,13 +2013,16 @@ def reduce(
     result = op.result_dtype(a.dtype, dtype)
     acc = op.accumulator_dtype(result)
     _check_streamable(op, a.dtype, result, acc)
+    # The settings against this input (before the device: the same errors with or without
+    # CuPy, for empty inputs too, as for a Dask source).
+    plan = make_plan(a.nbytes, a.itemsize, budget=budget, slot_bytes=slot_bytes, threads=threads)
     staging = _staging_for(device, _device)  # without CuPy: ModuleNotFoundError, empty input too
     if a.size == 0:
         # Nothing to move: the identity (sum) or NumPy's error (max/min), from the core.
         return core.reduce(a, op, dtype=dtype)
     if threads is None and _dense_1d(a) is not None and staging.device.native:
         threads = max(1, min(_default_threads(), a.nbytes // NATIVE_BYTES_PER_THREAD))
-    plan = make_plan(a.nbytes, a.itemsize, budget=budget, slot_bytes=slot_bytes, threads=threads)
+        plan = make_plan(a.nbytes, a.itemsize, budget=budget, slot_bytes=slot_bytes, threads=threads)
     pipeline = staging.pipeline(plan.slot_bytes, budget)
     with pipeline.call():
         return pipeline.run(a, op, result, plan)

@@ -1445,6 +1445,25 @@ def test_every_launched_kernel_is_waited_for_after_a_failed_copy(native_stand_in
     assert waited == list(range(18)) and dev._pipelines[4 * KIB].in_use == 0
 
 
+@pytest.mark.parametrize("size", [0, 3])
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"budget": 8, "slot_bytes": None}, "cannot hold one element"),
+        ({"budget": 100, "slot_bytes": 60}, "fewer than two staging buffers"),
+        ({"budget": 100, "slot_bytes": 1000}, "fewer than two staging buffers"),
+    ],
+)
+def test_settings_are_checked_before_the_device_and_for_empty_inputs(size, settings, message):
+    # A host array met the device (and, without CuPy, its ModuleNotFoundError) before the
+    # settings, and an empty one returned the identity whatever they were; a Dask source
+    # raised these ValueErrors. Now every source and size does, with or without CuPy.
+    with pytest.raises(ValueError, match=message):
+        stream.reduce(np.ones(size), "sum", **settings)
+    with pytest.raises(ValueError, match=message):
+        sim_reduce(np.ones(size), "sum", **settings)
+
+
 @pytest.mark.parametrize("op", ["mean", "var", "argmax"])
 def test_state_ops_are_refused(op):
     with pytest.raises(NotImplementedError, match="has a state"):
@@ -1453,7 +1472,9 @@ def test_state_ops_are_refused(op):
 
 @pytest.mark.skipif(importlib.util.find_spec("cupy") is not None, reason="checks the error without CuPy")
 def test_without_cupy_nothing_falls_back():
-    with pytest.raises(ModuleNotFoundError):
+    # The message says what to install, and what to call on the CPU (it was Python's bare
+    # "No module named 'cupy'").
+    with pytest.raises(ModuleNotFoundError, match=r"needs CuPy .*install multireduce\[gpu\].*multireduce\.reduce"):
         stream.reduce(np.ones(10), "sum")
     # Nothing to move is no exception: the identity used to come back from the CPU.
     for empty in (np.ones(0, np.float32), np.ones((3, 0), np.int8)):
