@@ -234,6 +234,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.command is None:
         args = parser.parse_args(["run"])
+    if args.cpu and args.device is not None:
+        raise UsageError(f"{parser.prog}: error: --device picks a GPU, and --cpu asks for none: give one of them")
     if args.command == "run" and args.input is not None and args.per_rank is not None:
         raise UsageError(f"{parser.prog}: error: --per-rank applies to synthetic data, not to --input")
     if args.command == "run" and args.input is not None and "{rank}" in args.input and args.n is not None:
@@ -332,6 +334,11 @@ def _setup(args, comm, mpi) -> _Context:
             ctx.device_name = name.decode() if isinstance(name, bytes) else str(name)
         else:
             mpi.local_rank(comm)
+            if args.device is not None:  # no GPU here: the CPU is not what --device asked for
+                raise ValueError(
+                    f"--device {args.device} asks for a GPU, but this rank runs on the CPU ({reason}); "
+                    "drop --device to run on the CPU, or run where CuPy sees a CUDA device"
+                )
         mpi.cuda_aware()  # a bad MULTIREDUCE_CUDA_AWARE fails here, agreed, not later on one rank
     except Exception as exc:  # agreed below, then reported by rank 0
         if mpi.rank_failures(exc) is not None:

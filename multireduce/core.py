@@ -163,6 +163,15 @@ def _checked_keepdims(keepdims: Any) -> bool:
     return bool(keepdims)
 
 
+def _checked_reproducible(reproducible: Any) -> bool:
+    # Our own flag, so no truthiness: reproducible="false" took the exact path.
+    if not isinstance(reproducible, bool | np.bool_):
+        raise TypeError(
+            f"reproducible must be True or False, got {reproducible!r} of type {type(reproducible).__name__}"
+        )
+    return bool(reproducible)
+
+
 def _arg_axis(axis: Any, ndim: int, op: Op) -> int | None:
     if axis is None:
         return None
@@ -397,6 +406,7 @@ def _reduce(x: Any, op: str | Op, axis: Any, keepdims: bool, dtype: Any, correct
     backend, arr = _backend_and_array(x)
     op, result, acc = _plan(arr, op, dtype)
     keepdims = _checked_keepdims(keepdims)
+    reproducible = _checked_reproducible(reproducible)
     corr = _check_correction(op, correction) if correction or op.kind == "moments" else 0.0
     ndim = arr.ndim
     if op.kind == "arg":
@@ -594,12 +604,14 @@ def partial(
         and type(x) is type(out) is _cupy_backend.cupy.ndarray
     ):
         # The MPI layer's per-call path: a GPU shard's partial into its pinned slot.
-        plan = _gpu_plans.get((op, x.dtype)) if axis is None and not (keepdims or reproducible) else None
+        fast = axis is None and keepdims is False and reproducible is False
+        plan = _gpu_plans.get((op, x.dtype)) if fast else None
         if plan is not None and x.size and out.shape == () and out.dtype == plan[1]:
             return _cupy_backend.reduce_full(x, plan[0], plan[1], plan[1], out=out)
     backend, arr = _backend_and_array(x)
     op, result, acc = _plan(arr, op, dtype)
     keepdims = _checked_keepdims(keepdims)
+    reproducible = _checked_reproducible(reproducible)
     if dtype is not None:
         exact = reproducible and op.name == "sum" and result.kind == "f"
         arr = _converted(arr, op, result, acc, exact=exact)

@@ -736,6 +736,7 @@ def treereduce(
     op, result, acc = _plan(x, resolved, dtype, axes)
     correction = core._check_correction(op, correction)
     keepdims = core._checked_keepdims(keepdims)
+    reproducible = core._checked_reproducible(reproducible)
     # Exact partials where the core forms them (float sums of the elements converted as dtype=
     # asks, means of float input); core._needs_exact raises the core's refusals (var, prod,
     # partial axes, ...) and passes the order-free ops unchanged.

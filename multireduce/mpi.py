@@ -150,7 +150,16 @@ def _mark(exc: BaseException, failures: dict[int, str]) -> BaseException:
 
 
 def _comm(comm):
-    return MPI.COMM_WORLD if comm is None else comm
+    if comm is None:
+        return MPI.COMM_WORLD
+    # A communicator's interface (mpi4py's Comm, or a wrapper of one); checked here, the same
+    # on every rank, so that a wrong object fails with its name before any collective.
+    if not all(hasattr(comm, name) for name in ("Allreduce", "Get_rank", "Get_size")):
+        raise TypeError(
+            f"comm must be an mpi4py.MPI.Comm (an intracommunicator such as MPI.COMM_WORLD), or None for "
+            f"MPI.COMM_WORLD; got {comm!r} of type {type(comm).__name__}"
+        )
+    return comm
 
 
 def _describe(exc: BaseException) -> str:
@@ -529,7 +538,8 @@ def allreduce(
     try:
         plan, x = _plan(x_local, op, dtype)
         correction = core._check_correction(plan.op, correction)
-        plan.reproducible, plan.correction = bool(reproducible), correction  # agreed across ranks
+        plan.reproducible = core._checked_reproducible(reproducible)  # agreed across ranks
+        plan.correction = correction
         st = plan.static
         # Decided from (op, dtype, dtype=), which the first Allreduce checks across ranks; the
         # core's refusals (var, prod, nansum, ...) are raised here, agreed below.

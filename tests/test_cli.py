@@ -6,6 +6,7 @@ contents in exact integers / math.fsum, independent of multireduce.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -82,6 +83,16 @@ def test_negative_device_is_a_usage_error(command, tmp_path):
     done = run(None, 1, [*CLI, command, "--cpu", "--device", "-1", *small[command]])
     assert done.returncode == 2 and done.stdout == "", done.output
     assert done.stderr.count("argument --device: must be a non-negative integer, got '-1' (negative)") == 1
+
+
+def test_device_without_a_gpu_is_an_error(capsys):
+    # --device was ignored on the CPU backend: the job ran on the CPU and exited 0.
+    assert main(["--cpu", "--device", "0", "--n", "10"]) == 2
+    assert "--device picks a GPU, and --cpu asks for none" in capsys.readouterr().err
+    if importlib.util.find_spec("cupy") is None:  # the CPU backend by detection
+        done = run(None, 1, [*CLI, "--device", "0", "--n", "10"])
+        assert done.returncode == 1, done.output
+        assert "--device 0 asks for a GPU, but this rank runs on the CPU (CuPy is not importable" in done.stderr
 
 
 def test_help_and_accepted_lengths(capsys):

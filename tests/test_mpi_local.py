@@ -1014,3 +1014,17 @@ def test_arguments_that_agree_across_ranks_still_work(mpiexec, tmp_path):
     assert first["signed_zero_var"] == pytest.approx(np.var(everything), rel=1e-12)
     assert first["exact_sum"] == everything.sum() and first["exact_mean"] == everything.mean()
     assert first["max"] == everything.max()
+
+
+def test_comm_must_be_a_communicator():
+    # A string raised AttributeError ("'str' object has no attribute 'Allreduce'") from inside.
+    import multireduce.mpi as mpi
+
+    for call in (
+        lambda: mpi.allreduce(np.ones(3), "sum", comm="notacomm"),
+        lambda: mpi.allreduce(np.ones(3), "mean", comm=0),
+        lambda: mpi.stats(np.ones(3), comm=[]),
+    ):
+        with pytest.raises(TypeError, match=r"comm must be an mpi4py\.MPI\.Comm .* got"):
+            call()
+    assert mpi.allreduce(np.ones(3), "sum", comm=mpi.MPI.COMM_WORLD) == 3.0

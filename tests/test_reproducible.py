@@ -795,3 +795,27 @@ def test_gpu_integer_mean_gives_the_cpu_bits(dtype):
     if np.dtype(dtype).itemsize == 8:
         with pytest.raises(NotImplementedError, match="cannot be given reproducibly"):
             multireduce.mean(cupy.full(8, 2**59, dtype=dtype), reproducible=True)
+
+
+@pytest.mark.parametrize("value", ["false", "yes", None, 1, 0.0])
+def test_reproducible_takes_a_bool_only(value):
+    # Any object was taken by its truth: reproducible="false" took the exact path, and under
+    # MPI a mismatch listed True/False instead of what was passed.
+    pytest.importorskip("mpi4py")
+    import dask.array as da
+
+    import multireduce.dask as mdask
+    import multireduce.mpi as mpi
+
+    x = np.arange(6, dtype=np.float32)
+    calls = [
+        lambda: multireduce.sum(x, reproducible=value),
+        lambda: multireduce.reduce(x, "mean", reproducible=value),
+        lambda: multireduce.core.partial(x, "sum", reproducible=value),
+        lambda: mdask.treereduce(da.from_array(x, chunks=2), "sum", reproducible=value),
+        lambda: mpi.allreduce(x, "sum", reproducible=value),
+    ]
+    for call in calls:
+        with pytest.raises(TypeError, match=rf"reproducible must be True or False, got {value!r} of type"):
+            call()
+    assert multireduce.sum(x, reproducible=np.bool_(True)) == 15.0
