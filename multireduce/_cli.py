@@ -127,6 +127,20 @@ def _op_name(text: str) -> str:
     return get_op(text).name
 
 
+def _correction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a real number (NumPy's ddof), got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite real number (NumPy's ddof), got {text!r}")
+    return value
+
+
+#: The ops that take --correction.
+_CORRECTED = ("var", "std", "nanvar", "nanstd")
+
+
 def _dtype(text: str) -> np.dtype:
     try:
         return check_dtype(text)
@@ -173,6 +187,12 @@ def _build_parser() -> argparse.ArgumentParser:
         type=_op_name,
         metavar="OP",
         help=f"reduction, repeatable: {', '.join(CLI_OPS)} (default: {', '.join(DEFAULT_OPS)})",
+    )
+    run.add_argument(
+        "--correction",
+        type=_correction,
+        default=None,
+        help="for var, std, nanvar and nanstd: divide by N - correction (NumPy's ddof; default 0)",
     )
     run.add_argument(
         "--dtype",
@@ -236,6 +256,10 @@ def _parse(argv: list[str]) -> argparse.Namespace:
         args = parser.parse_args(["run"])
     if args.cpu and args.device is not None:
         raise UsageError(f"{parser.prog}: error: --device picks a GPU, and --cpu asks for none: give one of them")
+    if args.command == "run" and args.correction is not None and not set(args.ops or ()) & set(_CORRECTED):
+        raise UsageError(
+            f"{parser.prog}: error: --correction applies to {', '.join(_CORRECTED)}; give one of them with --op"
+        )
     if args.command == "run" and args.input is not None and args.per_rank is not None:
         raise UsageError(f"{parser.prog}: error: --per-rank applies to synthetic data, not to --input")
     if args.command == "run" and args.input is not None and "{rank}" in args.input and args.n is not None:
@@ -730,15 +754,16 @@ def _cmd_run(args, comm, mpi) -> int:
     rows = []
     local_times = []
     for name in ops:
+        corrected = {"correction": args.correction or 0.0} if name in _CORRECTED else {}
         # NumPy's warnings (a sum past its dtype's range: "overflow encountered in cast", from
         # the final cast that every rank makes alike) are recorded, and rank 0 reports each
         # once for all ranks (_report_warnings) instead of every rank printing its own.
         with _recorded_warnings(ctx) as caught:
             # The first call compiles the GPU kernel and sets up MPI's connections: not timed.
-            mpi.allreduce(x, name, comm=comm)
+            mpi.allreduce(x, name, comm=comm, **corrected)
             kernel_s = allreduce_s = float("inf")
             for _ in range(args.repeat):
-                value, k, c = mpi._timed_allreduce(x, name, comm)
+                value, k, c = mpi._timed_allreduce(x, name, comm, **corrected)
                 k, c = _max_over_ranks(comm, [k, c])
                 kernel_s, allreduce_s = min(kernel_s, k), min(allreduce_s, c)
         host_value = np.asarray(value.get() if ctx.backend == "gpu" else value)[()]
@@ -749,13 +774,14 @@ def _cmd_run(args, comm, mpi) -> int:
                 "kernel_s": kernel_s,
                 "allreduce_s": allreduce_s,
                 "warnings": _distinct_warnings(caught),
+                **corrected,
             }
         )
         local_times.append(kernel_s)
     if check:  # after the timings, which the references' memory traffic would disturb
         references = None if info["source"] == "synthetic" else _file_references(ctx, info["host_shard"], ops)
         for row in rows:
-            row.update(_reference_row(ctx, info, row["op"], row["result"], dt, n, references))
+            row.update(_reference_row(ctx, info, row, dt, n, references))
     _mark_overflows(ctx, x, rows, dt, n)
     warned = _gathered_warnings(ctx, [row.pop("warnings") for row in rows])
 
@@ -969,7 +995,9 @@ def _file_references(ctx: _Context, shard: np.ndarray, ops: list[str]) -> dict[s
     return {op: _combine_references(op, [g[op] for g in gathered]) for op in ops}
 
 
-def _reference_row(ctx, info, op, value, dt, n, references) -> dict:
+def _reference_row(ctx, info, row: dict, dt, n, references) -> dict:
+    """The check of one result ``row`` (op, result, and correction for var and std)."""
+    op, value, correction = row["op"], row["result"], row.get("correction", 0.0)
     result_dt = get_op(op).result_dtype(dt)
     if info["source"] == "synthetic":
         pattern = info["pattern"]
@@ -977,11 +1005,11 @@ def _reference_row(ctx, info, op, value, dt, n, references) -> dict:
     else:
         reference = references[op]
     if op in _cli_checks.OPS:
-        passed, how = _cli_checks.check(op, reference, value, result_dt, n, ctx.size)
+        passed, how = _cli_checks.check(op, reference, value, result_dt, n, ctx.size, correction)
         overflow = {}
         if op in _cli_checks.PRODUCT_OPS and result_dt.kind in "iu":
             overflow = {"overflow": _cli_checks.wrapped_past_range(op, reference, result_dt)}
-        shown = _cli_checks.reference_value(op, reference, result_dt)
+        shown = _cli_checks.reference_value(op, reference, result_dt, correction)
         return {"reference": shown, "check": passed, "check_how": how, **overflow}
     op = _NAN_FOLDS.get(op, op)
     if info["source"] == "synthetic":

@@ -171,19 +171,29 @@ class Moments:
             self.neg_inf or other.neg_inf,
         )
 
-    def exact(self, statistic: str) -> Fraction | float:
-        """The exact mean or variance (correction 0) as a rational, or NaN / an infinity."""
-        if self.nan or (self.pos_inf and self.neg_inf) or self.count == 0:
+    def denominator(self, correction: float) -> Fraction:
+        """The variance's divisor, N - correction."""
+        return self.count - Fraction(correction)
+
+    def exact(self, statistic: str, correction: float = 0.0) -> Fraction | float:
+        """The exact mean, or variance with ``correction``, as a rational; or NaN / an infinity.
+
+        As docs/semantics.md: NaN where N - correction <= 0 (the Array API standard's rule),
+        and 0 for no elements with a negative correction (NumPy's ``var([], ddof=-1)``).
+        """
+        if self.nan or (self.pos_inf and self.neg_inf):
             return math.nan
         if self.pos_inf or self.neg_inf:
             return (math.inf if self.pos_inf else -math.inf) if statistic == "mean" else math.nan
-        mean = self.total / self.count
         if statistic == "mean":
-            return mean
-        return self.squares / self.count - mean * mean
+            return math.nan if self.count == 0 else self.total / self.count
+        if self.denominator(correction) <= 0:
+            return math.nan
+        m2 = self.squares - self.total * self.total / self.count if self.count else Fraction(0)
+        return m2 / self.denominator(correction)
 
-    def value(self, statistic: str) -> float:
-        exact = self.exact(statistic)
+    def value(self, statistic: str, correction: float = 0.0) -> float:
+        exact = self.exact(statistic, correction)
         if not isinstance(exact, Fraction):
             return exact
         return to_float(_sqrt(exact) if statistic == "std" else exact)
@@ -483,9 +493,9 @@ def _within(res: float, exact: Fraction, tol: float, res_dt: np.dtype, may_overf
     return to_float(abs(Fraction(res) - exact)) <= bound, how
 
 
-def _check_moments(op, ref: Moments, res: float, res_dt: np.dtype, ranks: int) -> tuple[bool, str]:
+def _check_moments(op, ref: Moments, res: float, res_dt: np.dtype, ranks: int, correction: float) -> tuple[bool, str]:
     statistic = op.statistic
-    exact = ref.exact(statistic)
+    exact = ref.exact(statistic, correction)
     if not isinstance(exact, Fraction):
         return same_float(res, exact), "NaN" if math.isnan(exact) else "same infinity"
     acc = np.finfo(op.accumulator_dtype(res_dt))
@@ -498,9 +508,9 @@ def _check_moments(op, ref: Moments, res: float, res_dt: np.dtype, ranks: int) -
     if statistic == "mean":
         tol = eps * ref.magnitude / ref.count + floor
         return _within(res, exact, tol, res_dt, not ref.magnitude < float(acc.max))
-    # var: a summation's error on the squares' scale (sum x**2 / n >= var), which also
-    # bounds the cancellation of a one-pass formula.
-    scale = to_float(ref.squares / ref.count)
+    # var: a summation's error on the squares' scale (sum x**2 / (N - correction) >= var),
+    # which also bounds the cancellation of a one-pass formula.
+    scale = to_float(ref.squares / ref.denominator(correction))
     tol = eps * scale + floor
     may_overflow = not to_float(ref.squares) < float(acc.max)
     if statistic == "var":
@@ -541,8 +551,11 @@ def _check_product(op, ref: Product, res, res_dt: np.dtype, ranks: int) -> tuple
     return _within(res, exact, rel * abs(to_float(exact)), res_dt, False)
 
 
-def check(op_name: str, ref, result, res_dt: np.dtype, n: int, ranks: int) -> tuple[bool, str]:
-    """Compare a global result of ``op_name`` with its combined reference. Returns (passed, how)."""
+def check(op_name: str, ref, result, res_dt: np.dtype, n: int, ranks: int, correction: float = 0.0) -> tuple[bool, str]:
+    """Compare a global result of ``op_name`` with its combined reference. Returns (passed, how).
+
+    ``correction``: var's and std's (and their nan forms'), as given to the reduction.
+    """
     op = get_op(op_name)
     if op_name in COUNT_OPS:
         count, size = ref
@@ -551,11 +564,11 @@ def check(op_name: str, ref, result, res_dt: np.dtype, n: int, ranks: int) -> tu
     if op_name in ARG_OPS:
         return int(result) == ref.index, "exact"
     if op_name in MOMENT_OPS:
-        return _check_moments(op, ref, float(result), res_dt, ranks)
+        return _check_moments(op, ref, float(result), res_dt, ranks, correction)
     return _check_product(op, ref, result, res_dt, ranks)
 
 
-def reference_value(op_name: str, ref, res_dt: np.dtype):
+def reference_value(op_name: str, ref, res_dt: np.dtype, correction: float = 0.0):
     """What the report shows as the reference: the exact value, rounded to float64 for floats."""
     if op_name in COUNT_OPS:
         count, size = ref
@@ -563,7 +576,7 @@ def reference_value(op_name: str, ref, res_dt: np.dtype):
     if op_name in ARG_OPS:
         return ref.index
     if op_name in MOMENT_OPS:
-        return ref.value(get_op(op_name).statistic)
+        return ref.value(get_op(op_name).statistic, correction)
     if res_dt.kind in "iu":
         return int(np.array(ref.wrapped, dtype=np.uint64).astype(res_dt))
     sign = -1.0 if ref.negative else 1.0

@@ -746,13 +746,15 @@ def _store(reserved: tuple[_ResultCells, list], values: list) -> list:
     return out
 
 
-def _timed_allreduce(x_local: Any, op: str | Op, comm=None) -> tuple[Any, float, float]:
+def _timed_allreduce(
+    x_local: Any, op: str | Op, comm=None, correction: float = _NO_CORRECTION
+) -> tuple[Any, float, float]:
     """:func:`allreduce` split into its two phases for the CLI's timings.
 
     Returns ``(result, local_seconds, combine_seconds)`` on this rank: the local partial
     (a moments or arg op's state) including a stream synchronization, then the combine. A
     Barrier precedes each phase so that one rank's wait for another is not counted in the
-    next phase. Every op, with its default arguments.
+    next phase. Every op, with its default arguments but ``correction`` (var and std).
     """
     comm = _comm(comm)
     plan = partial = error = None
@@ -760,6 +762,7 @@ def _timed_allreduce(x_local: Any, op: str | Op, comm=None) -> tuple[Any, float,
     start = MPI.Wtime()
     try:
         plan, x = _plan(x_local, op, None)
+        plan.correction = core._check_correction(plan.op, correction)  # agreed across ranks
         partial = _local_partial(x, plan) if plan.op.kind == "fold" else core.partial(x, plan.op)
         if plan.on_gpu:
             import cupy

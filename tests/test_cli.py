@@ -321,8 +321,8 @@ import multireduce.mpi as mpi
 from multireduce._cli import main
 changes = dict(c.split(":") for c in sys.argv[1].split(","))
 timed = mpi._timed_allreduce
-def wrong(x, name, comm):
-    value, kernel_s, allreduce_s = timed(x, name, comm)
+def wrong(x, name, comm, **options):
+    value, kernel_s, allreduce_s = timed(x, name, comm, **options)
     how = changes.get(name)
     if how == "ulp":  # integers: plus one
         value = np.nextafter(value, value.dtype.type(np.inf)) if value.dtype.kind == "f" else value + 1

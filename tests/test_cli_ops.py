@@ -243,6 +243,43 @@ def test_every_op_on_file_data_on_the_gpu(mpiexec, tmp_path):
         assert_rows(report, x)
 
 
+@pytest.mark.mpi
+@pytest.mark.parametrize("correction", ["1", "2", "-1", "0.5"])
+def test_correction_of_var_and_std(mpiexec, correction):
+    n, c = 1_001, float(correction)
+    ops = [arg for name in ("var", "std", "nanvar", "nanstd", "mean") for arg in ("--op", name)]
+    report = run_all(mpiexec, 2, "--n", str(n), "--correction", correction, ops=ops)
+    assert report["check_passed"] is True
+    x = synthetic(n).astype(np.float64)
+    want = math.fsum(((x - math.fsum(x.tolist()) / n) ** 2).tolist()) / (n - c)
+    got = rows(report)
+    for name in ("var", "nanvar"):
+        assert got[name]["correction"] == c and abs(got[name]["result"] - want) <= 1e-6 * want, got[name]
+    for name in ("std", "nanstd"):
+        assert abs(got[name]["result"] - math.sqrt(want)) <= 1e-6 * math.sqrt(want), got[name]
+    assert "correction" not in got["mean"]
+
+
+@pytest.mark.mpi
+def test_correction_edges_and_errors(mpiexec, capsys):
+    # N - correction <= 0: NaN (docs/semantics.md), with NumPy's warning; no op to correct: a
+    # usage error; a result of the wrong correction fails the check.
+    report = run_all(mpiexec, 2, "--n", "2", "--correction", "2", ops=["--op", "var", "--op", "std"])
+    assert [(r["result"], r["reference"], r["check"]) for r in report["results"]] == [("nan", "nan", True)] * 2
+    from multireduce._cli import main
+
+    assert main(["--cpu", "--correction", "1", "--op", "mean"]) == 2
+    assert "--correction applies to var, std, nanvar, nanstd" in capsys.readouterr().err
+    assert main(["--cpu", "--correction", "nan", "--op", "var"]) == 2
+    assert "must be a finite real number" in capsys.readouterr().err
+    x = synthetic(1_001).astype(np.float64)
+    ddof0 = float(np.var(x))  # the value of correction 0, where 1 was asked for
+    argv = ["-c", WRONG_RESULT, f"var:{ddof0!r}", "-", "--n", "1001", "--correction", "1", "--op", "var"]
+    done = run(mpiexec, 2, [*argv, "--op", "std", "--json", "--cpu", "--repeat", "1"], timeout=120)
+    assert done.returncode == 3, done.output
+    assert [r["check"] for r in json.loads(done.stdout)["results"]] == [False, True]
+
+
 # ------------------------------------------------------------------ the check fails on wrong results
 
 
