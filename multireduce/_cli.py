@@ -1004,6 +1004,11 @@ def _reference_row(ctx, info, row: dict, dt, n, references) -> dict:
         reference = pattern.reference(op, n, dt.kind)
     else:
         reference = references[op]
+    if np.asarray(value).dtype != result_dt:  # the value's dtype is part of the result
+        shown = reference.value if isinstance(reference, _FloatSum) else reference
+        if op in _cli_checks.OPS:
+            shown = _cli_checks.reference_value(op, reference, result_dt, correction)
+        return {"reference": shown, "check": False, "check_how": f"dtype {np.asarray(value).dtype}, not {result_dt}"}
     if op in _cli_checks.OPS:
         passed, how = _cli_checks.check(op, reference, value, result_dt, n, ctx.size, correction)
         overflow = {}

@@ -159,8 +159,12 @@ class Moments:
     nan: bool
     pos_inf: bool
     neg_inf: bool
+    lo: Any = None  # the least and greatest finite counted element (None: there is none)
+    hi: Any = None
 
     def __add__(self, other: Moments) -> Moments:
+        los = [v for v in (self.lo, other.lo) if v is not None]
+        his = [v for v in (self.hi, other.hi) if v is not None]
         return Moments(
             self.count + other.count,
             self.total + other.total,
@@ -169,7 +173,21 @@ class Moments:
             self.nan or other.nan,
             self.pos_inf or other.pos_inf,
             self.neg_inf or other.neg_inf,
+            min(los) if los else None,
+            max(his) if his else None,
         )
+
+    def spread(self) -> Fraction:
+        """The spread of the finite elements, hi - lo, exactly (0 where there is none)."""
+        return Fraction(0) if self.lo is None else Fraction(self.hi) - Fraction(self.lo)
+
+    def mean_scale(self) -> float:
+        """The mean's error scale: the mean of |x|, or the largest |x| where their sum passes float64's range."""
+        if self.lo is None:
+            return 0.0
+        if math.isfinite(self.magnitude):
+            return self.magnitude / self.count
+        return float(max(abs(Fraction(self.lo)), abs(Fraction(self.hi))))
 
     def denominator(self, correction: float) -> Fraction:
         """The variance's divisor, N - correction."""
@@ -202,7 +220,8 @@ class Moments:
 def _moments_part(x: np.ndarray, skips_nan: bool) -> Moments:
     if x.dtype.kind != "f":
         total, squares, magnitude = _int_sums(x)
-        return Moments(int(x.size), Fraction(total), Fraction(squares), float(magnitude), False, False, False)
+        lo, hi = (int(x.min()), int(x.max())) if x.size else (None, None)  # bools as 0 and 1
+        return Moments(int(x.size), Fraction(total), Fraction(squares), float(magnitude), False, False, False, lo, hi)
     nan = bool(np.isnan(x).any())
     counted = _not_nan(x) if skips_nan else x
     finite = counted[np.isfinite(counted)].astype(np.float64)
@@ -216,6 +235,8 @@ def _moments_part(x: np.ndarray, skips_nan: bool) -> Moments:
         nan=nan and not skips_nan,
         pos_inf=bool(np.isposinf(counted).any()),
         neg_inf=bool(np.isneginf(counted).any()),
+        lo=float(finite.min()) if finite.size else None,
+        hi=float(finite.max()) if finite.size else None,
     )
 
 
@@ -432,9 +453,9 @@ def synthetic(op_name: str, window: list[int], full: int, rest: int, kind: str):
     if op_name in COUNT_OPS:
         return (total(lambda v: v != 0), n)
     if op_name in MOMENT_OPS:
-        return Moments(
-            n, Fraction(total(int)), Fraction(total(lambda v: v * v)), float(total(abs)), False, False, False
-        )
+        squares = Fraction(total(lambda v: v * v))
+        lo, hi = (min(seen), max(seen)) if seen else (None, None)
+        return Moments(n, Fraction(total(int)), squares, float(total(abs)), False, False, False, lo, hi)
     if op_name in ARG_OPS:
         if not seen:
             return Extreme(None, None, n)
@@ -505,14 +526,25 @@ def _check_moments(op, ref: Moments, res: float, res_dt: np.dtype, ranks: int, c
     # subnormal each, whatever the relative precision: a variance of elements near 1e-160
     # underflows to a few subnormal ulps (or to zero), and its square root keeps only those.
     floor = float(acc.smallest_subnormal) * factor
+    # The mean's error: a float64 summation's, on the scale of the mean of |x| (or of the
+    # largest |x| where their sum passes float64's range: the mean never overflows, see
+    # docs/semantics.md).
+    mean_error = eps * ref.mean_scale()
     if statistic == "mean":
-        tol = eps * ref.magnitude / ref.count + floor
-        return _within(res, exact, tol, res_dt, not ref.magnitude < float(acc.max))
-    # var: a summation's error on the squares' scale (sum x**2 / (N - correction) >= var),
-    # which also bounds the cancellation of a one-pass formula.
-    scale = to_float(ref.squares / ref.denominator(correction))
-    tol = eps * scale + floor
-    may_overflow = not to_float(ref.squares) < float(acc.max)
+        return _within(res, exact, mean_error + floor, res_dt, False)
+    if res < 0:  # a variance or standard deviation is never negative (-0.0 aside)
+        return False, "a negative result"
+    # var: every algorithm in use sums squares of deviations from a point within the
+    # elements' range (a block's mean, or one of its elements: the GPU's shifted sums), so a
+    # summation's error is on the scale of M2 + N * spread**2; a mean's error e adds up to
+    # N * (2 * spread * e + e**2) (the deviations from a rounded mean, and Chan's update).
+    n, spread = ref.count, to_float(ref.spread())
+    m2 = to_float(exact * ref.denominator(correction))
+    sums = m2 + n * spread * spread
+    tol = (eps * sums + n * (2 * spread * mean_error + mean_error * mean_error)) / to_float(
+        ref.denominator(correction)
+    ) + floor
+    may_overflow = not sums < float(acc.max)
     if statistic == "var":
         return _within(res, exact, tol, res_dt, may_overflow)
     # std = sqrt(var): |sqrt(a) - sqrt(b)| <= min(sqrt(|a - b|), |a - b| / sqrt(b)); plus the
@@ -529,13 +561,15 @@ def _check_product(op, ref: Product, res, res_dt: np.dtype, ranks: int) -> tuple
         return int(res) == expected, "exact (modulo 2**64)"
     res = float(res)
     sign = -1.0 if ref.negative else 1.0
-    if ref.nan or (ref.inf and ref.zero):
-        return math.isnan(res), "NaN"
-    if ref.inf:
-        return res == sign * math.inf, "same infinity"
     acc = np.finfo(op.accumulator_dtype(res_dt))
     overflows = ref.log2 >= math.log2(float(acc.max)) - 1
     underflows = ref.log2_small <= math.log2(float(acc.tiny)) + 1
+    if ref.nan or (ref.inf and ref.zero):
+        return math.isnan(res), "NaN"
+    if ref.inf:
+        if underflows:  # a partial product of the others may reach 0 first: inf * 0
+            return math.isnan(res) or res == sign * math.inf, "the infinity of the product's sign, or NaN (inf * 0)"
+        return res == sign * math.inf, "same infinity"
     if ref.zero:
         if not overflows:  # no partial product of the nonzero elements reaches infinity
             return same_float(res, sign * 0.0), "identical (a zero element, the sign of the product)"
@@ -582,9 +616,9 @@ def reference_value(op_name: str, ref, res_dt: np.dtype, correction: float = 0.0
     sign = -1.0 if ref.negative else 1.0
     if ref.nan or (ref.inf and ref.zero):
         return math.nan
-    if ref.inf:
-        return sign * math.inf
     acc = np.finfo(get_op(op_name).accumulator_dtype(res_dt))
+    if ref.inf:
+        return f"{sign * math.inf} or nan" if ref.log2_small <= math.log2(float(acc.tiny)) + 1 else sign * math.inf
     overflows = ref.log2 >= math.log2(float(acc.max)) - 1
     if ref.zero:
         return f"nan or {sign * 0.0}" if overflows else sign * 0.0

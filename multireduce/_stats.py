@@ -189,7 +189,7 @@ def merge(a: Moments, b: Moments) -> Moments:
         wb = b.n.astype(np.float64)
         delta = b.mean - a.mean
         mean = a.mean + delta * (wb / nf)
-        m2 = a.m2 + b.m2 + delta * delta * (wa * wb / nf)
+        m2 = a.m2 + b.m2 + delta * (delta * (wa * wb / nf))  # delta**2 alone may overflow
         total = a.total + b.total
         ok = np.isfinite(mean)
         if not np.all(ok):  # the update overflowed, or computed inf - inf
@@ -252,7 +252,7 @@ def _merge_values(a: tuple, b: tuple, add: Callable[[Any, Any], Any]) -> tuple:
         if math.isfinite(mean_a) and math.isfinite(mean_b):
             delta = mean_b - mean_a  # Python floats overflow to inf, as NumPy's
             mean = mean_a + delta * (wb / nf)
-            m2 = m2_a + m2_b + delta * delta * (wa * wb / nf)
+            m2 = m2_a + m2_b + delta * (delta * (wa * wb / nf))
             if not math.isfinite(mean):  # delta overflowed: the weighted mean
                 mean = mean_a * (wa / nf) + mean_b * (wb / nf)
         else:

@@ -326,6 +326,8 @@ def wrong(x, name, comm, **options):
     how = changes.get(name)
     if how == "ulp":  # integers: plus one
         value = np.nextafter(value, value.dtype.type(np.inf)) if value.dtype.kind == "f" else value + 1
+    elif how is not None and how.startswith("as_"):  # the same value in another dtype
+        value = np.dtype(how[3:]).type(value)
     elif how == "elem":
         value = value + np.load(sys.argv[2]).ravel()[-1]
     elif how is not None:

@@ -196,6 +196,11 @@ def special_files(tmp_path) -> dict[str, np.ndarray]:
         "tiny": np.array([0.0, 1e-160]),
         "tinier": np.array([1e-170, -3e-171, 2e-170, 0.0]),
         "subnormal": np.array([5e-324, 5e-324, -1e-310, 2e-308]),
+        # A partial product of the others may underflow to 0 before the infinity: NaN (was FAIL).
+        "inf_underflow": np.array([1e-200, 1e-200, np.inf]),
+        # Two single elements far apart: Chan's update overflowed in delta**2 (var was inf at
+        # 2 and 3 ranks, NumPy's 6.4e307 at one).
+        "far_pair": np.array([8e153, -8e153]),
     }
     for name, x in data.items():
         np.save(tmp_path / f"{name}.npy", x)
@@ -221,6 +226,8 @@ def test_every_op_on_file_data(mpiexec, tmp_path, ranks):
             assert got["prod"]["result"] == 0.0 and got["prod"]["check_how"].startswith("identical")
         if name == "infs":
             assert got["prod"]["result"] == "nan" and got["mean"]["result"] == "nan"
+        if name == "far_pair":
+            assert got["var"]["result"] == 6.4e307 and got["std"]["result"] == 8e153, got
         if name == "pos_inf":
             assert got["prod"]["result"] == "-inf" and got["mean"]["result"] == "inf"
             assert got["std"]["result"] == "nan"
@@ -294,6 +301,18 @@ def test_check_fails_on_wrong_results_of_every_kind(mpiexec, tmp_path):
         ("ints.npy", "std:288.6,any:0,all:1,argmin:ulp,nanargmin:ulp,prod:ulp", "std any all argmin nanargmin prod"),
         ("floats.npy", "prod:-17.0,nanprod:ulp,nanmean:ulp,nanvar:8.0", "prod nanvar"),  # ulps are within the bound
         ("floats.npy", "mean:1.2916,nanstd:2.8", "mean nanstd"),
+    ]
+    # Data with a large mean and a small spread (timestamps): the variance's bound is on the
+    # scale of the spread, not of sum(x**2); a negative variance never passes.
+    np.save(tmp_path / "offset.npy", 1.7e9 + np.random.default_rng(0).standard_normal(10_000))
+    np.save(tmp_path / "level.npy", np.full(1_000, 1e153))
+    np.save(tmp_path / "opposite.npy", np.array([1e308, -1e308]))
+    cases += [
+        ("offset.npy", "var:1.05,std:-30,nanvar:-0.5", "var std nanvar"),
+        ("level.npy", "var:inf,std:nan,nanvar:-7", "var std nanvar"),
+        ("opposite.npy", "mean:nan,nanmean:-inf", "mean nanmean"),
+        # The value's dtype is part of the result: an index as a float, a count as uint8.
+        ("ints.npy", "argmax:as_float64,count_nonzero:as_uint8,prod:as_float64", "argmax count_nonzero prod"),
     ]
     for name, changes, failing in cases:
         argv = ["-c", WRONG_RESULT, changes, str(tmp_path / name), "--input", str(tmp_path / name), "--check"]

@@ -1353,3 +1353,13 @@ def test_empty_results_warn_as_numpy(shape, op, axis, correction, dtype):
             assert np.shape(call()) == (0,)
         found.append([str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)])
     assert found[0] == found[1], found
+
+
+def test_variance_of_two_single_elements_far_apart():
+    # Chan's update computed delta * delta * w: delta**2 overflowed (1.6e154**2) where the term
+    # does not (w = 0.5): var was inf over two chunks of one element, NumPy's 6.4e307.
+    x = np.array([8e153, -8e153])
+    d = da.from_array(x, chunks=1)
+    assert float(mdask.treereduce(d, "var").compute()) == np.var(x) == 6.4e307
+    assert float(mdask.treereduce(d, "std").compute()) == np.std(x)
+    assert float(multireduce.stats(x).var) == np.var(x)

@@ -936,3 +936,16 @@ def test_nanargmax_nanargmin_pass_over_nan_in_the_kernel(dtype, offset):
             cupy.asnumpy(multireduce.reduce(cupy.asarray(clean), op, axis=1)),
             cupy.asnumpy(multireduce.reduce(cupy.asarray(clean), op[3:], axis=1)),
         )
+
+
+@pytest.mark.parametrize("n_each", [1, 2])
+def test_merge_of_a_single_element_far_from_the_rest(n_each):
+    # Chan's update computed delta * delta * w: delta**2 overflowed (1.6e154**2) where the term
+    # delta**2 * w does not (w = 0.5 for two single elements): var was inf, NumPy's 6.4e307.
+    x = np.array([8e153] * n_each + [-8e153] * n_each)
+    want = np.var(x)
+    assert math.isfinite(want) == (n_each == 1)
+    got = float(multireduce.var(cupy.asarray(x)))
+    assert got == want or (math.isinf(want) and math.isinf(got)), (got, want)
+    if n_each == 1:
+        assert float(multireduce.std(cupy.asarray(x))) == np.std(x)

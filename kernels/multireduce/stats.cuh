@@ -229,7 +229,9 @@ __device__ __forceinline__ MomentState<S, E> merge_moments(const MomentState<S, 
         if (is_finite_value(a.mean) && is_finite_value(b.mean)) {
             const double delta = b.mean - a.mean;
             r.mean = a.mean + delta * (wb * inv);
-            r.m2 = a.m2 + b.m2 + delta * delta * (wa * (wb * inv));
+            // delta * (delta * w): delta**2 alone overflows where w < 1 (one side a single
+            // element) and the term does not ([8e153, -8e153]: 1.28e308).
+            r.m2 = a.m2 + b.m2 + delta * (delta * (wa * (wb * inv)));
             // delta overflowed (opposite signs near the float64 limit): the weighted mean,
             // which cannot overflow. M2 is inf already (delta**2).
             if (!is_finite_value(r.mean)) r.mean = a.mean * (wa * inv) + b.mean * (wb * inv);
