@@ -349,14 +349,18 @@ def _like(buffer: np.ndarray, b: np.ndarray) -> np.ndarray:
     return laid.transpose(np.argsort(order))
 
 
-def _block_moments(b: np.ndarray, work: tuple[np.ndarray, np.ndarray], axis: int = -1) -> Moments:
+def _block_moments(
+    b: np.ndarray, work: tuple[np.ndarray, np.ndarray], axis: int = -1, quiet_m2: bool = False
+) -> Moments:
     """The moments state of the block ``b`` over its axis ``axis``.
 
     ``work`` is two flat buffers (float64 and bool) of at least ``b.size`` elements, reused by
     every block of one :func:`moments` call: a new 1 MiB temporary per block went back to the
     system when freed (glibc returns large blocks at once) and came back as fresh pages, whose
     faults took 6x the arithmetic (float32 var of 2**22 elements: 41 ms, 6.5 ms with reuse).
-    The values are those of the temporaries they replace.
+    The values are those of the temporaries they replace. ``quiet_m2``: the deviations and
+    their squares overflow without NumPy's warning (a mean's state: the mean does not use M2,
+    and NumPy's mean does not square anything); the total's own overflow still warns.
     """
     m = b.shape[axis]
     f = _like(work[0], b)
@@ -383,7 +387,8 @@ def _block_moments(b: np.ndarray, work: tuple[np.ndarray, np.ndarray], axis: int
     src = f if b.dtype == np.float16 and nanmask is None else b
     lo = OPS["nanmin"].host_reduce(src, ext, (axis % b.ndim,))
     hi = OPS["nanmax"].host_reduce(src, ext, (axis % b.ndim,))
-    with np.errstate(invalid="ignore", divide="ignore"):
+    quiet = {"over": "ignore"} if quiet_m2 else {}
+    with np.errstate(invalid="ignore", divide="ignore", **quiet):
         mean = (total if acc == np.float64 else np.add.reduce(f, axis=axis)) / n
         mean = np.where(n > 0, mean, 0.0)
         d = np.subtract(f, np.expand_dims(mean, axis), out=f)
@@ -424,14 +429,14 @@ def _work_buffers(size: int) -> tuple[np.ndarray, np.ndarray]:
     return np.empty(size, np.float64), np.empty(size, np.bool_)
 
 
-def _merged_blocks(blocks, work: tuple[np.ndarray, np.ndarray], axis: int = -1) -> Moments:
+def _merged_blocks(blocks, work: tuple[np.ndarray, np.ndarray], axis: int = -1, quiet_m2: bool = False) -> Moments:
     """The merged moments state of ``blocks`` (consecutive pieces along the reduced axis ``axis``).
 
     The first block needs no merge (merging with the empty state is neutral).
     """
     state = None
     for b in blocks:
-        block = _block_moments(b, work, axis)
+        block = _block_moments(b, work, axis, quiet_m2)
         state = block if state is None else merge(state, block)
     return state
 
@@ -443,7 +448,7 @@ _COLUMN_BLOCK_ROWS = 1024
 _COLUMN_BLOCK_COLS = 4096
 
 
-def _column_moments(y: np.ndarray) -> Moments:
+def _column_moments(y: np.ndarray, quiet_m2: bool = False) -> Moments:
     """The moments state of the C-contiguous ``(outer, reduced, inner)`` array ``y`` over axis 1.
 
     Blocks of up to :data:`_COLUMN_BLOCK_ROWS` reduced positions by whole runs of the inner
@@ -464,7 +469,8 @@ def _column_moments(y: np.ndarray) -> Moments:
     for o0 in range(0, outer, depth):
         for c0 in range(0, inner, cols):
             tile = y[o0 : o0 + depth, :, c0 : c0 + cols]
-            state = _merged_blocks((tile[:, r0 : r0 + rows] for r0 in range(0, reduced, rows)), work, axis=1)
+            blocks = (tile[:, r0 : r0 + rows] for r0 in range(0, reduced, rows))
+            state = _merged_blocks(blocks, work, axis=1, quiet_m2=quiet_m2)
             for name in _MOMENTS_FIELDS:
                 getattr(out, name)[o0 : o0 + depth, c0 : c0 + cols] = getattr(state, name)
     return out
@@ -476,8 +482,11 @@ def _column_moments(y: np.ndarray) -> Moments:
 _COLUMN_MIN_INNER_BYTES = 64
 
 
-def moments(x: np.ndarray, axes: tuple[int, ...]) -> Moments:
+def moments(x: np.ndarray, axes: tuple[int, ...], quiet_m2: bool = False) -> Moments:
     """The moments state of the NumPy array ``x`` over ``axes`` (normalized, non-negative).
+
+    ``quiet_m2``: for a mean, whose M2 is not used: its deviations and squares overflow
+    without NumPy's warning, while the total's overflow (NumPy's mean's) still warns.
 
     One pass over ``x``: blocks of about :data:`BLOCK_BYTES` of float64 work are reduced in
     cache and merged. Reduced axes that are adjacent in a C-contiguous array and followed by
@@ -491,12 +500,12 @@ def moments(x: np.ndarray, axes: tuple[int, ...]) -> Moments:
         # end), then put the kept axes back in order. Reducing the last axis of a Fortran-order
         # matrix read it a cache line per element (float32 var over axis 1 of 8192 x 1024:
         # 99 ms, NumPy 7.4).
-        state = moments(x.T, tuple(sorted(x.ndim - 1 - a for a in axes)))
+        state = moments(x.T, tuple(sorted(x.ndim - 1 - a for a in axes)), quiet_m2)
         return state.map(lambda a: np.asarray(a).T)
     layout = _axes.axis_layout(x.shape, axes) if x.flags.c_contiguous and x.size else None
     if layout is not None and layout[2] > 1 and layout[2] * x.itemsize >= _COLUMN_MIN_INNER_BYTES:
         kshape = tuple(n for i, n in enumerate(x.shape) if i not in axes)
-        return _column_moments(x.reshape(layout)).map(lambda a: a.reshape(kshape))
+        return _column_moments(x.reshape(layout), quiet_m2).map(lambda a: a.reshape(kshape))
     y, kshape = _split_axes(x, axes)
     kept = math.prod(kshape)
     reduced = y.shape[-1]
@@ -511,7 +520,7 @@ def moments(x: np.ndarray, axes: tuple[int, ...]) -> Moments:
     work = _work_buffers(min(rows, kept) * min(cols, reduced))  # the largest block
     for r0 in range(0, kept, rows):
         r1 = min(kept, r0 + rows)
-        state = _merged_blocks((y[r0:r1, c0 : c0 + cols] for c0 in range(0, reduced, cols)), work)
+        state = _merged_blocks((y[r0:r1, c0 : c0 + cols] for c0 in range(0, reduced, cols)), work, quiet_m2=quiet_m2)
         if out is None:  # one tile holds every row
             return state.map(lambda a: np.asarray(a).reshape(kshape))
         for name in _MOMENTS_FIELDS:

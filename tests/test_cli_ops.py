@@ -411,3 +411,23 @@ def test_mean_partials_do_not_warn_where_numpy_mean_does_not():
         core.partial(x, "var")
     with pytest.warns(RuntimeWarning, match="overflow"):
         np.var(x)
+    # Where the mean's own sum overflows, it warns as NumPy's mean does (silencing the whole
+    # state had lost that warning on the moments paths).
+    import dask.array as da
+
+    import multireduce.dask as mdask
+    import multireduce.mpi as mpi
+
+    big = np.array([1e308, 1e308])
+    calls = [
+        lambda: np.mean(big),
+        lambda: core.partial(big, "mean"),
+        lambda: multireduce.mean(big.reshape(2, 1), axis=0),
+        lambda: multireduce.mean(big[::-1]),
+        lambda: mdask.treereduce(da.from_array(big, chunks=2), "mean").compute(),
+        lambda: mpi.allreduce(big, "mean"),
+        lambda: mpi.allreduce(big, "nanmean"),
+    ]
+    for call in calls:
+        with pytest.warns(RuntimeWarning, match="overflow encountered in reduce"):
+            call()

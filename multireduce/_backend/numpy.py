@@ -44,17 +44,13 @@ def reduce_full(x: np.ndarray, op: Op, acc: np.dtype, result: np.dtype) -> np.ge
 def moments(x: np.ndarray, axes: tuple[int, ...], op: Op) -> _stats.Moments:
     """The moments state of ``x`` over ``axes`` (:func:`multireduce._stats.moments`).
 
-    For a mean (``op.statistic``), without NumPy's overflow warnings: the state's squared
-    deviations (of float64 elements beyond about 1.3e154) and its sums may overflow, but the
-    mean does not use M2 and never overflows (it is the weighted mean where the sum
-    overflows; see docs/semantics.md). NumPy's mean warns only where its own sum overflows,
-    and is then inf. The MPI and Dask layers' means, whose partials are moments states,
-    warned "overflow encountered in multiply" for elements NumPy's mean takes silently.
+    For a mean (``op.statistic``), the state's deviations and squares (which overflow for
+    float64 elements beyond about 1.3e154) do not warn: the mean does not use M2, and NumPy's
+    mean, which squares nothing, is silent there. The total's overflow warns, as NumPy's
+    mean's sum does. (The MPI and Dask layers' means, whose partials are moments states,
+    warned "overflow encountered in multiply" for elements NumPy's mean takes silently.)
     """
-    if op.statistic == "mean":
-        with np.errstate(over="ignore"):
-            return _stats.moments(x, axes)
-    return _stats.moments(x, axes)
+    return _stats.moments(x, axes, quiet_m2=op.statistic == "mean")
 
 
 def sums_pairwise(x: np.ndarray, axes: tuple[int, ...]) -> bool:
