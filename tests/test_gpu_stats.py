@@ -470,7 +470,8 @@ def test_property_matches_cpu(data):
         return
     assert_arg_match(flat)
     gpu = multireduce.partial(cupy.asarray(flat), "mean")
-    cpu = multireduce.partial(flat, "mean")
+    with np.errstate(invalid="ignore"):  # +inf with -inf: the CPU warns, as NumPy's mean
+        cpu = multireduce.partial(flat, "mean")
     assert bits_equal(gpu.n, cpu.n) and bits_equal(gpu.nan, cpu.nan)
     assert bits_equal(gpu.lo, cpu.lo) and bits_equal(gpu.hi, cpu.hi)
     assert_moments_match(flat)
