@@ -137,8 +137,8 @@ def _correction(text: str) -> float:
     return value
 
 
-#: The ops that take --correction.
-_CORRECTED = ("var", "std", "nanvar", "nanstd")
+#: The ops that take --correction: var, std, nanvar and nanstd.
+_CORRECTED = tuple(name for name, op in OPS.items() if op.statistic in ("var", "std"))
 
 
 def _dtype(text: str) -> np.dtype:
@@ -633,23 +633,9 @@ def _check_file_value(result: np.generic, reference, op: str, n: int, ranks: int
         with np.errstate(over="ignore"):
             target = float(res_dt.type(reference.value))
         return _same_float(res, target), "exact"  # a zero sum is +0.0, as in NumPy
-    tol = float(acc.eps) * reference.magnitude * (math.log2(n + 1) + n / 50_000 + ranks + 1)
-    largest = float(np.finfo(res_dt).max)
-    near_top = abs(reference.value) + tol >= largest
-    # One ulp of the result: that of the top binade at most (np.spacing of the largest float is inf).
-    top = np.nextafter(res_dt.type(largest), res_dt.type(0))
-    bound = tol + float(np.spacing(min(res_dt.type(largest if near_top else abs(reference.value)), top)))
-    how = f"|err| <= {bound:.3g}"
-    if may_overflow:
-        how = "any overflow" + (f", or |err| <= {bound:.3g}" if math.isfinite(bound) else ", or any value")
-        how += f": the sum of |x| is past the range of the {acc.dtype} accumulator, so partial sums may overflow"
-        if not math.isfinite(res):
-            return True, how
-    if math.isnan(res):
-        return False, how
-    if math.isinf(res):  # past or near the top of the range, rounding may overflow to infinity
-        return near_top and res == (math.inf if reference.total > 0 else -math.inf), how
-    return _to_float(abs(Fraction(res) - reference.total)) <= bound, how
+    tol = float(acc.eps) * reference.magnitude * _cli_checks.bound_factor(n, ranks)
+    why = f"the sum of |x| is past the range of the {acc.dtype} accumulator, so partial sums may overflow"
+    return _cli_checks.within(float(result), reference.total, tol, res_dt, may_overflow, why)
 
 
 def _wrap_int(value: int, dt: np.dtype) -> int:
@@ -962,7 +948,7 @@ def _mark_overflows(ctx: _Context, x, rows: list[dict], dt: np.dtype, n: int) ->
         elif "overflow" not in row:  # _reference_row sets it where the check ran
             low, high = (0, 1) if dt.kind == "b" else (int(np.iinfo(dt).min), int(np.iinfo(dt).max))
             out = np.iinfo(result_dt)
-            if op.name in ("prod", "nanprod"):
+            if op.mpi_name == "PROD":  # prod and nanprod
                 largest = max(abs(low), abs(high))
                 fits = largest <= 1 or n * math.log2(largest) < math.log2(out.max)
             else:
@@ -979,7 +965,7 @@ def _overflow_note(row: dict, dtype: np.dtype) -> str:
         return f"overflow: the {row['op']} went past {where}, so it is {row['result']}"
     return (
         f"overflow: the exact {row['op']} is outside the range of {result_dt}: it wrapped modulo 2**64, "
-        f"as NumPy's integer {'products' if 'prod' in row['op'] else 'sums'} do"
+        f"as NumPy's integer {'products' if get_op(row['op']).mpi_name == 'PROD' else 'sums'} do"
     )
 
 
@@ -1010,10 +996,10 @@ def _reference_row(ctx, info, row: dict, dt, n, references) -> dict:
             shown = _cli_checks.reference_value(op, reference, result_dt, correction)
         return {"reference": shown, "check": False, "check_how": f"dtype {np.asarray(value).dtype}, not {result_dt}"}
     if op in _cli_checks.OPS:
-        passed, how = _cli_checks.check(op, reference, value, result_dt, n, ctx.size, correction)
+        passed, how = _cli_checks.check(op, reference, value, result_dt, ctx.size, correction)
         overflow = {}
         if op in _cli_checks.PRODUCT_OPS and result_dt.kind in "iu":
-            overflow = {"overflow": _cli_checks.wrapped_past_range(op, reference, result_dt)}
+            overflow = {"overflow": _cli_checks.wrapped_past_range(reference, result_dt)}
         shown = _cli_checks.reference_value(op, reference, result_dt, correction)
         return {"reference": shown, "check": passed, "check_how": how, **overflow}
     op = _NAN_FOLDS.get(op, op)

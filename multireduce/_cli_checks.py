@@ -30,15 +30,16 @@ from typing import Any
 
 import numpy as np
 
+from .ops import OPS as _LIBRARY_OPS
 from .ops import get_op
 
 #: Elements converted to Python numbers at a time (bounds a reference's memory).
 CHUNK = 1 << 16
 
 COUNT_OPS = ("count_nonzero", "any", "all")
-MOMENT_OPS = ("mean", "var", "std", "nanmean", "nanvar", "nanstd")
-ARG_OPS = ("argmax", "argmin", "nanargmax", "nanargmin")
-PRODUCT_OPS = ("prod", "nanprod")
+MOMENT_OPS = tuple(name for name, op in _LIBRARY_OPS.items() if op.kind == "moments")
+ARG_OPS = tuple(name for name, op in _LIBRARY_OPS.items() if op.kind == "arg")
+PRODUCT_OPS = tuple(name for name, op in _LIBRARY_OPS.items() if op.mpi_name == "PROD")
 #: The ops this module checks.
 OPS = COUNT_OPS + MOMENT_OPS + ARG_OPS + PRODUCT_OPS
 
@@ -337,6 +338,26 @@ class Product:
     exponent: int = 0
     wrapped: int | None = None
 
+    @property
+    def sign(self) -> float:
+        return -1.0 if self.negative else 1.0
+
+    def value(self) -> Fraction:
+        """The float product of the finite nonzero elements, signed (float64 magnitude)."""
+        return Fraction(self.mantissa) * Fraction(2) ** self.exponent * int(self.sign)
+
+    def wrapped_as(self, res_dt: np.dtype) -> int:
+        """The integer product modulo 2**64 as the result dtype's value."""
+        return int(np.array(self.wrapped, dtype=np.uint64).astype(res_dt))
+
+    def may_overflow(self, acc: np.finfo) -> bool:
+        """Whether some partial product of the elements can reach the accumulator's infinity."""
+        return self.log2 >= math.log2(float(acc.max)) - 1
+
+    def may_underflow(self, acc: np.finfo) -> bool:
+        """Whether some partial product of the elements can fall below the accumulator's normal range."""
+        return self.log2_small <= math.log2(float(acc.tiny)) + 1
+
     def __add__(self, other: Product) -> Product:
         m, e = math.frexp(self.mantissa * other.mantissa)
         wrapped = None
@@ -483,33 +504,41 @@ def synthetic(op_name: str, window: list[int], full: int, rest: int, kind: str):
 # Checks
 
 
-def _factor(n: int, ranks: int) -> float:
+def bound_factor(n: int, ranks: int) -> float:
     # The error bound's growth with the count, as the sum's check: a pairwise or blocked
     # summation (log2(n + 1)), sequential blocks of 50,000 and the combine across ranks.
     return math.log2(n + 1) + n / 50_000 + ranks + 1
 
 
-def _within(res: float, exact: Fraction, tol: float, res_dt: np.dtype, may_overflow: bool) -> tuple[bool, str]:
-    """Whether ``res`` lies within ``tol`` plus one ulp of the result of ``exact``.
+def within(
+    res: float,
+    exact: Fraction,
+    tol: float,
+    res_dt: np.dtype,
+    may_overflow: bool,
+    why: str = "intermediate values may pass the accumulator's range",
+) -> tuple[bool, str]:
+    """Whether ``res`` lies within ``tol`` plus one ulp of the result of ``exact``; and the rule, in words.
 
     Near the top of the result's range an infinity of the reference's sign passes too (the
     rounding to the result dtype may overflow). ``may_overflow``: intermediate values may
-    pass the accumulator's range, so any infinity or NaN is also correct.
+    pass the accumulator's range (``why``), so any infinity or NaN is also correct.
     """
     value = to_float(exact)
     largest = float(np.finfo(res_dt).max)
     near_top = abs(value) + tol >= largest
+    # One ulp of the result: that of the top binade at most (np.spacing of the largest float is inf).
     top = np.nextafter(res_dt.type(largest), res_dt.type(0))
     bound = tol + float(np.spacing(min(res_dt.type(largest if near_top else abs(value)), top)))
     how = f"|err| <= {bound:.3g}"
     if may_overflow:
         how = "any overflow" + (f", or |err| <= {bound:.3g}" if math.isfinite(bound) else ", or any value")
-        how += ": intermediate values may pass the accumulator's range"
+        how += f": {why}"
         if not math.isfinite(res):
             return True, how
     if math.isnan(res):
         return False, how
-    if math.isinf(res):
+    if math.isinf(res):  # past or near the top of the range, rounding may overflow to infinity
         return near_top and res == (math.inf if exact > 0 else -math.inf), how
     return to_float(abs(Fraction(res) - exact)) <= bound, how
 
@@ -520,7 +549,7 @@ def _check_moments(op, ref: Moments, res: float, res_dt: np.dtype, ranks: int, c
     if not isinstance(exact, Fraction):
         return same_float(res, exact), "NaN" if math.isnan(exact) else "same infinity"
     acc = np.finfo(op.accumulator_dtype(res_dt))
-    factor = _factor(ref.count, ranks)
+    factor = bound_factor(ref.count, ranks)
     eps = float(acc.eps) * factor
     # Below the normal range the accumulator's operations err by up to half its smallest
     # subnormal each, whatever the relative precision: a variance of elements near 1e-160
@@ -531,7 +560,7 @@ def _check_moments(op, ref: Moments, res: float, res_dt: np.dtype, ranks: int, c
     # docs/semantics.md).
     mean_error = eps * ref.mean_scale()
     if statistic == "mean":
-        return _within(res, exact, mean_error + floor, res_dt, False)
+        return within(res, exact, mean_error + floor, res_dt, False)
     if res < 0:  # a variance or standard deviation is never negative (-0.0 aside)
         return False, "a negative result"
     # var: every algorithm in use sums squares of deviations from a point within the
@@ -546,24 +575,22 @@ def _check_moments(op, ref: Moments, res: float, res_dt: np.dtype, ranks: int, c
     ) + floor
     may_overflow = not sums < float(acc.max)
     if statistic == "var":
-        return _within(res, exact, tol, res_dt, may_overflow)
+        return within(res, exact, tol, res_dt, may_overflow)
     # std = sqrt(var): |sqrt(a) - sqrt(b)| <= min(sqrt(|a - b|), |a - b| / sqrt(b)); plus the
     # reference root's own error (below 2**-64 relative).
     root = _sqrt(exact)
     tol_std = math.sqrt(tol) if root == 0 else min(math.sqrt(tol), to_float(tol / root))
     tol_std += to_float(root) * 2.0**-60
-    return _within(res, root, tol_std, res_dt, may_overflow)
+    return within(res, root, tol_std, res_dt, may_overflow)
 
 
 def _check_product(op, ref: Product, res, res_dt: np.dtype, ranks: int) -> tuple[bool, str]:
     if res_dt.kind in "iu":
-        expected = int(np.array(ref.wrapped, dtype=np.uint64).astype(res_dt))
-        return int(res) == expected, "exact (modulo 2**64)"
+        return int(res) == ref.wrapped_as(res_dt), "exact (modulo 2**64)"
     res = float(res)
-    sign = -1.0 if ref.negative else 1.0
+    sign = ref.sign
     acc = np.finfo(op.accumulator_dtype(res_dt))
-    overflows = ref.log2 >= math.log2(float(acc.max)) - 1
-    underflows = ref.log2_small <= math.log2(float(acc.tiny)) + 1
+    overflows, underflows = ref.may_overflow(acc), ref.may_underflow(acc)
     if ref.nan or (ref.inf and ref.zero):
         return math.isnan(res), "NaN"
     if ref.inf:
@@ -578,22 +605,27 @@ def _check_product(op, ref: Product, res, res_dt: np.dtype, ranks: int) -> tuple
     if overflows or underflows:
         how = "NaN or any value of the product's sign: partial products may overflow or underflow"
         return math.isnan(res) or math.copysign(1.0, res) == sign, how
-    exact = Fraction(ref.mantissa) * Fraction(2) ** ref.exponent * int(sign)
+    exact = ref.value()
     # Each multiplication rounds once in the accumulator (ref.count of them, and the ranks'
     # combine); the reference's float64 magnitude is within 2 * count * eps64.
     rel = float(acc.eps) * (ref.count + ranks + 1) + 2.0**-52 * 2 * (ref.count + 1)
-    return _within(res, exact, rel * abs(to_float(exact)), res_dt, False)
+    return within(res, exact, rel * abs(to_float(exact)), res_dt, False)
 
 
-def check(op_name: str, ref, result, res_dt: np.dtype, n: int, ranks: int, correction: float = 0.0) -> tuple[bool, str]:
+def _count(op_name: str, ref: tuple[int, int]) -> int | bool:
+    """count_nonzero, any or all from a (nonzero count, element count) reference."""
+    count, size = ref
+    return {"count_nonzero": count, "any": count > 0, "all": count == size}[op_name]
+
+
+def check(op_name: str, ref, result, res_dt: np.dtype, ranks: int, correction: float = 0.0) -> tuple[bool, str]:
     """Compare a global result of ``op_name`` with its combined reference. Returns (passed, how).
 
     ``correction``: var's and std's (and their nan forms'), as given to the reduction.
     """
     op = get_op(op_name)
     if op_name in COUNT_OPS:
-        count, size = ref
-        expected = {"count_nonzero": count, "any": count > 0, "all": count == size}[op_name]
+        expected = _count(op_name, ref)
         return bool(np.asarray(result) == expected) and type(np.asarray(result).item()) is type(expected), "exact"
     if op_name in ARG_OPS:
         return int(result) == ref.index, "exact"
@@ -605,29 +637,27 @@ def check(op_name: str, ref, result, res_dt: np.dtype, n: int, ranks: int, corre
 def reference_value(op_name: str, ref, res_dt: np.dtype, correction: float = 0.0):
     """What the report shows as the reference: the exact value, rounded to float64 for floats."""
     if op_name in COUNT_OPS:
-        count, size = ref
-        return {"count_nonzero": count, "any": count > 0, "all": count == size}[op_name]
+        return _count(op_name, ref)
     if op_name in ARG_OPS:
         return ref.index
     if op_name in MOMENT_OPS:
         return ref.value(get_op(op_name).statistic, correction)
     if res_dt.kind in "iu":
-        return int(np.array(ref.wrapped, dtype=np.uint64).astype(res_dt))
-    sign = -1.0 if ref.negative else 1.0
+        return ref.wrapped_as(res_dt)
+    sign = ref.sign
     if ref.nan or (ref.inf and ref.zero):
         return math.nan
     acc = np.finfo(get_op(op_name).accumulator_dtype(res_dt))
     if ref.inf:
-        return f"{sign * math.inf} or nan" if ref.log2_small <= math.log2(float(acc.tiny)) + 1 else sign * math.inf
-    overflows = ref.log2 >= math.log2(float(acc.max)) - 1
+        return f"{sign * math.inf} or nan" if ref.may_underflow(acc) else sign * math.inf
     if ref.zero:
-        return f"nan or {sign * 0.0}" if overflows else sign * 0.0
-    if overflows or ref.log2_small <= math.log2(float(acc.tiny)) + 1:
+        return f"nan or {sign * 0.0}" if ref.may_overflow(acc) else sign * 0.0
+    if ref.may_overflow(acc) or ref.may_underflow(acc):
         return f"nan or any {'negative' if ref.negative else 'positive'} value"
-    return sign * to_float(Fraction(ref.mantissa) * Fraction(2) ** ref.exponent)
+    return to_float(ref.value())
 
 
-def wrapped_past_range(op_name: str, ref, res_dt: np.dtype) -> bool | None:
+def wrapped_past_range(ref: Product, res_dt: np.dtype) -> bool | None:
     """Whether an integer product's exact value is outside ``res_dt`` (it wrapped); None: unknown."""
     if ref.zero:
         return False

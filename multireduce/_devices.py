@@ -6,7 +6,23 @@ and ``device=`` of ``stream.reduce``.
 
 from __future__ import annotations
 
-__all__ = ["accepted_ordinals", "ordinal_in_range"]
+__all__ = ["accepted_ordinals", "import_cupy", "ordinal_in_range"]
+
+
+def import_cupy(what: str, instead: str = ""):
+    """CuPy, or a ModuleNotFoundError saying that ``what`` needs it and what to install.
+
+    Nothing falls back to the CPU; ``instead`` (``"; on the CPU, ..."``) may say what to call there.
+    """
+    try:
+        import cupy
+    except ImportError as exc:
+        raise ModuleNotFoundError(
+            f"{what} needs CuPy ({exc}): install multireduce[gpu] (cupy-cuda13x) or cupy-cuda12x for a CUDA 12 "
+            f"driver{instead}",
+            name="cupy",
+        ) from exc
+    return cupy
 
 
 def accepted_ordinals(count: int) -> str:

@@ -396,6 +396,9 @@ def _plan(x: Any, op, dtype, call: str | None = None) -> tuple[_Plan, Any]:
 
 
 def _local_partial(x: Any, plan: _Plan):
+    """The rank's own partial: a fold op's value, or a moments or arg op's state."""
+    if plan.op.kind != "fold":
+        return core.partial(x, plan.op)
     if plan.static.requested is None:
         if plan.on_gpu and x.size and not cuda_aware().enabled:
             # The kernel writes the partial straight into a pinned host slot (_Staging.slot).
@@ -546,19 +549,22 @@ def allreduce(
         exact = reproducible and core._needs_exact(st.in_dtype, st.op, st.result, True)
         if exact:  # of the elements converted as dtype= asks, as the core does
             partial = core.partial(x, plan.op, dtype=st.requested, reproducible=True)
-        elif plan.op.kind != "fold":
-            state = core.partial(x, plan.op)
     except BaseException as exc:  # agreed with the other ranks in _combine, then re-raised
         error = exc
     if exact:
         return _combine_exact(comm, plan, partial, error)
-    if error is None and plan.op.kind != "fold":
-        return _combine_states(comm, plan, state, correction)
     try:
         if error is None:
             partial = _local_partial(x, plan)
     except BaseException as exc:  # agreed with the other ranks in _combine, then re-raised
         error = exc
+    return _combine_partial(comm, plan, partial, error)
+
+
+def _combine_partial(comm, plan: _Plan | None, partial, error):
+    """Combine a :func:`_local_partial`: states gathered and merged, fold values in the Allreduce."""
+    if error is None and plan.op.kind != "fold":
+        return _combine_states(comm, plan, partial, plan.correction)
     return _combine(comm, plan, partial, error)
 
 
@@ -763,7 +769,7 @@ def _timed_allreduce(
     try:
         plan, x = _plan(x_local, op, None)
         plan.correction = core._check_correction(plan.op, correction)  # agreed across ranks
-        partial = _local_partial(x, plan) if plan.op.kind == "fold" else core.partial(x, plan.op)
+        partial = _local_partial(x, plan)
         if plan.on_gpu:
             import cupy
 
@@ -773,10 +779,7 @@ def _timed_allreduce(
     local = MPI.Wtime() - start
     comm.Barrier()
     start = MPI.Wtime()
-    if error is None and plan.op.kind != "fold":
-        result = _combine_states(comm, plan, partial, plan.correction)
-    else:
-        result = _combine(comm, plan, partial, error)
+    result = _combine_partial(comm, plan, partial, error)
     if plan.on_gpu:
         import cupy
 
@@ -1401,14 +1404,7 @@ def select_device(comm=None, *, device: int | None = None) -> int:
 
 
 def _device_count() -> int:
-    try:
-        import cupy
-    except ImportError as exc:
-        raise ModuleNotFoundError(
-            "select_device needs CuPy to see the GPUs: install multireduce[gpu] (cupy-cuda13x) or "
-            "cupy-cuda12x for a CUDA 12 driver"
-        ) from exc
-    return cupy.cuda.runtime.getDeviceCount()
+    return _devices.import_cupy("select_device").cuda.runtime.getDeviceCount()
 
 
 def _use_device(device: int) -> None:

@@ -1653,16 +1653,10 @@ def _check_device(device: Any) -> int | None:
 
 def _cupy():
     """CuPy, or a ModuleNotFoundError that says what to install or call instead (no CPU fallback)."""
-    try:
-        import cupy
-    except ImportError as exc:
-        raise ModuleNotFoundError(
-            f"multireduce.stream streams host data through a CUDA GPU and needs CuPy ({exc}): install "
-            "multireduce[gpu] (cupy-cuda13x) or cupy-cuda12x for a CUDA 12 driver; on the CPU, reduce the "
-            "array with multireduce.reduce (or a Dask array with multireduce.dask.treereduce)",
-            name="cupy",
-        ) from exc
-    return cupy
+    return _devices.import_cupy(
+        "multireduce.stream (it streams host data through a CUDA GPU)",
+        "; on the CPU, reduce the array with multireduce.reduce (or a Dask array with multireduce.dask.treereduce)",
+    )
 
 
 @functools.cache
