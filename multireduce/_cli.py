@@ -246,12 +246,45 @@ def _build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _attach_negative_corrections(argv: list[str]) -> list[str]:
+    """``--correction -1e+300`` as ``--correction=-1e+300``.
+
+    argparse reads a value that starts with "-" as an option unless it looks like "-1" or
+    "-1.5", so a negative correction in exponent form ("-1e+300", "-2E3") would be "expected
+    one argument". A value that parses as a number is attached to the option here.
+    """
+    out: list[str] = []
+    rest = iter(argv)
+    for arg in rest:
+        if arg == "--":  # what follows is not options
+            out += [arg, *rest]
+            break
+        out.append(arg)
+        if arg == "--correction":
+            value = next(rest, None)
+            if value is None:
+                break
+            if value.startswith("-") and _is_number(value):
+                out[-1] = f"--correction={value}"
+            else:
+                out.append(value)
+    return out
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
 def _parse(argv: list[str]) -> argparse.Namespace:
     parser = _build_parser()
     commands = {"run", "info", "bench"}
     if not argv or (argv[0] not in commands and argv[0] not in ("-h", "--help", "--version")):
         argv = ["run", *argv]
-    args = parser.parse_args(argv)
+    args = parser.parse_args(_attach_negative_corrections(argv))
     if args.command is None:
         args = parser.parse_args(["run"])
     if args.cpu and args.device is not None:
@@ -484,16 +517,6 @@ def _check_value(result: np.generic, reference, op: str, dt: np.dtype, n: int, b
 # its own shard to a small part, the parts are gathered and combined, and the global result is
 # compared with the combination. Nothing here calls multireduce's reductions.
 
-#: Elements converted to Python numbers at a time (bounds the memory of a reference).
-_REF_CHUNK = 1 << 16
-
-
-def _python_values(x: np.ndarray):
-    """The elements of ``x`` as Python numbers (floats as float64, exactly), a chunk at a time."""
-    for start in range(0, x.size, _REF_CHUNK):
-        chunk = x[start : start + _REF_CHUNK]
-        yield from (chunk.astype(np.float64) if x.dtype.kind == "f" else chunk).tolist()
-
 
 @dataclass(frozen=True)
 class _FloatSum:
@@ -566,10 +589,12 @@ def _file_reference(x: np.ndarray, op: str):
         return None
     if x.dtype.kind == "f" and np.isnan(x).any():
         return math.nan
-    pick = max if op == "max" else min
-    value = pick(_python_values(x))
+    # Max and min are exact in any order: NumPy's value, as a Python number (floats as float64).
+    value = (np.max(x) if op == "max" else np.min(x)).item()
     if isinstance(value, float) and value == 0:  # max/min do not see the sign of zero
-        value = pick((v for v in _python_values(x) if v == 0), key=_ieee_key)
+        negative = np.signbit(x[x == 0])
+        # IEEE 754-2019 order, -0.0 below +0.0: max is +0.0 where any zero is, min -0.0.
+        value = math.copysign(0.0, -1.0 if (negative.all() if op == "max" else negative.any()) else 1.0)
     return value
 
 

@@ -126,8 +126,25 @@ def exact_sum_of_squares(x: np.ndarray) -> Fraction:
     return total
 
 
+_LIMB_BITS = 22
+_LIMB_MASK = (1 << _LIMB_BITS) - 1
+
+
+def _magnitudes(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(|x| as uint64, x < 0) of integers or bools: exact for every int64 and uint64 value."""
+    u = x.astype(np.uint64)  # two's complement: a negative v becomes v + 2**64
+    negative = x < 0 if x.dtype.kind == "i" else np.zeros(x.shape, dtype=bool)
+    return np.where(negative, ~u + np.uint64(1), u), negative
+
+
 def _int_sums(x: np.ndarray) -> tuple[int, int, int]:
-    """Exact sum, sum of squares and sum of |x| of integers or bools, as Python ints."""
+    """Exact sum, sum of squares and sum of |x| of integers or bools, as Python ints.
+
+    Chunks whose elements are below 2**26 in magnitude are summed in int64. Elsewhere each
+    |x| (below 2**64) is split into three 22-bit limbs; per chunk of :data:`CHUNK` elements,
+    the sums of the limbs (below 2**38) and of the limbs' pairwise products (below 2**60) are
+    exact in uint64, and the powers of 2**22 are applied in Python integers.
+    """
     total = squares = magnitude = 0
     for start in range(0, x.size, CHUNK):
         chunk = x[start : start + CHUNK]
@@ -137,12 +154,34 @@ def _int_sums(x: np.ndarray) -> tuple[int, int, int]:
             magnitude += int(np.abs(wide).sum())
             # Squares below 2**52, summed 2**11 at a time in int64 (below 2**63): exact.
             squares += sum(np.add.reduceat(wide * wide, np.arange(0, wide.size, 1 << 11)).tolist())
-        else:
-            values = chunk.tolist()
-            total += sum(values)
-            magnitude += sum(abs(v) for v in values)
-            squares += sum(v * v for v in values)
+            continue
+        mag, negative = _magnitudes(chunk)
+        limbs = [(mag >> np.uint64(_LIMB_BITS * k)) & np.uint64(_LIMB_MASK) for k in range(3)]
+        for k, limb in enumerate(limbs):
+            positive_sum, all_sum = int(limb[~negative].sum()), int(limb.sum())
+            total += (2 * positive_sum - all_sum) << (_LIMB_BITS * k)
+            magnitude += all_sum << (_LIMB_BITS * k)
+            for j in range(k, 3):
+                pair = int((limb * limbs[j]).sum()) << (_LIMB_BITS * (k + j))
+                squares += pair if j == k else 2 * pair
     return total, squares, magnitude
+
+
+def _wrapped_product(x: np.ndarray) -> int:
+    """The product of the integers or bools ``x`` modulo 2**64, exactly.
+
+    Modular products do not depend on their order: a pairwise tree of uint64 multiplications
+    (which wrap modulo 2**64) gives the one value a Python loop would.
+    """
+    wrapped = 1
+    for start in range(0, x.size, CHUNK):
+        w = x[start : start + CHUNK].astype(np.uint64)  # a negative v becomes v + 2**64: the same residue
+        while w.size > 1:
+            half = w.size // 2
+            w = np.concatenate((w[:half] * w[half : 2 * half], w[2 * half :]))
+        if w.size:
+            wrapped = wrapped * int(w[0]) % (1 << 64)
+    return wrapped
 
 
 # --------------------------------------------------------------------------------------------
@@ -386,14 +425,7 @@ def _log2_sums(a: np.ndarray) -> tuple[float, float]:
 
 def _product_part(x: np.ndarray, skips_nan: bool) -> Product:
     if x.dtype.kind != "f":
-        wrapped = 1
-        for start in range(0, x.size, CHUNK):
-            for v in x[start : start + CHUNK].tolist():
-                wrapped = wrapped * int(v) % (1 << 64)
-                if wrapped == 0:
-                    break
-            if wrapped == 0:
-                break
+        wrapped = _wrapped_product(x)
         a = np.abs(x.astype(np.float64))
         return Product(
             count=int(x.size),

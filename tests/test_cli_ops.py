@@ -279,6 +279,15 @@ def test_correction_edges_and_errors(mpiexec, capsys):
     assert "--correction applies to var, std, nanvar, nanstd" in capsys.readouterr().err
     assert main(["--cpu", "--correction", "nan", "--op", "var"]) == 2
     assert "must be a finite real number" in capsys.readouterr().err
+    # A negative correction in exponent form is a value, not an option (argparse alone would
+    # say "expected one argument"); what is not a number after it still is.
+    from multireduce._cli import _parse
+
+    assert _parse(["--op", "var", "--correction", "-1e+3"]).correction == -1000.0
+    assert _parse(["--correction", "-2E-1", "--op", "std"]).correction == -0.2
+    assert _parse(["--op", "var", "--correction=-1e3"]).correction == -1000.0
+    assert main(["--op", "var", "--correction", "--cpu"]) == 2
+    assert "--correction: expected one argument" in capsys.readouterr().err
     x = synthetic(1_001).astype(np.float64)
     ddof0 = float(np.var(x))  # the value of correction 0, where 1 was asked for
     argv = ["-c", WRONG_RESULT, f"var:{ddof0!r}", "-", "--n", "1001", "--correction", "1", "--op", "var"]
@@ -344,6 +353,51 @@ def test_exact_sums_of_squares():
     for value in (Fraction(2), Fraction(1, 3), Fraction(10) ** 700, Fraction(1, 10**700), Fraction(0)):
         root = checks._sqrt(value)
         assert root * root <= value and (root * (1 + Fraction(1, 2**64))) ** 2 >= value
+
+
+@pytest.mark.parametrize("dtype", ["int8", "int16", "int32", "int64", "uint8", "uint32", "uint64", "bool"])
+@pytest.mark.parametrize("n", [0, 1, 2, 3, 4, checks.CHUNK - 1, checks.CHUNK + 3])
+def test_integer_references_match_python_integers(dtype, n):
+    # The vectorized exact integer references (sums, squares and |x| in 22-bit limbs, the
+    # product modulo 2**64 as a tree of uint64 products) against Python ints one by one.
+    dt = np.dtype(dtype)
+    rng = np.random.default_rng(n)
+    if dt.kind == "b":
+        x = rng.integers(0, 2, n).astype(bool)
+    else:
+        info = np.iinfo(dt)
+        x = rng.integers(info.min, info.max, n, dtype=dt, endpoint=True)
+        x[: min(n, 2)] = [info.min, info.max][: min(n, 2)]  # the extremes, -2**63 and 2**64 - 1 included
+    values = [int(v) for v in x.tolist()]
+    assert checks._int_sums(x) == (sum(values), sum(v * v for v in values), sum(abs(v) for v in values))
+    for factors in (x, x if dt.kind == "b" else x | 1):  # odd factors keep the residue off 0
+        want = 1
+        for v in factors.tolist():
+            want = want * int(v) % (1 << 64)
+        assert checks._wrapped_product(factors) == want
+
+
+@pytest.mark.parametrize("op", ["max", "min"])
+def test_file_references_of_max_and_min(op):
+    # The signed zero by IEEE 754-2019's order (-0.0 below +0.0), ints and bools as Python's.
+    from multireduce._cli import _file_reference
+
+    cases = [
+        (np.array([0.0, -0.0, -1.0]), {"max": 0.0, "min": -1.0}),
+        (np.array([-0.0, 0.0, 1.0]), {"max": 1.0, "min": -0.0}),
+        (np.array([-0.0, -0.0], dtype=np.float16), {"max": -0.0, "min": -0.0}),
+        (np.array([0.0, -0.0, 0.0], dtype=np.float32), {"max": 0.0, "min": -0.0}),
+        (np.array([2**64 - 1, 2**63], dtype=np.uint64), {"max": 2**64 - 1, "min": 2**63}),
+        (np.array([-(2**63), 5], dtype=np.int64), {"max": 5, "min": -(2**63)}),
+        (np.array([False, True]), {"max": True, "min": False}),
+    ]
+    for x, want in cases:
+        got = _file_reference(x, op)
+        assert type(got) is type(want[op]) and got == want[op], (x, got)
+        if isinstance(got, float):
+            assert math.copysign(1.0, got) == math.copysign(1.0, want[op]), (x, got)
+    assert math.isnan(_file_reference(np.array([1.0, np.nan]), op))
+    assert _file_reference(np.array([], dtype=np.float32), op) is None
 
 
 @pytest.mark.parametrize("dtype", ["float32", "int8", "uint8", "bool", "int64"])
