@@ -127,6 +127,12 @@ def _op_name(text: str) -> str:
     return get_op(text).name
 
 
+def _input_path(text: str) -> str:
+    if not text:  # an empty name would open "." (IsADirectoryError) on every rank
+        raise argparse.ArgumentTypeError("must name a file, got an empty path")
+    return text
+
+
 def _correction(text: str) -> float:
     try:
         value = float(text)
@@ -206,6 +212,7 @@ def _build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--input",
         metavar="FILE",
+        type=_input_path,
         default=None,
         help="read a .npy file or a raw binary file of --dtype; each rank reads its own slice. "
         "With {rank} in the name, each rank reads all of its own file instead",
@@ -284,7 +291,14 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     commands = {"run", "info", "bench"}
     if not argv or (argv[0] not in commands and argv[0] not in ("-h", "--help", "--version")):
         argv = ["run", *argv]
-    args = parser.parse_args(_attach_negative_corrections(argv))
+    args, extra = parser.parse_known_args(_attach_negative_corrections(argv))
+    if extra:
+        if extra[0] in commands:  # "--cpu info": an option before the command
+            raise UsageError(
+                f"{parser.prog}: error: the command comes first: python -m multireduce {extra[0]} [options] "
+                f"(got {extra[0]!r} after an option)"
+            )
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command is None:
         args = parser.parse_args(["run"])
     if args.cpu and args.device is not None:
@@ -854,17 +868,27 @@ def _no_elements_error(ops: list[str], args) -> ValueError:
 def _recorded_warnings(ctx: _Context):
     """Record the warnings of the reductions in the block (collective at its end).
 
-    The user's filters apply. One that makes a warning an error (``-W error``,
-    ``PYTHONWARNINGS=error``) raises it inside the block, on every rank alike (each makes the
-    same final cast after the combine): it is agreed here, so that every rank stops with one
-    message and exit status 1 instead of an abort with a traceback per rank.
+    Inside the block every warning is recorded and none raises: a rank whose filter made one
+    an error there left the other ranks in the block's next collective (a hang where the
+    ranks' filters differ, as in an MPMD launch, or where only one rank's own reduction
+    warned and the library's agreement raised a RankError on the others). At its end the
+    recorded warnings meet the user's filters (``-W error``, ``PYTHONWARNINGS=error``, or an
+    "ignore", which drops one from the list): an error is agreed over every rank, so that
+    the job stops with one message and exit status 1 instead of hanging or aborting.
     """
-    error = None
     with warnings.catch_warnings(record=True) as caught:
-        try:
-            yield caught
-        except Warning as exc:
-            error = exc
+        warnings.simplefilter("always")
+        yield caught
+    kept, error = [], None
+    with warnings.catch_warnings(record=True) as replayed:  # the user's filters again, recorded
+        for w in caught:
+            try:
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, registry={})
+            except Warning as exc:
+                error = exc
+                break
+        kept = list(replayed)
+    caught[:] = kept
     ctx.mpi.agree(error, ctx.comm)
 
 
@@ -935,17 +959,18 @@ def _all_finite(ctx: _Context, x, skip_nan: bool = False) -> bool:
 
 
 #: The ops whose result can go past its dtype's range: sums and products (integers wrap
-#: modulo 2**64, floats reach inf or NaN), and var and std (float16 results reach inf).
-_CAN_OVERFLOW = ("sum", "nansum", "prod", "nanprod", "var", "std", "nanvar", "nanstd")
+#: modulo 2**64, floats reach inf or NaN), var and std (float16 results reach inf), and means
+#: of floats, whose float64 sum may (the mean is then that sum over the count, as NumPy's).
+_CAN_OVERFLOW = ("sum", "nansum", "prod", "nanprod", "var", "std", "nanvar", "nanstd", "mean", "nanmean")
 
 
 def _mark_overflows(ctx: _Context, x, rows: list[dict], dt: np.dtype, n: int) -> None:
     """Set each row's ``"overflow"``: whether its result went past its dtype's range (collective).
 
-    Only sums, products, variances and standard deviations can (:data:`_CAN_OVERFLOW`); max,
-    min, means (which lie within the elements' range), counts and indices never do. A float
-    sum or product did where its result is an infinity or NaN while every element on every
-    rank is finite (NaN elements aside for the nan ops); a variance or standard deviation
+    Only sums, products, variances, standard deviations and means can (:data:`_CAN_OVERFLOW`);
+    max, min, counts and indices never do. A float sum, product or mean did where its result
+    is an infinity or NaN while every element on every rank is finite (NaN elements aside
+    for the nan ops; a mean's float64 sum overflowed); a variance or standard deviation
     where it is an infinity (NaN is an infinite element's, or no element's). NumPy warns of
     that where a rank's reduction or the final cast to the result dtype overflows, but not
     where MPI's combine of the ranks' partials does, so the data decides. An integer sum or
@@ -964,7 +989,7 @@ def _mark_overflows(ctx: _Context, x, rows: list[dict], dt: np.dtype, n: int) ->
             row["overflow"] = False
         elif result_dt.kind == "f":
             value = float(row["result"])
-            if math.isfinite(value) or (op.statistic is not None and math.isnan(value)):
+            if math.isfinite(value) or (op.statistic in ("var", "std") and math.isnan(value)):
                 row["overflow"] = False
             else:
                 if op.skips_nan not in finite:
@@ -986,6 +1011,9 @@ def _overflow_note(row: dict, dtype: np.dtype) -> str:
     result_dt = get_op(row["op"]).result_dtype(dtype)
     if result_dt.kind == "f":
         largest = float(np.finfo(result_dt).max)
+        if get_op(row["op"]).statistic == "mean":
+            where = f"float64's range (largest {float(np.finfo(np.float64).max):g})"
+            return f"overflow: the float64 sum of the elements went past {where}, so the {row['op']} is {row['result']}"
         where = f"the range of {result_dt} (largest {largest:g})"
         return f"overflow: the {row['op']} went past {where}, so it is {row['result']}"
     return (

@@ -201,6 +201,8 @@ class Moments:
     neg_inf: bool
     lo: Any = None  # the least and greatest finite counted element (None: there is none)
     hi: Any = None
+    positive: float = 0.0  # sums of the positive elements and of the negative ones' |x| (float64,
+    negative: float = 0.0  # inf past its range): every partial sum, in any order, lies between
 
     def __add__(self, other: Moments) -> Moments:
         los = [v for v in (self.lo, other.lo) if v is not None]
@@ -215,7 +217,17 @@ class Moments:
             self.neg_inf or other.neg_inf,
             min(los) if los else None,
             max(his) if his else None,
+            self.positive + other.positive,
+            self.negative + other.negative,
         )
+
+    def sum_may_overflow(self, margin: float) -> bool:
+        """Whether a float64 partial sum of the elements, in some order, may pass float64's range.
+
+        Partial sums lie between -negative and +positive; ``margin`` (relative) takes the
+        summation's rounding.
+        """
+        return not max(self.positive, self.negative) * (1 + margin) < float(np.finfo(np.float64).max)
 
     def spread(self) -> Fraction:
         """The spread of the finite elements, hi - lo, exactly (0 where there is none)."""
@@ -261,12 +273,27 @@ def _moments_part(x: np.ndarray, skips_nan: bool) -> Moments:
     if x.dtype.kind != "f":
         total, squares, magnitude = _int_sums(x)
         lo, hi = (int(x.min()), int(x.max())) if x.size else (None, None)  # bools as 0 and 1
-        return Moments(int(x.size), Fraction(total), Fraction(squares), float(magnitude), False, False, False, lo, hi)
+        positive, negative = (magnitude + total) // 2, (magnitude - total) // 2  # exact
+        return Moments(
+            int(x.size),
+            Fraction(total),
+            Fraction(squares),
+            float(magnitude),
+            False,
+            False,
+            False,
+            lo,
+            hi,
+            float(positive),
+            float(negative),
+        )
     nan = bool(np.isnan(x).any())
     counted = _not_nan(x) if skips_nan else x
     finite = counted[np.isfinite(counted)].astype(np.float64)
     with np.errstate(over="ignore"):
         magnitude = float(np.add.reduce(np.abs(finite), dtype=np.float64))
+        positive = float(np.add.reduce(finite[finite > 0], dtype=np.float64))
+        negative = -float(np.add.reduce(finite[finite < 0], dtype=np.float64))
     return Moments(
         count=int(counted.size),
         total=exact_sum(finite),
@@ -277,6 +304,8 @@ def _moments_part(x: np.ndarray, skips_nan: bool) -> Moments:
         neg_inf=bool(np.isneginf(counted).any()),
         lo=float(finite.min()) if finite.size else None,
         hi=float(finite.max()) if finite.size else None,
+        positive=positive,
+        negative=negative,
     )
 
 
@@ -508,7 +537,10 @@ def synthetic(op_name: str, window: list[int], full: int, rest: int, kind: str):
     if op_name in MOMENT_OPS:
         squares = Fraction(total(lambda v: v * v))
         lo, hi = (min(seen), max(seen)) if seen else (None, None)
-        return Moments(n, Fraction(total(int)), squares, float(total(abs)), False, False, False, lo, hi)
+        positive, negative = float(total(lambda v: max(v, 0))), float(total(lambda v: max(-v, 0)))
+        return Moments(
+            n, Fraction(total(int)), squares, float(total(abs)), False, False, False, lo, hi, positive, negative
+        )
     if op_name in ARG_OPS:
         if not seen:
             return Extreme(None, None, n)
@@ -588,11 +620,14 @@ def _check_moments(op, ref: Moments, res: float, res_dt: np.dtype, ranks: int, c
     # underflows to a few subnormal ulps (or to zero), and its square root keeps only those.
     floor = float(acc.smallest_subnormal) * factor
     # The mean's error: a float64 summation's, on the scale of the mean of |x| (or of the
-    # largest |x| where their sum passes float64's range: the mean never overflows, see
-    # docs/semantics.md).
+    # largest |x| where their sum passes float64's range). There a part's float64 sum may
+    # overflow, and the mean is then that sum over the count, an infinity (or NaN for both
+    # signs), as NumPy's: docs/semantics.md.
     mean_error = eps * ref.mean_scale()
+    total_may_overflow = ref.sum_may_overflow(float(np.finfo(np.float64).eps) * factor)
     if statistic == "mean":
-        return within(res, exact, mean_error + floor, res_dt, False)
+        why = "a float64 sum of the elements may overflow (the mean is then that sum over the count)"
+        return within(res, exact, mean_error + floor, res_dt, total_may_overflow, why)
     if res < 0:  # a variance or standard deviation is never negative (-0.0 aside)
         return False, "a negative result"
     # var: every algorithm in use sums squares of deviations from a point within the
@@ -605,13 +640,20 @@ def _check_moments(op, ref: Moments, res: float, res_dt: np.dtype, ranks: int, c
     tol = (eps * sums + n * (2 * spread * mean_error + mean_error * mean_error)) / to_float(
         ref.denominator(correction)
     ) + floor
-    may_overflow = not sums < float(acc.max)
+    # Squares past the accumulator's range, or a float64 sum of the elements (whose mean is
+    # then infinite, and the variance with it, as NumPy's: docs/semantics.md).
+    may_overflow = not sums < float(acc.max) or total_may_overflow
     if statistic == "var":
         return within(res, exact, tol, res_dt, may_overflow)
     # std = sqrt(var): |sqrt(a) - sqrt(b)| <= min(sqrt(|a - b|), |a - b| / sqrt(b)); plus the
     # reference root's own error (below 2**-64 relative).
     root = _sqrt(exact)
-    tol_std = math.sqrt(tol) if root == 0 else min(math.sqrt(tol), to_float(tol / root))
+    # Fraction(tol): a float over a Fraction is float division, and a root below float64's
+    # smallest subnormal is 0.0 there (ZeroDivisionError for a std of subnormals).
+    if root == 0 or not math.isfinite(tol):
+        tol_std = math.sqrt(tol)
+    else:
+        tol_std = min(math.sqrt(tol), to_float(Fraction(tol) / root))
     tol_std += to_float(root) * 2.0**-60
     return within(res, root, tol_std, res_dt, may_overflow)
 

@@ -290,7 +290,10 @@ def inspect_npy(path: str | bytes | os.PathLike, dtype=None) -> FileLayout:
         If the file does not start with the NumPy magic string, its header is corrupt (a
         negative, bool or too big dimension included), or it is shorter than its header says.
     """
-    path = Path(os.fsdecode(path))  # str, bytes or path-like, as np.load takes
+    name = os.fsdecode(path)  # str, bytes or path-like, as np.load takes
+    if not name:  # Path("") is ".", a directory
+        raise FileNotFoundError(errno.ENOENT, "No such file or directory (an empty path)", name)
+    path = Path(name)
     layout, head, _ = _probe(path, dtype)
     if layout is not None:
         return layout

@@ -13,7 +13,9 @@ combine partial states with the same :func:`merge` / :func:`arg_merge`:
         mean = mean_a + d * nb / n
         M2 = M2_a + M2_b + d**2 * na * nb / n
 
-    which keeps the variance accurate where the textbook ``E[x**2] - E[x]**2`` cancels.
+    which keeps the variance accurate where the textbook ``E[x**2] - E[x]**2`` cancels. Within
+    one :func:`moments` call the block means are merged less a base element of their slice
+    (:func:`_shift_base`), so that ``d`` is rounded at the spread's scale, not the mean's.
     Float64 data near the overflow threshold follow NumPy's rules, and finite data never
     give a NaN variance: M2 is inf where the squared deviations overflow (NumPy's var is
     then inf), and a mean that cannot be formed in float64 is the sum over the count, as
@@ -183,6 +185,7 @@ def merge(a: Moments, b: Moments) -> Moments:
     n = a.n + b.n
     lo = _ieee_pair(a.lo, b.lo, largest=False)
     hi = _ieee_pair(a.hi, b.hi, largest=True)
+    total = _add_totals(a.total, b.total)
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         nf = n.astype(np.float64)
         wa = a.n.astype(np.float64)
@@ -190,7 +193,6 @@ def merge(a: Moments, b: Moments) -> Moments:
         delta = b.mean - a.mean
         mean = a.mean + delta * (wb / nf)
         m2 = a.m2 + b.m2 + delta * (delta * (wa * wb / nf))  # delta**2 alone may overflow
-        total = a.total + b.total
         ok = np.isfinite(mean)
         if not np.all(ok):  # the update overflowed, or computed inf - inf
             finite = np.isfinite(a.mean) & np.isfinite(b.mean)
@@ -204,6 +206,25 @@ def merge(a: Moments, b: Moments) -> Moments:
     mean = np.where(only_a, a.mean, np.where(only_b, b.mean, mean))
     m2 = np.where(only_a, a.m2, np.where(only_b, b.m2, m2))
     return Moments(n=n, nan=a.nan + b.nan, total=total, mean=mean, m2=m2, lo=lo, hi=hi)
+
+
+def _add_totals(a: Any, b: Any) -> Any:
+    """Two states' totals added; a float total that overflows warns.
+
+    As NumPy's sum of the elements warns (a mean or var over parts whose own sums were
+    finite); integer totals wrap silently, as NumPy's integer sums.
+    """
+    if np.asarray(a).dtype.kind != "f":
+        with np.errstate(over="ignore"):
+            return a + b
+    total = a + b
+    if np.any(~np.isfinite(total) & np.isfinite(a) & np.isfinite(b)):
+        _warn_total_overflow()
+    return total
+
+
+def _warn_total_overflow() -> None:
+    warnings.warn("overflow encountered in add", RuntimeWarning, stacklevel=_outside_stacklevel())
 
 
 def _pick_value(a: Any, b: Any, largest: bool) -> Any:
@@ -258,7 +279,10 @@ def _merge_values(a: tuple, b: tuple, add: Callable[[Any, Any], Any]) -> tuple:
         else:
             mean = (wa * mean_a + wb * mean_b) / nf
             m2 = math.inf if math.isfinite(lo) and math.isfinite(hi) else math.nan
-    return (na + nb, nan_a + nan_b, add(total_a, total_b), mean, m2, lo, hi)
+    total = add(total_a, total_b)
+    if isinstance(total, float) and not math.isfinite(total) and math.isfinite(total_a) and math.isfinite(total_b):
+        _warn_total_overflow()  # as _add_totals (Python floats overflow silently)
+    return (na + nb, nan_a + nan_b, total, mean, m2, lo, hi)
 
 
 def _merge_tree_values(rows: list[tuple], total: np.dtype, extreme: np.dtype) -> Moments:
@@ -350,9 +374,14 @@ def _like(buffer: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def _block_moments(
-    b: np.ndarray, work: tuple[np.ndarray, np.ndarray], axis: int = -1, quiet_m2: bool = False
+    b: np.ndarray, work: tuple[np.ndarray, np.ndarray], axis: int = -1, quiet_m2: bool = False, base: Any = 0.0
 ) -> Moments:
-    """The moments state of the block ``b`` over its axis ``axis``.
+    """The moments state of the block ``b`` over its axis ``axis``, its mean less ``base``.
+
+    The mean is ``(total / n - base) + sum(d) / n`` with ``d = x - total / n``: the residual
+    ``sum(d)`` recovers what the float64 total lost to rounding, and the difference from the
+    base (:func:`_shift_base`) is formed before the mean is rounded at its own magnitude.
+    M2 is ``sum(d**2) - n * (sum(d) / n)**2``, the squared deviations from the exact mean.
 
     ``work`` is two flat buffers (float64 and bool) of at least ``b.size`` elements, reused by
     every block of one :func:`moments` call: a new 1 MiB temporary per block went back to the
@@ -391,10 +420,23 @@ def _block_moments(
     with np.errstate(invalid="ignore", divide="ignore", **quiet):
         mean = (total if acc == np.float64 else np.add.reduce(f, axis=axis)) / n
         mean = np.where(n > 0, mean, 0.0)
+    # An infinite element less an infinite mean: NumPy's var warns "invalid value encountered
+    # in subtract" (its mean, which subtracts nothing, does not).
+    with np.errstate(**({"invalid": "ignore", **quiet} if quiet_m2 else {})):
         d = np.subtract(f, np.expand_dims(mean, axis), out=f)
+    with np.errstate(invalid="ignore", divide="ignore", **quiet):
         if nanmask is not None:
             d[nanmask] = 0.0
+        residual = np.add.reduce(d, axis=axis) / np.where(n > 0, n, 1)
+        # Where the block's sums overflowed (a mean or residual not finite), no correction.
+        residual = np.where(np.isfinite(residual), residual, 0.0)
+        mean = np.where(n > 0, (mean - base) + residual, 0.0)
         m2 = np.add.reduce(np.multiply(d, d, out=d), axis=axis)
+        # Deviations from the rounded mean: their squares exceed those from the exact mean
+        # by n * residual**2 (float64 totals of int64 near 1e12 are off by about 1e-4).
+        with np.errstate(over="ignore"):  # residuals of elements near the float64 limit
+            excess = n * (residual * residual)
+        m2 = np.where(np.isfinite(excess), np.maximum(m2 - excess, 0.0), m2)
     if b.dtype == np.float64:  # narrower floats cannot overflow their float64 sums
         # A float64 sum that overflowed to NaN (inf - inf) makes a NaN mean and M2 of finite
         # elements: their squares overflow (the state's rule, see Moments).
@@ -434,11 +476,49 @@ def _merged_blocks(blocks, work: tuple[np.ndarray, np.ndarray], axis: int = -1, 
 
     The first block needs no merge (merging with the empty state is neutral).
     """
-    state = None
+    state = base = None
     for b in blocks:
-        block = _block_moments(b, work, axis, quiet_m2)
+        if base is None:
+            base = _shift_base(b, axis)
+        block = _block_moments(b, work, axis, quiet_m2, base)
         state = block if state is None else merge(state, block)
-    return state
+    return _from_base(state, base)
+
+
+def _from_base(state: Moments, base: np.ndarray) -> Moments:
+    """``state`` (means less ``base``) with its mean.
+
+    The base added back, or, for a float64 total that is finite (float32 and float64
+    input), the total over n. The latter is NumPy's mean, whose error scales with the mean of |x|; base + mean is
+    exact to the spread's scale, which an outlier for a base makes far coarser. The moments
+    kernel's ``from_base`` does the same.
+    """
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = state.mean + base
+        if state.total.dtype == np.float64:
+            by_total = state.total / np.where(state.n > 0, state.n, 1)
+            mean = np.where(np.isfinite(state.total), by_total, mean)
+    mean = np.where(state.n > 0, mean, 0.0)
+    return Moments(state.n, state.nan, state.total, mean, state.m2, state.lo, state.hi)
+
+
+#: Largest |base| of :func:`_shift_base`: far below half an ulp of float64's largest values
+#: (2**970), so that no ``x - base`` or ``mean + base`` of finite values overflows.
+_BASE_LIMIT = 2.0**500
+
+
+def _shift_base(b: np.ndarray, axis: int) -> np.ndarray:
+    """The base of the block means of one slice: its first element (float64), else 0.
+
+    Chan's update adds ``d**2 * na * nb / n`` for the difference d of two means; a mean
+    rounded at its own magnitude (float64 elements near 1.7e9 with a spread of 1: about
+    1e-7) makes d wrong by that much, and the variance of many merged blocks kept only 7 to
+    10 digits. Block means taken less one element of their slice are rounded at the
+    spread's magnitude instead. A NaN, infinite or huge (above :data:`_BASE_LIMIT`) first
+    element gives base 0, the absolute means.
+    """
+    first = np.take(b, 0, axis=axis).astype(np.float64)
+    return np.where(np.isfinite(first) & (np.abs(first) <= _BASE_LIMIT), first, 0.0)
 
 
 #: Reduced positions per block of the column path (:func:`_column_moments`): NumPy sums a
@@ -689,7 +769,8 @@ def finalize_moments(state: Moments, op: Op, result: np.dtype, correction: float
     dof = n - correction
     with np.errstate(invalid="ignore", divide="ignore"):
         value = _overflowed_m2(state.m2, state.lo, state.hi, state.total) / np.where(dof > 0, dof, 1.0)
-    value = _nan_where((dof <= 0) | (nan > 0) if not skipna else dof <= 0, value)
+    no_dof = ~(dof > 0)  # N - correction <= 0, or NaN (correction=nan)
+    value = _nan_where(no_dof | (nan > 0) if not skipna else no_dof, value)
     if op.statistic == "std":
         value = np.sqrt(value)
     return _as_result(value, result)
@@ -858,6 +939,12 @@ def arg_state(x: np.ndarray, axis: int | None, largest: bool, offset: int = 0, n
     if axis is None:
         x = x.reshape(-1)
         axis = 0
+    elif x.ndim >= 64:
+        # take_along_axis indexes with one array per axis: at NumPy's 64 axes that is one
+        # too many (IndexError). The kept axes as one (a view where x allows it).
+        moved = np.moveaxis(x, axis, -1)
+        flat = arg_state(moved.reshape(-1, moved.shape[-1]), 1, largest, offset, nan_wins)
+        return flat.map(lambda a: a.reshape(moved.shape[:-1]))
     find = np.argmax if largest else np.argmin
     index = find(x, axis=axis)
     value = np.take_along_axis(x, np.expand_dims(index, axis), axis).squeeze(axis)

@@ -244,17 +244,17 @@ def _converted(arr, op: Op, result: np.dtype, acc: np.dtype, exact: bool):
     """``arr`` with each element converted to ``result`` where :func:`_converts` says so (a copy).
 
     As the backends' reductions with ``dtype=`` convert: nansum and nanprod drop NaN (as
-    their identity, 0 or 1) before an integer conversion, and a NaN, an infinity or a value
-    out of range converts without a warning (whatever the cast gives, as NumPy's reduction
-    gives).
+    their identity, 0 or 1) before an integer conversion; a NaN, an infinity or a value out
+    of range converts to whatever the cast gives, with NumPy's RuntimeWarning on the CPU
+    ("overflow" or "invalid value encountered in cast"; NumPy's reduction warns likewise,
+    and ``np.errstate`` governs both).
     """
     if not _converts(arr.dtype, result, acc, exact):
         return arr
     if op.skips_nan and arr.dtype.kind == "f" and result.kind in "iu":
         xp = sys.modules["cupy"] if _is_cupy_array(arr) else np
         arr = xp.where(xp.isnan(arr), op.identity(arr.dtype), arr)
-    with np.errstate(invalid="ignore", over="ignore"):
-        return arr.astype(result)
+    return arr.astype(result)
 
 
 def _check_correction(op: Op, correction: Any) -> float:

@@ -254,10 +254,13 @@ def make_plan(
         nor None.
     ValueError
         If ``budget`` or ``slot_bytes`` is not positive, ``threads`` not from 1 to
-        :data:`MAX_THREADS`, if the budget does not hold two staging buffers (no double
-        buffering), or if a staging buffer cannot hold one element.
+        :data:`MAX_THREADS`, ``nbytes`` negative or ``itemsize`` below 1 (TypeError if
+        either is not an integer), if the budget does not hold two staging buffers (no
+        double buffering), or if a staging buffer cannot hold one element.
     """
     budget, slot_bytes, threads = _check_settings(budget, slot_bytes, threads)
+    nbytes = _settings.integer(nbytes, "nbytes", "an integer >= 0 (the input's size in bytes)", low=0)
+    itemsize = _settings.integer(itemsize, "itemsize", "an integer >= 1 (one element's size in bytes)", low=1)
     if slot_bytes is None:
         slot_bytes = min(DEFAULT_SLOT_BYTES, budget // 4)
         if slot_bytes < itemsize:
@@ -1648,7 +1651,7 @@ def _check_device(device: Any) -> int | None:
     if device is None:
         return None
     accepted = "an integer CUDA device ordinal (0 to the device count - 1), or None for CuPy's current device"
-    return _settings.integer(device, "device=", accepted)
+    return _settings.integer(device, "device=", accepted, low=0)  # the upper bound needs CuPy
 
 
 def _cupy():
@@ -1870,8 +1873,15 @@ def _stream_chunk(block, *, ref, op: Op, result: np.dtype, plan: StreamPlan, exp
     if type(block).__module__.startswith("cupy"):
         _check_chunk(block, expected)  # the Dask layer's check and message
         return _partials.wrap(_partials.of_array(block, op, result), block.size)  # already on a GPU
+    if isinstance(block, np.generic | list | tuple | int | float | bool):
+        # NumPy or Python scalars (the chunk of a Dask reduction's 0-d result) and lists, as
+        # the Dask layer takes them; their dtype is checked below as any chunk's.
+        block = np.asarray(block)
     if not isinstance(block, np.ndarray):
-        raise TypeError(f"cannot stream a chunk of type {type(block).__module__}.{type(block).__qualname__}")
+        raise TypeError(
+            f"cannot stream a chunk of type {type(block).__module__}.{type(block).__qualname__}; "
+            "stream.reduce takes NumPy (or CuPy) chunks, NumPy and Python scalars and lists"
+        )
     # A masked chunk of an array whose meta is a plain ndarray (a masked meta is refused when
     # the graph is built).
     _refuse_chunk_subclass(block)
@@ -2071,6 +2081,7 @@ def _reduce_dask(x, op: Op, dtype, device, budget, slot_bytes, threads, split_ev
 
     op, result, acc = mdask._plan(x, op, dtype)
     _check_streamable(op, x.dtype, result, acc)
+    mdask._check_split_every(split_every, x.ndim)  # before the device, as every setting
     nbytes = 0 if math.isnan(x.nbytes) else int(x.nbytes)
     plan = make_plan(nbytes, x.dtype.itemsize, budget=budget, slot_bytes=slot_bytes, threads=threads)
     staging = _staging_for(device, simulated)

@@ -68,6 +68,11 @@ def run_json(mpiexec, ranks, *args, timeout=60):
         (["bench", "--sizes", ","], "argument --sizes: must list at least one global length (e.g. 1000,1e6), got ','"),
         (["bench", "--sizes", ""], "must list at least one global length"),
         (["frobnicate"], "unrecognized arguments"),
+        # Path("") is ".": every rank failed with "IsADirectoryError: '.'".
+        (["--input", ""], "argument --input: must name a file, got an empty path"),
+        # An option before the command: "unrecognized arguments: info".
+        (["--cpu", "info"], "the command comes first: python -m multireduce info [options]"),
+        (["--json", "bench", "--sizes", "10"], "the command comes first: python -m multireduce bench"),
     ],
 )
 def test_usage_errors_exit_2_without_starting_mpi(argv, message, capsys):
@@ -558,6 +563,40 @@ def test_a_warning_made_an_error_stops_every_rank_with_one_message(mpiexec, tmp_
     who = "rank 0" if ranks == 1 else f"ranks {'0, 1' if ranks == 2 else '0-3'}"
     assert done.stderr.count(f"multireduce: error: {who} of {ranks} failed: {CAST_WARNING}") == 1, done.output
     assert "Traceback" not in done.stderr and "Abort" not in done.output, done.output
+
+
+@pytest.mark.mpi
+def test_a_warning_made_an_error_on_one_rank_alone_stops_the_job(mpiexec, tmp_path):
+    # Only rank 0's own float64 partial overflows, under PYTHONWARNINGS=error everywhere: the
+    # library's agreement raised the warning on rank 0 and a RankError on rank 1, which left;
+    # rank 0 then waited in the CLI's second agreement forever.
+    np.save(tmp_path / "x.npy", np.array([1e308, 1e308, 1.0, 1.0]))
+    args = [*CLI, "--input", str(tmp_path / "x.npy"), "--cpu", "--op", "sum"]
+    done = run(mpiexec, 2, args, extra_env={"PYTHONWARNINGS": "error"})
+    assert done.returncode == 1, done.output
+    message = "multireduce: error: rank 0 of 2 failed: RuntimeWarning: overflow encountered in reduce"
+    assert done.stderr.count(message) == 1 and "Traceback" not in done.stderr, done.output
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize(
+    ("args", "warning"),
+    [
+        (["--n", "10", "--op", "var", "--correction", "20"], "RuntimeWarning: Degrees of freedom <= 0 for slice"),
+        (["--n", "0", "--op", "mean"], "RuntimeWarning: Mean of empty slice"),
+    ],
+)
+def test_warning_filters_that_differ_between_ranks_end_the_job(mpiexec, args, warning):
+    # mpiexec -n 1 A : -n 1 python -W error A: the second rank's warning raised inside the
+    # block and it went to the block's agreement, while the first went on to the timed
+    # loop's Barrier (a hang). Now every warning is recorded in the block and meets each
+    # rank's own filters at its end.
+    extra = shlex.split(os.environ.get("MULTIREDUCE_MPIEXEC_ARGS", ""))
+    argv = [*CLI, "--cpu", *args]
+    cmd = [mpiexec, *extra, "-n", "1", sys.executable, *argv, ":", "-n", "1", sys.executable, "-W", "error", *argv]
+    returncode, stdout, stderr = launch._mpiexec.run_group(cmd, cwd=launch.REPO, env=launch.env(), timeout=60)
+    assert returncode == 1, stdout + stderr
+    assert stderr.count(f"multireduce: error: rank 1 of 2 failed: {warning}") == 1, stdout + stderr
 
 
 @pytest.mark.mpi

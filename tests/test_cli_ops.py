@@ -84,6 +84,9 @@ def expected_value(x: np.ndarray, name: str):
         return None, None  # test_cli.py checks these
     if not np.isfinite(wide).all() or wide.size == 0 or float(np.max(np.abs(wide))) < 1e-150:
         return None, None  # (float64 squares of the tiny files underflow: the CLI's check decides)
+    with np.errstate(over="ignore"):
+        if not np.isfinite(np.sum(np.abs(wide))):
+            return None, None  # a float64 sum may overflow (big_pair: the test asserts that case)
     mean = math.fsum(wide.tolist()) / wide.size
     eps = float(np.finfo(res).eps)
     if op.statistic == "mean":
@@ -201,6 +204,12 @@ def special_files(tmp_path) -> dict[str, np.ndarray]:
         # Two single elements far apart: Chan's update overflowed in delta**2 (var was inf at
         # 2 and 3 ranks, NumPy's 6.4e307 at one).
         "far_pair": np.array([8e153, -8e153]),
+        # A float64 sum that overflows: the mean is that sum over the count, inf, as NumPy's
+        # (the check failed it against 1e308); var and std inf with it.
+        "big_pair": np.array([1e308, 1e308]),
+        # The std's reference root is below float64's smallest subnormal: the check divided
+        # by it as a float (ZeroDivisionError on every rank).
+        "sub3": np.array([5e-324, 1e-323, 5e-324]),
     }
     for name, x in data.items():
         np.save(tmp_path / f"{name}.npy", x)
@@ -228,6 +237,9 @@ def test_every_op_on_file_data(mpiexec, tmp_path, ranks):
             assert got["prod"]["result"] == "nan" and got["mean"]["result"] == "nan"
         if name == "far_pair":
             assert got["var"]["result"] == 6.4e307 and got["std"]["result"] == 8e153, got
+        if name == "big_pair":
+            assert got["mean"]["result"] == got["var"]["result"] == "inf" and got["mean"]["overflow"] is True, got
+            assert got["mean"]["check_how"].startswith("any overflow"), got
         if name == "pos_inf":
             assert got["prod"]["result"] == "-inf" and got["mean"]["result"] == "inf"
             assert got["std"]["result"] == "nan"

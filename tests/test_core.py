@@ -231,6 +231,7 @@ def _as_numpy(xp, value) -> np.ndarray:
     return np.asarray(value) if xp is np else xp.asnumpy(value)
 
 
+@pytest.mark.filterwarnings("ignore:invalid value encountered in cast:RuntimeWarning")  # as NumPy warns
 @pytest.mark.parametrize("requested", ["int32", "int8", "uint16", "int64", "uint64"])
 @pytest.mark.parametrize("op", ["sum", "prod", "nansum"])
 def test_partial_with_dtype_converts_float_elements_to_an_integer_result(xp, op, requested):

@@ -256,11 +256,48 @@ def test_stats_all_nan():
     assert all(math.isnan(float(v)) for v in (s.sum, s.min, s.max, s.mean, s.var))
 
 
-def test_moments_large_offset_accuracy():
-    # The shifted sums must not cancel: values around 1e9 with unit spread.
-    host = 1e9 + np.random.default_rng(3).standard_normal(2**20 + 7)
-    got = float(multireduce.var(cupy.asarray(host)))
-    assert math.isclose(got, host.var(), rel_tol=1e-9), (got, host.var())
+@pytest.mark.parametrize("data", ["float64", "float32", "int64"])
+@pytest.mark.parametrize(("shape", "axis"), [((2**20 + 7,), None), ((1000, 1000), 1), ((4, 2**18 + 5), 1)])
+def test_moments_large_offset_accuracy(data, shape, axis):
+    # Timestamps near 1.7e9 with unit spread, int64 near 1e12, float32 near 1e6: var is
+    # shift-invariant and x less the offset is exact, so its float64 variance is the
+    # reference. Thread and block means are merged less the row's first element (the base):
+    # rounded at 1.7e9's ulp, their differences in Chan's update lost digits.
+    rng = np.random.default_rng(sum(shape))
+    offset = {"float64": 1.7e9, "float32": 1e6, "int64": 10**12}[data]
+    if data == "int64":
+        host = offset + rng.integers(0, 20, shape)
+    else:
+        host = (offset + rng.standard_normal(shape)).astype(data)
+    shifted = host.astype(np.float64) - offset  # exact
+    want = np.var(shifted, axis=axis)
+    x = cupy.asarray(host)
+    for got in (multireduce.var(x, axis=axis), multireduce.stats(x, axis=axis).var):
+        got = cupy.asnumpy(cupy.asarray(got)).astype(np.float64)
+        if data == "float32":  # a float32 result: its rounding
+            assert np.all(np.abs(got - want) <= 2.0**-23 * want), np.max(np.abs(got - want) / want)
+        else:
+            assert np.all(np.abs(got - want) <= 1e-13 * want), np.max(np.abs(got - want) / want)
+    state = multireduce.partial(x, "mean", axis=axis)  # the float64 state itself
+    m2 = np.asarray(state.m2)
+    exact_m2 = want * (x.size if axis is None else shape[axis])
+    assert np.all(np.abs(m2 - exact_m2) <= 1e-13 * exact_m2), np.max(np.abs(m2 - exact_m2) / exact_m2)
+
+
+def test_moments_with_an_outlier_for_the_base():
+    # A row's first element is the base of its means: an outlier there (1e30 among standard
+    # normals) must cost neither the state's mean (float64 input: the total over n) nor M2.
+    rng = np.random.default_rng(12)
+    host = rng.standard_normal((3, 300_001))
+    host[:, 0] = [1e30, -1e30, 1e6]
+    state = multireduce.partial(cupy.asarray(host), "mean", axis=1)
+    for i in range(3):
+        values = host[i].tolist()
+        mean = math.fsum(values) / len(values)
+        m2 = math.fsum((v - mean) ** 2 for v in values)
+        scale = math.fsum(abs(v) for v in values) / len(values)
+        assert abs(float(state.mean[i]) - mean) <= 2.0**-52 * 32 * scale, (state.mean[i], mean)
+        assert abs(float(state.m2[i]) - m2) <= 1e-13 * m2, (state.m2[i], m2)
 
 
 SMALL_INTEGERS = ["int8", "uint8", "int16", "uint16", "bool"]

@@ -18,6 +18,7 @@ every axis set (non-adjacent ones too), on multireduce's kernels.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import itertools
 import math
@@ -404,6 +405,32 @@ def test_dtype_argument_against_numpy(data, op, requested):
             _bits_equal(got, theirs)
 
 
+@pytest.mark.parametrize(
+    ("values", "dtype", "requested", "word"),
+    [
+        ([1e39, 1.0], "float64", "float32", "overflow"),
+        ([70000, 1], "int32", "float16", "overflow"),
+        ([1e20, 1.0], "float64", "int64", "invalid value"),
+        ([-np.inf, 2.0], "float32", "int32", "invalid value"),
+    ],
+)
+@pytest.mark.parametrize("op", ["sum", "prod", "nansum", "nanprod"])
+def test_dtype_conversion_out_of_range_warns_as_numpy(values, dtype, requested, word, op):
+    # NumPy's reductions warn where a dtype= conversion leaves the requested dtype's range,
+    # and raise under np.errstate; the CPU's conversion ran silenced (a wrong comment said
+    # NumPy was silent too).
+    x = np.array(values, dtype=dtype)
+    options = [{}, {"axis": 0}] + ([{"reproducible": True}] if op == "sum" else [])
+    for kwargs in options:
+        with pytest.warns(RuntimeWarning, match=word):
+            multireduce.reduce(x, op, dtype=requested, **kwargs)
+        with np.errstate(over="raise", invalid="raise"), pytest.raises(FloatingPointError):
+            multireduce.reduce(x, op, dtype=requested, **kwargs)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        multireduce.reduce(np.array([1e38, 1.0]), op, dtype="float32")  # in range: silent
+
+
 @settings(max_examples=150, deadline=None)
 @given(data=st.data(), op=st.sampled_from(["sum", "prod", "nansum", "nanprod"]), requested=st.sampled_from(DTYPES[1:]))
 def test_partial_with_dtype_then_one_cast_is_reduce(data, op, requested):
@@ -562,6 +589,14 @@ def test_var_correction_follows_the_standard_not_numpy():
         multireduce.reduce(x, "mean", correction=1)
     with pytest.raises(TypeError, match="correction must be a real number"):
         multireduce.var(x, correction="1")
+    # correction=nan: NaN, as NumPy's ddof=nan, on every path (the array path divided by 1).
+    m = np.arange(10.0).reshape(2, 5)
+    for op in ("var", "std", "nanvar", "nanstd"):
+        for axis in (None, 1, 0):
+            got = np.asarray(multireduce.reduce(m, op, axis=axis, correction=math.nan))
+            assert got.shape == np.shape(getattr(np, op)(m, axis=axis)) and np.all(np.isnan(got)), (op, axis, got)
+        state = multireduce.partial(m, "var", axis=1)  # the Dask and MPI layers' finalize
+        assert np.all(np.isnan(_stats.finalize_moments(state, OPS[op], np.dtype(np.float64), math.nan)))
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
@@ -653,6 +688,32 @@ def test_moments_warnings_follow_numpy_and_point_at_the_caller():
     assert multireduce.nanvar(one_nan) == 0.0 and multireduce.nanstd(np.array([1.0, np.nan, 3.0])) == 1.0
 
 
+def test_infinite_elements_warn_in_var_as_numpy_and_not_in_mean():
+    # var of an infinite element subtracts an infinite mean from it: NumPy warns "invalid
+    # value encountered in subtract" (the CPU's moments computed it silenced); its mean
+    # subtracts nothing and is silent. (With a NaN beside the infinity, NumPy's var subtracts
+    # a NaN mean and is silent, its nanvar warns; the moments state serves both and warns.)
+    for values in ([np.inf, 1.0], [-np.inf, -np.inf], [np.inf, 0.0, np.nan], [1.0, 2.0]):
+        x = np.array(values)
+        for ours, theirs, axis in [
+            (multireduce.var, np.var, None),
+            (multireduce.std, np.std, None),
+            (multireduce.nanvar, np.nanvar, None),
+            (multireduce.var, np.var, 0),
+            (multireduce.mean, np.mean, 0),
+        ]:
+            if np.isnan(x).any() and theirs in (np.var, np.std):
+                continue
+            found = []
+            for call in (ours, theirs):
+                view = x.reshape(-1, 1) if axis == 0 else x  # axis 0 of a column: the moments' other path
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    call(view, axis=axis)
+                found.append(sorted({str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)}))
+            assert found[0] == found[1], (values, ours, axis, found)
+
+
 def test_signed_zeros_and_nan_rules():
     x = np.array([0.0, -0.0, 1.0, -1.0])[[1, 0, 1]]  # -0.0, +0.0, -0.0
     assert same_float(multireduce.max(x), 0.0) and same_float(multireduce.min(x), -0.0)
@@ -734,17 +795,56 @@ def check_stats_moments(x, axis, s, correction):
 
 def test_stats_variance_is_accurate_where_the_textbook_formula_cancels():
     # Mean 1e9, spread 1: E[x^2] - E[x]^2 loses every digit in float64; Chan's merge of
-    # 1 MiB blocks keeps ~1e-7 relative accuracy or better.
+    # 1 MiB blocks, their means taken less a base element, keeps float64's accuracy.
     rng = np.random.default_rng(3)
     x = 1e9 + rng.standard_normal(3 * _stats.BLOCK_BYTES // 8 + 17)
     s = multireduce.stats(x)
     values = x.tolist()
     mean = math.fsum(values) / x.size
     exact = math.fsum((v - mean) ** 2 for v in values) / x.size
-    assert abs(float(s.var) - exact) <= 1e-6 * exact
-    assert abs(float(multireduce.var(x)) - exact) <= 1e-6 * exact
+    assert abs(float(s.var) - exact) <= 1e-13 * exact
+    assert abs(float(multireduce.var(x)) - exact) <= 1e-13 * exact
     textbook = float(np.mean(x * x) - np.mean(x) ** 2)
     assert abs(textbook - exact) > 1e-3 * exact  # the case is one where cancellation bites
+
+
+@pytest.mark.parametrize("data", ["float64", "int64"])
+@pytest.mark.parametrize(("shape", "axis"), [((10**6,), None), ((1000, 1000), 0), ((1000, 1000), 1), ((2000, 8), 0)])
+def test_variance_far_from_zero_is_as_accurate_as_near_zero(data, shape, axis):
+    # Timestamps (1.7e9 s, spread 1 s) and int64 ids near 1e12: var is shift-invariant, and x
+    # less the offset is exact here, so its float64 variance is the reference. The block means
+    # were rounded at 1.7e9's ulp (2.4e-7) before Chan's merges: 2e-11 relative over the whole
+    # array, 1.2e-7 over axis 0 (int64: 2.5e-6), where NumPy's own error is 6e-15 to 1e-10.
+    rng = np.random.default_rng(sum(shape))
+    if data == "float64":
+        offset, x = 1.7e9, 1.7e9 + rng.standard_normal(shape)
+    else:
+        offset, x = 10**12, 10**12 + rng.integers(0, 20, shape)
+    shifted = (x - offset).astype(np.float64)  # exact
+    want = np.var(shifted, axis=axis)
+    for got in (multireduce.var(x, axis=axis), multireduce.stats(x, axis=axis).var):
+        assert np.all(np.abs(np.asarray(got) - want) <= 1e-13 * want), np.max(np.abs(got - want) / want)
+    # The mean: NumPy's formula (the float64 total over n), within its rounding.
+    mean = np.asarray(multireduce.mean(x, axis=axis), np.float64) - offset
+    count = x.size if axis is None else x.shape[axis]
+    assert np.all(np.abs(mean - np.mean(shifted, axis=axis)) <= 2.0**-52 * math.log2(count) * offset)
+
+
+def test_variance_and_mean_with_an_outlier_for_the_base():
+    # The base of the block means is a slice's first element: an outlier there (1e30 among
+    # standard normals) must cost neither the mean (the total over n) nor the variance.
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((3, 400_001))
+    x[:, 0] = [1e30, -1e30, 1e6]
+    for axis in (1, None):
+        values = [x[i].tolist() for i in range(3)] if axis == 1 else [x.ravel().tolist()]
+        means = [math.fsum(v) / len(v) for v in values]
+        exact = [math.fsum((e - m) ** 2 for e in v) / len(v) for v, m in zip(values, means, strict=True)]
+        got_mean = np.atleast_1d(np.asarray(multireduce.mean(x, axis=axis)))
+        got_var = np.atleast_1d(np.asarray(multireduce.var(x, axis=axis)))
+        scale = np.array([math.fsum(abs(e) for e in v) / len(v) for v in values])
+        assert np.all(np.abs(got_mean - means) <= 2.0**-52 * 32 * scale), (got_mean, means)
+        assert np.all(np.abs(got_var - exact) <= 1e-13 * np.array(exact)), (got_var, exact)
 
 
 @pytest.mark.parametrize(("shape", "axis"), [((3, 200_003), 1), ((200_003, 3), 0), ((2, 70_001, 3), (0, 1))])
@@ -770,6 +870,7 @@ def test_moments_over_many_blocks_along_any_axis(shape, axis):
     assert np.all(s.count == x.size // np.asarray(ref_mean).size)
 
 
+@pytest.mark.filterwarnings("ignore:invalid value encountered in subtract:RuntimeWarning")  # inf - inf, as NumPy
 @pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "int16", "bool"])
 @pytest.mark.parametrize(
     ("shape", "axis"), [((3000, 70), 0), ((2, 2500, 66), 1), ((5, 300, 70), (0, 1)), ((1100, 1, 80), 0)]
@@ -836,6 +937,8 @@ def test_moments_of_fortran_order_arrays_reduce_the_transpose(monkeypatch, dtype
     close(s.var, np.var(m.astype(np.float64), axis=1, ddof=1), dt, atol=0, rtol=max(1e-12, 2 * float(np.finfo(dt).eps)))
 
 
+@pytest.mark.filterwarnings("ignore:invalid value encountered in (scalar )?add:RuntimeWarning")  # inf + -inf, as NumPy
+@pytest.mark.filterwarnings("ignore:invalid value encountered in subtract:RuntimeWarning")  # inf - inf, as NumPy
 @pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")  # float16 sums, as NumPy's
 @pytest.mark.parametrize("case", ["zeros", "infinities", "nan"])
 @pytest.mark.parametrize("shape, axis", [((300_001,), None), ((3, 100_003), 1), ((100_003, 3), 0)])
@@ -886,6 +989,25 @@ def test_cpu_mean_is_the_float64_sum_over_the_count(monkeypatch, dtype, shape, a
     close(multireduce.mean(x.T, axis=tuple(x.ndim - 1 - a for a in axes)), want, result, atol=0, rtol=4e-15)
 
 
+def test_a_float_total_that_overflows_only_in_a_merge_warns():
+    # Parts whose own float64 sums are finite, whose sum is not: NumPy's mean of the elements
+    # warns; the merge of the parts' states (Dask chunks, MPI ranks) added them silenced.
+    x = np.array([1e308, 1e308])
+    scalar_parts = [_stats.moments(x[i : i + 1], (0,)) for i in range(2)]
+    column_parts = [_stats.moments(x[i : i + 1].reshape(1, 1), (0,)) for i in range(2)]
+    for merge in (lambda: _stats.merge_all(scalar_parts), lambda: _stats.merge(*column_parts)):
+        with pytest.warns(RuntimeWarning, match="overflow encountered in add"):
+            merged = merge()
+        assert np.all(np.isinf(merged.total)) and np.all(np.isinf(_stats.state_mean(merged)))
+    with warnings.catch_warnings():  # finite totals, and integer totals (which wrap as NumPy's), are silent
+        warnings.simplefilter("error")
+        _stats.merge_all([_stats.moments(np.array([1e307]), (0,))] * 2)
+        big = np.array([2**62], np.int64)
+        _stats.merge_all([_stats.moments(big, (0,))] * 4)
+        _stats.merge(*[_stats.moments(np.full((2, 1), 2**62, np.int64), (0,))] * 2)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered in subtract:RuntimeWarning")  # inf - inf, as NumPy
 def test_moments_merge_is_chan_and_empty_is_neutral():
     rng = np.random.default_rng(5)
     a, b = rng.standard_normal(1000) * 3 + 7, rng.standard_normal(37) - 2
@@ -912,6 +1034,8 @@ def _pairwise_tree(states):
     return states[0]
 
 
+@pytest.mark.filterwarnings("ignore:invalid value encountered in (scalar )?add:RuntimeWarning")  # inf + -inf, as NumPy
+@pytest.mark.filterwarnings("ignore:invalid value encountered in subtract:RuntimeWarning")  # inf - inf, as NumPy
 @pytest.mark.parametrize("count", [1, 2, 3, 4, 5, 7, 8, 16, 33, 64])
 @pytest.mark.parametrize("shape", [(), (3,)])
 def test_merge_all_equals_pair_by_pair_merges_bit_for_bit(count, shape):
@@ -1032,6 +1156,7 @@ def _scalar_merge_states(dtype: np.dtype, count: int, seed: int) -> list:
     return states
 
 
+@pytest.mark.filterwarnings("ignore:invalid value encountered in subtract:RuntimeWarning")  # inf - inf, as NumPy
 @pytest.mark.parametrize(
     "dtype", [np.float64, np.float32, np.float16, np.int8, np.int64, np.uint8, np.uint64, np.bool_]
 )
@@ -1061,6 +1186,7 @@ def test_scalar_merges_equal_array_merges_bit_for_bit(dtype, count):
         assert int(got_all.total) == (exact % 2**64 if bits.kind == "u" else (exact + 2**63) % 2**64 - 2**63)
 
 
+@pytest.mark.filterwarnings("ignore:invalid value encountered in subtract:RuntimeWarning")  # inf - inf, as NumPy
 def test_scalar_merge_of_infinities_and_signed_zeros():
     # Named cases of the scalar merge next to NumPy float64 arithmetic.
     inf = _stats.moments(np.array([np.inf, 1.0]), (0,))
@@ -1455,6 +1581,24 @@ def test_arg_merge_pairs_equals_arg_merge_all(dtype):
                 assert np.asarray(got.value).tobytes() == np.asarray(want.value).tobytes(), (largest, pairs)
     with pytest.raises(ValueError, match="no arg states"):
         _stats.arg_merge_pairs([], True)
+
+
+@pytest.mark.parametrize("op", ["argmax", "argmin", "nanargmax", "nanargmin"])
+def test_arg_ops_over_an_axis_of_a_64_dimensional_array(op):
+    # NumPy allows 64 axes; the CPU's take_along_axis had one index array too many there.
+    x = np.random.default_rng(4).standard_normal((1,) * 61 + (3, 1, 2))
+    x[(0,) * 61 + (1, 0, 0)] = -0.0
+    x[(0,) * 61 + (2, 0, 1)] = np.nan
+    for axis in (-1, -3, 0):
+        for keepdims in (False, True):
+            if op.startswith("nan") and axis == 0:  # slices of one element: the NaN's is all NaN
+                for reduce in (functools.partial(multireduce.reduce, x, op), functools.partial(getattr(np, op), x)):
+                    with pytest.raises(ValueError, match="All-NaN slice encountered"):
+                        reduce(axis=axis, keepdims=keepdims)
+                continue
+            got = multireduce.reduce(x, op, axis=axis, keepdims=keepdims)
+            want = getattr(np, op)(x, axis=axis, keepdims=keepdims)
+            assert got.dtype == want.dtype and got.shape == want.shape and np.array_equal(got, want), (axis, got, want)
 
 
 def test_empty_uint64_arg_state_merges_without_losing_the_value():

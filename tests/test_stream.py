@@ -183,6 +183,13 @@ def test_make_plan_errors():
     with pytest.raises(ValueError, match=r"budget=31 bytes is too small for 8-byte elements.*budget >= 32 bytes"):
         stream.make_plan(100, 8, budget=31)
     assert stream.make_plan(100, 8, budget=32).slot_bytes == 8
+    # The sizes themselves: an itemsize of 0 divided by zero, a negative nbytes made a plan.
+    with pytest.raises(ValueError, match="itemsize must be an integer >= 1"):
+        stream.make_plan(100, 0)
+    with pytest.raises(ValueError, match="nbytes must be an integer >= 0"):
+        stream.make_plan(-5, 8)
+    with pytest.raises(TypeError, match="nbytes must be an integer >= 0.*of type float"):
+        stream.make_plan(10.5, 4)
 
 
 BUDGET = "budget must be a positive integer number of bytes (default 1 GiB)"
@@ -1361,6 +1368,21 @@ def test_dask_chunks_of_another_dtype_than_declared_are_refused(engine, op):
 
 
 @pytest.mark.parametrize("engine", ENGINES)
+def test_dask_chunks_that_are_scalars_or_lists_stream(engine):
+    # A Dask reduction's 0-d result has a NumPy scalar for its chunk (from_delayed may give a
+    # Python one, or a list): treereduce takes them; stream.reduce raised TypeError.
+    da = pytest.importorskip("dask.array")
+    import dask
+
+    total = da.arange(10, chunks=3).astype(np.float64).sum()  # chunk: numpy.float64
+    counts = da.arange(10, chunks=3, dtype=np.int64).sum()  # chunk: numpy.int64
+    listed = da.from_delayed(dask.delayed(lambda: [1.5, -2.0, 4.0])(), shape=(3,), dtype=np.float64)
+    for d, op, want in ((total, "sum", 45.0), (counts, "max", 45), (listed, "sum", 3.5), (listed, "min", -2.0)):
+        got, _ = sim_reduce(d, op, engine=engine)
+        assert got == want and np.asarray(got).dtype == np.asarray(d.treereduce(op).compute()).dtype, (d, op, got)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
 def test_threads_beyond_the_limit_are_refused(engine):
     # 2**40 threads with room for as many slots reached the C engine as a cut C int ("bad
     # arguments to mr_stage"); with the Python threads it passed unchecked.
@@ -1462,6 +1484,18 @@ def test_settings_are_checked_before_the_device_and_for_empty_inputs(size, setti
         stream.reduce(np.ones(size), "sum", **settings)
     with pytest.raises(ValueError, match=message):
         sim_reduce(np.ones(size), "sum", **settings)
+
+
+def test_device_and_split_every_are_checked_before_the_device():
+    # Without CuPy these were its ModuleNotFoundError: a negative device needs no device
+    # count to be refused, and a Dask source's split_every no device at all.
+    da = pytest.importorskip("dask.array")
+    with pytest.raises(ValueError, match="device= must be an integer CUDA device ordinal .*got -1"):
+        stream.reduce(np.ones(4), "sum", device=-1)
+    with pytest.raises(ValueError, match="split_every accepts None, an int >= 2.*got 1"):
+        stream.reduce(da.ones(10, chunks=5), "sum", split_every=1)
+    with pytest.raises(FileNotFoundError, match="an empty path"):  # Path("") is "." (IsADirectoryError)
+        stream.reduce("", "sum")
 
 
 @pytest.mark.parametrize("op", ["mean", "var", "argmax"])

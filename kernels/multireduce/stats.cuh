@@ -21,7 +21,8 @@
  *      packed 16x2 lo/hi lanes (PackedLanes), from which the thread derives the exact
  *      int64 s1 and s2 once. The count is not accumulated: it follows from the thread's
  *      index range minus its NaN count. ACC independent float64 (s1, s2) pairs per thread.
- *   2. Once per thread: n = count - NaN, mean = c + s1/n, M2 = s2 - s1*(s1/n) (clamped at
+ *   2. Once per thread: n = count - NaN, mean = (c - base) + s1/n (the mean less the row's
+ *      base, see 3), M2 = s2 - s1*(s1/n) (clamped at
  *      0; NaN stays), and for floats total = s1 + n*c (in float64, rounded once to the sum
  *      accumulator; exact in int64/uint64 for small integers). An infinite element makes
  *      s1 infinite, so mean is +-inf (NaN for +inf and -inf) and M2 is NaN, as on the CPU.
@@ -41,13 +42,21 @@
  *      difference overflows give their weighted mean; with an infinite or NaN mean the mean
  *      is the weighted mean and M2 is NaN if an element was infinite, else inf). Warp tree
  *      with shuffles, then warp 0 over the warps' states, then the last block of the row
- *      merges the blocks' states in block order.
+ *      merges the blocks' states in block order. Every state merged here holds its mean
+ *      less the row's base (shift_base: the row's first element if finite and at most
+ *      2**500 in magnitude, else 0), and the row's state is written with the base added
+ *      back (from_base). Chan's update adds d**2 * na * nb / n for the difference d of two
+ *      means: means rounded at their own magnitude (float64 near 1.7e9 with a spread of
+ *      1: about 1e-7) made d wrong by that much, and the variance of the thousands of
+ *      thread states kept only 7 to 10 digits; less the base, they are rounded at the
+ *      spread's magnitude (as _stats._merged_blocks on the CPU).
  *
  *   ERROR. With d_i = x_i - c, M2 = s2 - s1**2/n is exact in real arithmetic; in float64
  *   its error is at most about (m + 2) * eps * (s2 + s1**2/n) for a thread's m elements,
  *   i.e. relative to M2 about (m + 2) * eps * (1 + 2 * (mean - c)**2 / var) (eps = 2**-53).
  *   As c is one of the thread's own elements, (mean - c)**2 / var is O(1) unless c is an
- *   outlier of that thread's elements. Chan's merges then add O(log(threads)) * eps.
+ *   outlier of that thread's elements. Chan's merges then add O(log(threads)) * eps, the
+ *   means being taken less the row's base (3).
  *   Float64 input with |x - c| above about 1e154 overflows s2 (M2 inf, or NaN from
  *   inf - inf), and |sum(x - c)| above about 1.8e308 overflows s1 (mean and total +-inf or
  *   NaN). Such a thread's state comes from the RESCAN (2b), whose M2 is inf only where the
@@ -490,7 +499,8 @@ struct MomentAcc {
         }
     }
 
-    __device__ __forceinline__ MomentState<S, E> state(long long count) const {
+    // The thread's state, its mean less `base` (the row's shift_base: ALGORITHM 3).
+    __device__ __forceinline__ MomentState<S, E> state(long long count, double base) const {
         double a, b;
         E lo_all = lo, hi_all = hi;
         if constexpr (SMALL) {
@@ -534,7 +544,7 @@ struct MomentAcc {
         if (r.n > 0) {
             const double nf = static_cast<double>(r.n);
             const double q = a / nf;
-            r.mean = c + q;
+            r.mean = (c - base) + q;  // c - base: exact or rounded at the spread's magnitude
             const double m2 = b - a * q;
             r.m2 = m2 < 0.0 ? 0.0 : m2;  // rounding below zero; NaN stays NaN
         } else {
@@ -625,6 +635,30 @@ __device__ __noinline__ MomentState<S, E> rescan_state(MomentState<S, E> v, cons
     return v;
 }
 
+// The base of a row's means (ALGORITHM 3): its first element as float64 if finite and at
+// most 2**500 in magnitude (far below half an ulp of the largest float64s, 2**970, so that
+// no finite c - base or mean + base overflows), else 0.
+template <class T>
+__device__ __forceinline__ double shift_base(T first) {
+    const double f = static_cast<double>(seen(first));
+    return (is_finite_value(f) && fabs(f) <= 0x1p500) ? f : 0.0;
+}
+
+// A row's state as the kernel writes it: the mean back from the base, or, with a float64
+// total (float32 and float64 input) that is finite, the total over n: NumPy's mean, whose
+// error scales with the mean of |x| (base + mean is exact to the spread's scale: with an
+// outlier for a base, far coarser). As _stats._merged_blocks on the CPU.
+template <class S, class E>
+__device__ __forceinline__ MomentState<S, E> from_base(MomentState<S, E> v, double base) {
+    if (v.n > 0) {
+        v.mean = v.mean + base;
+        if constexpr (IsFloating<S>::value && sizeof(S) == 8) {
+            if (is_finite_value(v.total)) v.mean = v.total / static_cast<double>(v.n);
+        }
+    }
+    return v;
+}
+
 // The moments of each of `rows` contiguous rows of `length` elements (ALGORITHM above).
 template <class T, class S, class E, int BLOCK, int UNROLL>
 __global__ void __launch_bounds__(BLOCK, 2)
@@ -681,10 +715,13 @@ moments_rows_kernel(const T* __restrict__ in, long long rows, long long length, 
         }
         if (tid < tail) acc.add(x[tail_start + tid], ACC - 1);
 
-        State v = acc.state(thread_count(tid, nthreads, head, nvec, tail, VEC));
+        // Read after the main loop, so that it holds no registers there.
+        const double base = shift_base(x[0]);
+        State v = acc.state(thread_count(tid, nthreads, head, nvec, tail, VEC), base);
         if constexpr (IsFloating<T>::value && sizeof(T) == 8) {
             if (shifted_sums_overflowed(v)) {
                 v = rescan_state(v, x, tid, nthreads, head, nvec, tail_start, tail);
+                v.mean = v.mean - base;
             } else if (m2_overflowed(v)) {
                 v.m2 = __longlong_as_double(0x7ff0000000000000LL);  // inf - inf gave NaN
             }
@@ -692,7 +729,7 @@ moments_rows_kernel(const T* __restrict__ in, long long rows, long long length, 
         v = block_merge<BLOCK>(v, empty, warp_states);
 
         if (gridDim.x == 1) {
-            if (threadIdx.x == 0) out[row] = v;
+            if (threadIdx.x == 0) out[row] = from_base(v, base);
         } else {
             State* row_partials = partials + row * gridDim.x;
             if (threadIdx.x == 0) {
@@ -711,7 +748,7 @@ moments_rows_kernel(const T* __restrict__ in, long long rows, long long length, 
                 __syncthreads();  // warp_states is reused
                 w = block_merge<BLOCK>(w, empty, warp_states);
                 if (threadIdx.x == 0) {
-                    out[row] = w;
+                    out[row] = from_base(w, base);
                     counters[row] = 0u;
                 }
             }
