@@ -267,12 +267,12 @@ def _attach_negative_corrections(argv: list[str]) -> list[str]:
             out += [arg, *rest]
             break
         out.append(arg)
-        if arg == "--correction":
+        if len(arg) > 5 and "--correction".startswith(arg):  # argparse takes --corr too
             value = next(rest, None)
             if value is None:
                 break
             if value.startswith("-") and _is_number(value):
-                out[-1] = f"--correction={value}"
+                out[-1] = f"{arg}={value}"
             else:
                 out.append(value)
     return out
@@ -289,11 +289,12 @@ def _is_number(text: str) -> bool:
 def _parse(argv: list[str]) -> argparse.Namespace:
     parser = _build_parser()
     commands = {"run", "info", "bench"}
+    command_first = bool(argv) and argv[0] in commands
     if not argv or (argv[0] not in commands and argv[0] not in ("-h", "--help", "--version")):
         argv = ["run", *argv]
     args, extra = parser.parse_known_args(_attach_negative_corrections(argv))
     if extra:
-        if extra[0] in commands:  # "--cpu info": an option before the command
+        if extra[0] in commands and not command_first:  # "--cpu info": an option before the command
             raise UsageError(
                 f"{parser.prog}: error: the command comes first: python -m multireduce {extra[0]} [options] "
                 f"(got {extra[0]!r} after an option)"
@@ -883,13 +884,24 @@ def _recorded_warnings(ctx: _Context):
     with warnings.catch_warnings(record=True) as replayed:  # the user's filters again, recorded
         for w in caught:
             try:
-                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, registry={})
+                # The module, as warnings.warn named it: filters may name one (-W
+                # error::RuntimeWarning:multireduce.mpi); warn_explicit would take the path.
+                module = _module_of(w.filename)
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, module=module, registry={})
             except Warning as exc:
                 error = exc
                 break
         kept = list(replayed)
     caught[:] = kept
     ctx.mpi.agree(error, ctx.comm)
+
+
+def _module_of(filename: str) -> str:
+    """The name of the loaded module whose file is ``filename`` (else the name warnings would derive)."""
+    for name, module in list(sys.modules.items()):
+        if getattr(module, "__file__", None) == filename:
+            return name
+    return filename[:-3] if filename.endswith(".py") else filename
 
 
 def _distinct_warnings(caught: list[warnings.WarningMessage]) -> list[str]:
@@ -968,10 +980,10 @@ def _mark_overflows(ctx: _Context, x, rows: list[dict], dt: np.dtype, n: int) ->
     """Set each row's ``"overflow"``: whether its result went past its dtype's range (collective).
 
     Only sums, products, variances, standard deviations and means can (:data:`_CAN_OVERFLOW`);
-    max, min, counts and indices never do. A float sum, product or mean did where its result
-    is an infinity or NaN while every element on every rank is finite (NaN elements aside
-    for the nan ops; a mean's float64 sum overflowed); a variance or standard deviation
-    where it is an infinity (NaN is an infinite element's, or no element's). NumPy warns of
+    max, min, counts and indices never do. A float sum or product did where its result is an
+    infinity or NaN while every element on every rank is finite (NaN elements aside for the
+    nan ops); a mean (its float64 sum overflowed), variance or standard deviation where it
+    is an infinity (NaN is an infinite element's, or no element's). NumPy warns of
     that where a rank's reduction or the final cast to the result dtype overflows, but not
     where MPI's combine of the ranks' partials does, so the data decides. An integer sum or
     product did where the check's exact reference is outside the result dtype (it wrapped
@@ -989,7 +1001,9 @@ def _mark_overflows(ctx: _Context, x, rows: list[dict], dt: np.dtype, n: int) ->
             row["overflow"] = False
         elif result_dt.kind == "f":
             value = float(row["result"])
-            if math.isfinite(value) or (op.statistic in ("var", "std") and math.isnan(value)):
+            # NaN of a statistic is no overflow: a NaN or infinite element's, or no element's
+            # (a mean's float64 sum that overflows both ways, inf - inf, is rare and not told).
+            if math.isfinite(value) or (op.statistic is not None and math.isnan(value)):
                 row["overflow"] = False
             else:
                 if op.skips_nan not in finite:

@@ -209,22 +209,27 @@ def merge(a: Moments, b: Moments) -> Moments:
 
 
 def _add_totals(a: Any, b: Any) -> Any:
-    """Two states' totals added; a float total that overflows warns.
+    """Two states' totals added: a float addition warns as NumPy's does, under ``np.errstate``.
 
-    As NumPy's sum of the elements warns (a mean or var over parts whose own sums were
-    finite); integer totals wrap silently, as NumPy's integer sums.
+    So a total that overflows only where parts merge (Dask chunks, MPI ranks) warns
+    "overflow encountered in add", as NumPy's sum of the elements warns; integer totals wrap
+    silently, as NumPy's integer sums.
     """
     if np.asarray(a).dtype.kind != "f":
         with np.errstate(over="ignore"):
             return a + b
-    total = a + b
-    if np.any(~np.isfinite(total) & np.isfinite(a) & np.isfinite(b)):
-        _warn_total_overflow()
+    return a + b
+
+
+def _python_float_total(a: float, b: float, add: Callable[[Any, Any], Any], dtype: np.dtype) -> Any:
+    # _add_totals for Python floats, which overflow (and add inf to -inf) silently: where
+    # the sum of two totals is not finite though they are, or NaN though neither is, NumPy's
+    # addition in the total's dtype is made again for its warning (under np.errstate).
+    total = add(a, b)
+    overflowed = math.isfinite(a) and math.isfinite(b)
+    if not math.isfinite(total) and (overflowed or (math.isnan(total) and a == a and b == b)):
+        dtype.type(a) + dtype.type(b)  # noqa: B018  NumPy's RuntimeWarning or FloatingPointError
     return total
-
-
-def _warn_total_overflow() -> None:
-    warnings.warn("overflow encountered in add", RuntimeWarning, stacklevel=_outside_stacklevel())
 
 
 def _pick_value(a: Any, b: Any, largest: bool) -> Any:
@@ -246,7 +251,12 @@ def _adder(dtype: np.dtype) -> Callable[[Any, Any], Any]:
         # float32 totals (of float16 input): the double sum of two float32 values, rounded to
         # float32, is their correctly rounded float32 sum (53 >= 2 * 24 + 2 bits).
         round_to = dtype.type
-        return lambda a, b: float(round_to(a + b))
+
+        def add_rounded(a: float, b: float) -> float:
+            with np.errstate(over="ignore"):  # past float32's range: inf (the warning: _python_float_total)
+                return float(round_to(a + b))
+
+        return add_rounded
     bits = 8 * dtype.itemsize
     mask = (1 << bits) - 1
     if dtype.kind == "u":
@@ -255,7 +265,7 @@ def _adder(dtype: np.dtype) -> Callable[[Any, Any], Any]:
     return lambda a, b: ((a + b + half) & mask) - half  # two's-complement wrap-around
 
 
-def _merge_values(a: tuple, b: tuple, add: Callable[[Any, Any], Any]) -> tuple:
+def _merge_values(a: tuple, b: tuple, add: Callable[[Any, Any], Any], total_dtype: np.dtype) -> tuple:
     # merge() of two 0-d states given as tuples of Python values in _MOMENTS_FIELDS order, with
     # the same IEEE float64 operations in the same order (Python floats are IEEE doubles) and
     # the total added as in its dtype, without the per-call cost of NumPy's array functions:
@@ -279,9 +289,10 @@ def _merge_values(a: tuple, b: tuple, add: Callable[[Any, Any], Any]) -> tuple:
         else:
             mean = (wa * mean_a + wb * mean_b) / nf
             m2 = math.inf if math.isfinite(lo) and math.isfinite(hi) else math.nan
-    total = add(total_a, total_b)
-    if isinstance(total, float) and not math.isfinite(total) and math.isfinite(total_a) and math.isfinite(total_b):
-        _warn_total_overflow()  # as _add_totals (Python floats overflow silently)
+    if isinstance(total_a, float):
+        total = _python_float_total(total_a, total_b, add, total_dtype)
+    else:
+        total = add(total_a, total_b)
     return (na + nb, nan_a + nan_b, total, mean, m2, lo, hi)
 
 
@@ -289,10 +300,9 @@ def _merge_tree_values(rows: list[tuple], total: np.dtype, extreme: np.dtype) ->
     # merge_all's tree over 0-d states given as tuples of Python values (see _merge_values);
     # the result as NumPy scalars of the state's dtypes.
     add = _adder(total)
-    with np.errstate(over="ignore"):  # a float32 total that overflows becomes inf, as in NumPy
-        while len(rows) > 1:
-            paired = [_merge_values(rows[i], rows[i + 1], add) for i in range(0, len(rows) - 1, 2)]
-            rows = paired + rows[len(paired) * 2 :]
+    while len(rows) > 1:
+        paired = [_merge_values(rows[i], rows[i + 1], add, total) for i in range(0, len(rows) - 1, 2)]
+        rows = paired + rows[len(paired) * 2 :]
     n, nan, t, mean, m2, lo, hi = rows[0]
     return Moments(
         np.int64(n), np.int64(nan), total.type(t), np.float64(mean), np.float64(m2), extreme.type(lo), extreme.type(hi)
@@ -374,7 +384,12 @@ def _like(buffer: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def _block_moments(
-    b: np.ndarray, work: tuple[np.ndarray, np.ndarray], axis: int = -1, quiet_m2: bool = False, base: Any = 0.0
+    b: np.ndarray,
+    work: tuple[np.ndarray, np.ndarray],
+    axis: int = -1,
+    quiet_m2: bool = False,
+    base: Any = 0.0,
+    skips_nan: bool = True,
 ) -> Moments:
     """The moments state of the block ``b`` over its axis ``axis``, its mean less ``base``.
 
@@ -422,14 +437,23 @@ def _block_moments(
         mean = np.where(n > 0, mean, 0.0)
     # An infinite element less an infinite mean: NumPy's var warns "invalid value encountered
     # in subtract" (its mean, which subtracts nothing, does not).
-    with np.errstate(**({"invalid": "ignore", **quiet} if quiet_m2 else {})):
+    # (Nor does NumPy's var of a slice that holds a NaN: its mean is NaN. Its nanvar does.)
+    silent = quiet_m2 or (not skips_nan and nanmask is not None)
+    with np.errstate(**({"invalid": "ignore", **quiet} if silent else {})):
         d = np.subtract(f, np.expand_dims(mean, axis), out=f)
     with np.errstate(invalid="ignore", divide="ignore", **quiet):
         if nanmask is not None:
             d[nanmask] = 0.0
         residual = np.add.reduce(d, axis=axis) / np.where(n > 0, n, 1)
-        # Where the block's sums overflowed (a mean or residual not finite), no correction.
-        residual = np.where(np.isfinite(residual), residual, 0.0)
+        # The residual corrects the mean only where every deviation x - mean is exact: by
+        # Sterbenz's lemma, where the elements lie within a factor of 2 of the mean (data far
+        # from zero, whose float64 total rounds at the mean's scale). Elsewhere the
+        # deviations' own roundings (at the elements' scale) would make it worse: mean([2**62,
+        # -2**62, 1, 2]) became 1.125. Nor where the block's sums overflowed.
+        low, high, half = np.asarray(lo, np.float64), np.asarray(hi, np.float64), mean / 2
+        # (x <= 2 * mean as x / 2 <= mean: 2 * mean may overflow; x / 2 is exact for normal x.)
+        exact = np.where(mean > 0, (low >= half) & (high / 2 <= mean), (high <= half) & (low / 2 >= mean) & (mean < 0))
+        residual = np.where(exact & np.isfinite(residual), residual, 0.0)
         mean = np.where(n > 0, (mean - base) + residual, 0.0)
         m2 = np.add.reduce(np.multiply(d, d, out=d), axis=axis)
         # Deviations from the rounded mean: their squares exceed those from the exact mean
@@ -471,7 +495,9 @@ def _work_buffers(size: int) -> tuple[np.ndarray, np.ndarray]:
     return np.empty(size, np.float64), np.empty(size, np.bool_)
 
 
-def _merged_blocks(blocks, work: tuple[np.ndarray, np.ndarray], axis: int = -1, quiet_m2: bool = False) -> Moments:
+def _merged_blocks(
+    blocks, work: tuple[np.ndarray, np.ndarray], axis: int = -1, quiet_m2: bool = False, skips_nan: bool = True
+) -> Moments:
     """The merged moments state of ``blocks`` (consecutive pieces along the reduced axis ``axis``).
 
     The first block needs no merge (merging with the empty state is neutral).
@@ -480,7 +506,7 @@ def _merged_blocks(blocks, work: tuple[np.ndarray, np.ndarray], axis: int = -1, 
     for b in blocks:
         if base is None:
             base = _shift_base(b, axis)
-        block = _block_moments(b, work, axis, quiet_m2, base)
+        block = _block_moments(b, work, axis, quiet_m2, base, skips_nan)
         state = block if state is None else merge(state, block)
     return _from_base(state, base)
 
@@ -502,9 +528,14 @@ def _from_base(state: Moments, base: np.ndarray) -> Moments:
     return Moments(state.n, state.nan, state.total, mean, state.m2, state.lo, state.hi)
 
 
-#: Largest |base| of :func:`_shift_base`: far below half an ulp of float64's largest values
-#: (2**970), so that no ``x - base`` or ``mean + base`` of finite values overflows.
+#: Largest |base| of :func:`_shift_base` for float input: far below half an ulp of float64's
+#: largest values (2**970), so that no ``x - base`` or ``mean + base`` of finite values
+#: overflows. For integer input 2**53: a base far from the mean rounds the means less it at
+#: the base's scale, and an integer mean beyond :data:`EXACT_TOTAL_BOUND` is the state's
+#: (``mean([2**62, -2**62, 1, 2])`` with base 2**62 was 0.0, not 0.75); below 2**53 that
+#: rounding stays under NumPy's own float64 sum's.
 _BASE_LIMIT = 2.0**500
+_INTEGER_BASE_LIMIT = 2.0**53
 
 
 def _shift_base(b: np.ndarray, axis: int) -> np.ndarray:
@@ -515,10 +546,12 @@ def _shift_base(b: np.ndarray, axis: int) -> np.ndarray:
     1e-7) makes d wrong by that much, and the variance of many merged blocks kept only 7 to
     10 digits. Block means taken less one element of their slice are rounded at the
     spread's magnitude instead. A NaN, infinite or huge (above :data:`_BASE_LIMIT`) first
-    element gives base 0, the absolute means.
+    element gives base 0, the absolute means; so does an integer one above 2**53
+    (:data:`_INTEGER_BASE_LIMIT`).
     """
     first = np.take(b, 0, axis=axis).astype(np.float64)
-    return np.where(np.isfinite(first) & (np.abs(first) <= _BASE_LIMIT), first, 0.0)
+    limit = _BASE_LIMIT if b.dtype.kind == "f" else _INTEGER_BASE_LIMIT
+    return np.where(np.isfinite(first) & (np.abs(first) <= limit), first, 0.0)
 
 
 #: Reduced positions per block of the column path (:func:`_column_moments`): NumPy sums a
@@ -528,7 +561,7 @@ _COLUMN_BLOCK_ROWS = 1024
 _COLUMN_BLOCK_COLS = 4096
 
 
-def _column_moments(y: np.ndarray, quiet_m2: bool = False) -> Moments:
+def _column_moments(y: np.ndarray, quiet_m2: bool = False, skips_nan: bool = True) -> Moments:
     """The moments state of the C-contiguous ``(outer, reduced, inner)`` array ``y`` over axis 1.
 
     Blocks of up to :data:`_COLUMN_BLOCK_ROWS` reduced positions by whole runs of the inner
@@ -550,7 +583,7 @@ def _column_moments(y: np.ndarray, quiet_m2: bool = False) -> Moments:
         for c0 in range(0, inner, cols):
             tile = y[o0 : o0 + depth, :, c0 : c0 + cols]
             blocks = (tile[:, r0 : r0 + rows] for r0 in range(0, reduced, rows))
-            state = _merged_blocks(blocks, work, axis=1, quiet_m2=quiet_m2)
+            state = _merged_blocks(blocks, work, axis=1, quiet_m2=quiet_m2, skips_nan=skips_nan)
             for name in _MOMENTS_FIELDS:
                 getattr(out, name)[o0 : o0 + depth, c0 : c0 + cols] = getattr(state, name)
     return out
@@ -562,11 +595,14 @@ def _column_moments(y: np.ndarray, quiet_m2: bool = False) -> Moments:
 _COLUMN_MIN_INNER_BYTES = 64
 
 
-def moments(x: np.ndarray, axes: tuple[int, ...], quiet_m2: bool = False) -> Moments:
+def moments(x: np.ndarray, axes: tuple[int, ...], quiet_m2: bool = False, skips_nan: bool = True) -> Moments:
     """The moments state of the NumPy array ``x`` over ``axes`` (normalized, non-negative).
 
     ``quiet_m2``: for a mean, whose M2 is not used: its deviations and squares overflow
     without NumPy's warning, while the total's overflow (NumPy's mean's) still warns.
+    ``skips_nan`` false (var, std): an infinite element in a slice that also holds a NaN
+    subtracts without NumPy's "invalid value" warning, as NumPy's var (whose mean is NaN
+    there); true (nanvar, nanstd, stats) it warns, as NumPy's nanvar.
 
     One pass over ``x``: blocks of about :data:`BLOCK_BYTES` of float64 work are reduced in
     cache and merged. Reduced axes that are adjacent in a C-contiguous array and followed by
@@ -580,12 +616,12 @@ def moments(x: np.ndarray, axes: tuple[int, ...], quiet_m2: bool = False) -> Mom
         # end), then put the kept axes back in order. Reducing the last axis of a Fortran-order
         # matrix read it a cache line per element (float32 var over axis 1 of 8192 x 1024:
         # 99 ms, NumPy 7.4).
-        state = moments(x.T, tuple(sorted(x.ndim - 1 - a for a in axes)), quiet_m2)
+        state = moments(x.T, tuple(sorted(x.ndim - 1 - a for a in axes)), quiet_m2, skips_nan)
         return state.map(lambda a: np.asarray(a).T)
     layout = _axes.axis_layout(x.shape, axes) if x.flags.c_contiguous and x.size else None
     if layout is not None and layout[2] > 1 and layout[2] * x.itemsize >= _COLUMN_MIN_INNER_BYTES:
         kshape = tuple(n for i, n in enumerate(x.shape) if i not in axes)
-        return _column_moments(x.reshape(layout), quiet_m2).map(lambda a: a.reshape(kshape))
+        return _column_moments(x.reshape(layout), quiet_m2, skips_nan).map(lambda a: a.reshape(kshape))
     y, kshape = _split_axes(x, axes)
     kept = math.prod(kshape)
     reduced = y.shape[-1]
@@ -600,7 +636,8 @@ def moments(x: np.ndarray, axes: tuple[int, ...], quiet_m2: bool = False) -> Mom
     work = _work_buffers(min(rows, kept) * min(cols, reduced))  # the largest block
     for r0 in range(0, kept, rows):
         r1 = min(kept, r0 + rows)
-        state = _merged_blocks((y[r0:r1, c0 : c0 + cols] for c0 in range(0, reduced, cols)), work, quiet_m2=quiet_m2)
+        blocks = (y[r0:r1, c0 : c0 + cols] for c0 in range(0, reduced, cols))
+        state = _merged_blocks(blocks, work, quiet_m2=quiet_m2, skips_nan=skips_nan)
         if out is None:  # one tile holds every row
             return state.map(lambda a: np.asarray(a).reshape(kshape))
         for name in _MOMENTS_FIELDS:

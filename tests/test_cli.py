@@ -72,6 +72,7 @@ def run_json(mpiexec, ranks, *args, timeout=60):
         (["--input", ""], "argument --input: must name a file, got an empty path"),
         # An option before the command: "unrecognized arguments: info".
         (["--cpu", "info"], "the command comes first: python -m multireduce info [options]"),
+        (["run", "--cpu", "info"], "unrecognized arguments: info"),  # the command was first
         (["--json", "bench", "--sizes", "10"], "the command comes first: python -m multireduce bench"),
     ],
 )
@@ -597,6 +598,17 @@ def test_warning_filters_that_differ_between_ranks_end_the_job(mpiexec, args, wa
     returncode, stdout, stderr = launch._mpiexec.run_group(cmd, cwd=launch.REPO, env=launch.env(), timeout=60)
     assert returncode == 1, stdout + stderr
     assert stderr.count(f"multireduce: error: rank 1 of 2 failed: {warning}") == 1, stdout + stderr
+
+
+@pytest.mark.parametrize(("action", "returncode"), [("error", 1), ("ignore", 0)])
+def test_warning_filters_that_name_a_module_still_apply(tmp_path, action, returncode):
+    # The block's warnings meet the user's filters again at its end; without the module that
+    # warnings.warn had named, "-W error::RuntimeWarning:multireduce.mpi" matched nothing.
+    np.save(tmp_path / "x.npy", np.full(12, 60000.0, dtype=np.float16))
+    args = ["-W", f"{action}::RuntimeWarning:multireduce.mpi", *CLI, "--input", str(tmp_path / "x.npy"), "--cpu"]
+    done = run(None, 1, [*args, "--op", "sum"])
+    assert done.returncode == returncode, done.output
+    assert ("multireduce: warning:" in done.stderr) is False, done.output
 
 
 @pytest.mark.mpi

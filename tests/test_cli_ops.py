@@ -263,6 +263,16 @@ def test_every_op_on_file_data_on_the_gpu(mpiexec, tmp_path):
 
 
 @pytest.mark.mpi
+def test_a_nan_mean_of_no_elements_is_no_overflow(mpiexec, tmp_path):
+    # An all-NaN file's nanmean is NaN (no elements): not an overflow of its sum, whereas an
+    # infinite mean of finite elements is.
+    np.save(tmp_path / "nan.npy", np.full(6, np.nan))
+    ops = ["--op", "nanmean", "--op", "mean"]
+    report = run_all(mpiexec, 2, "--input", str(tmp_path / "nan.npy"), "--check", ops=ops)
+    assert [(r["result"], r["overflow"]) for r in report["results"]] == [("nan", False)] * 2, report
+
+
+@pytest.mark.mpi
 @pytest.mark.parametrize("correction", ["1", "2", "-1", "0.5"])
 def test_correction_of_var_and_std(mpiexec, correction):
     n, c = 1_001, float(correction)
@@ -298,6 +308,7 @@ def test_correction_edges_and_errors(mpiexec, capsys):
     assert _parse(["--op", "var", "--correction", "-1e+3"]).correction == -1000.0
     assert _parse(["--correction", "-2E-1", "--op", "std"]).correction == -0.2
     assert _parse(["--op", "var", "--correction=-1e3"]).correction == -1000.0
+    assert _parse(["--op", "var", "--corr", "-1e3"]).correction == -1000.0  # argparse's abbreviation
     assert main(["--op", "var", "--correction", "--cpu"]) == 2
     assert "--correction: expected one argument" in capsys.readouterr().err
     x = synthetic(1_001).astype(np.float64)

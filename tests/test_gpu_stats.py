@@ -284,6 +284,18 @@ def test_moments_large_offset_accuracy(data, shape, axis):
     assert np.all(np.abs(m2 - exact_m2) <= 1e-13 * exact_m2), np.max(np.abs(m2 - exact_m2) / exact_m2)
 
 
+def test_integer_means_beyond_the_exact_bound_keep_their_accuracy():
+    # The state's float64 mean decides past n * max|x| >= 2**62: a base of 2**62 (the first
+    # element) rounded the means less it at 2**62's scale, and mean([2**62, -2**62, 1, 2])
+    # was 0.0. Integer bases stop at 2**53.
+    x = cupy.asarray(np.array([2**62, -(2**62), 1, 2], dtype=np.int64))
+    assert float(multireduce.mean(x)) == 0.75 and float(multireduce.stats(x).mean) == 0.75
+    y = np.random.default_rng(2).integers(-(2**62), 2**62, 2**18 + 3, dtype=np.int64)
+    exact = sum(int(v) for v in y.tolist()) / y.size  # Python's int / int: correctly rounded
+    for got in (multireduce.mean(cupy.asarray(y)), multireduce.stats(cupy.asarray(y)).mean):
+        assert abs(float(got) - exact) <= 1e-13 * abs(exact), (float(got), exact)
+
+
 def test_moments_with_an_outlier_for_the_base():
     # A row's first element is the base of its means: an outlier there (1e30 among standard
     # normals) must cost neither the state's mean (float64 input: the total over n) nor M2.

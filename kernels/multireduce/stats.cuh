@@ -44,7 +44,7 @@
  *      with shuffles, then warp 0 over the warps' states, then the last block of the row
  *      merges the blocks' states in block order. Every state merged here holds its mean
  *      less the row's base (shift_base: the row's first element if finite and at most
- *      2**500 in magnitude, else 0), and the row's state is written with the base added
+ *      2**500 in magnitude, 2**53 for integers, else 0), and the row's state is written with the base added
  *      back (from_base). Chan's update adds d**2 * na * nb / n for the difference d of two
  *      means: means rounded at their own magnitude (float64 near 1.7e9 with a spread of
  *      1: about 1e-7) made d wrong by that much, and the variance of the thousands of
@@ -637,11 +637,15 @@ __device__ __noinline__ MomentState<S, E> rescan_state(MomentState<S, E> v, cons
 
 // The base of a row's means (ALGORITHM 3): its first element as float64 if finite and at
 // most 2**500 in magnitude (far below half an ulp of the largest float64s, 2**970, so that
-// no finite c - base or mean + base overflows), else 0.
+// no finite c - base or mean + base overflows), else 0. For integer input at most 2**53:
+// means less a base far from them round at the base's scale, and an integer mean beyond
+// _stats.EXACT_TOTAL_BOUND is the state's (mean([2**62, -2**62, 1, 2]) with base 2**62 was
+// 0.0, not 0.75), as _stats._shift_base.
 template <class T>
 __device__ __forceinline__ double shift_base(T first) {
     const double f = static_cast<double>(seen(first));
-    return (is_finite_value(f) && fabs(f) <= 0x1p500) ? f : 0.0;
+    constexpr double LIMIT = IsFloatElement<T>::value ? 0x1p500 : 0x1p53;
+    return (is_finite_value(f) && fabs(f) <= LIMIT) ? f : 0.0;
 }
 
 // A row's state as the kernel writes it: the mean back from the base, or, with a float64

@@ -49,7 +49,7 @@ def moments(x: np.ndarray, axes: tuple[int, ...], op: Op) -> _stats.Moments:
     mean's sum does. (The MPI and Dask layers' means, whose partials are moments states,
     warned "overflow encountered in multiply" for elements NumPy's mean takes silently.)
     """
-    return _stats.moments(x, axes, quiet_m2=op.statistic == "mean")
+    return _stats.moments(x, axes, quiet_m2=op.statistic == "mean", skips_nan=op.skips_nan)
 
 
 def sums_pairwise(x: np.ndarray, axes: tuple[int, ...]) -> bool:
