@@ -1809,15 +1809,15 @@ def test_gpu_device_must_exist():
     cupy = _cupy()
     count = cupy.cuda.runtime.getDeviceCount()
     x = np.ones(1000, np.float32)
-    for device in (count, -1):
-        expected = f"device={device}: device {device} does not exist; it must be an integer device ordinal from 0 to"
-        if device >= 0:  # a negative one is refused with the settings, before CuPy
-            with pytest.raises(ValueError, match=re.escape(expected)):
-                stream.reduce(x, "sum", device=device)
-        with pytest.raises(ValueError, match=re.escape(expected)):
-            stream._cupy_pipeline(device, 4096)
-    with pytest.raises(ValueError, match="device= must be an integer CUDA device ordinal .*got -1"):
-        stream.reduce(x, "sum", device=-1)
+    expected = f"device={count}: device {count} does not exist; it must be an integer device ordinal from 0 to"
+    with pytest.raises(ValueError, match=re.escape(expected)):
+        stream.reduce(x, "sum", device=count)
+    with pytest.raises(ValueError, match=re.escape(expected)):
+        stream._cupy_pipeline(count, 4096)
+    # A negative one is refused with the settings, before CuPy is asked for the count.
+    for call in (lambda: stream.reduce(x, "sum", device=-1), lambda: stream._cupy_pipeline(-1, 4096)):
+        with pytest.raises(ValueError, match="device= must be an integer CUDA device ordinal .*got -1"):
+            call()
     with pytest.raises(TypeError, match="device= must be an integer CUDA device ordinal"):
         stream.reduce(x, "sum", device=True)  # used to mean device 1
     assert stream.reduce(x, "sum", device=np.int64(count - 1)) == 1000.0
