@@ -267,7 +267,7 @@ def _attach_negative_corrections(argv: list[str]) -> list[str]:
             out += [arg, *rest]
             break
         out.append(arg)
-        if len(arg) > 5 and "--correction".startswith(arg):  # argparse takes --corr too
+        if arg.startswith("--co") and "--correction".startswith(arg):  # argparse takes --co, --corr too
             value = next(rest, None)
             if value is None:
                 break

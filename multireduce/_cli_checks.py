@@ -221,13 +221,14 @@ class Moments:
             self.negative + other.negative,
         )
 
-    def sum_may_overflow(self, margin: float) -> bool:
-        """Whether a float64 partial sum of the elements, in some order, may pass float64's range.
+    def sum_may_overflow(self, margin: float) -> tuple[bool, bool]:
+        """Whether a float64 partial sum, in some order, may pass float64's top; and its bottom.
 
         Partial sums lie between -negative and +positive; ``margin`` (relative) takes the
         summation's rounding.
         """
-        return not max(self.positive, self.negative) * (1 + margin) < float(np.finfo(np.float64).max)
+        largest = float(np.finfo(np.float64).max)
+        return not self.positive * (1 + margin) < largest, not self.negative * (1 + margin) < largest
 
     def spread(self) -> Fraction:
         """The spread of the finite elements, hi - lo, exactly (0 where there is none)."""
@@ -624,7 +625,18 @@ def _check_moments(op, ref: Moments, res: float, res_dt: np.dtype, ranks: int, c
     # overflow, and the mean is then that sum over the count, an infinity (or NaN for both
     # signs), as NumPy's: docs/semantics.md.
     mean_error = eps * ref.mean_scale()
-    total_may_overflow = ref.sum_may_overflow(float(np.finfo(np.float64).eps) * factor)
+    up, down = ref.sum_may_overflow(float(np.finfo(np.float64).eps) * factor)
+    total_may_overflow = up or down
+    # Where a partial sum may overflow, the mean is that sum over the count: +inf only where a
+    # partial sum may pass the top, -inf the bottom, NaN where both; var and std +inf (their
+    # elements are finite here: never NaN, never negative).
+    if not math.isfinite(res) and total_may_overflow:
+        if statistic == "mean":
+            ok = (up and down) if math.isnan(res) else (up if res > 0 else down)
+        else:
+            ok = res == math.inf
+        how = "an infinity of a sign a partial sum may overflow to (NaN: both), for the mean; +inf for var and std"
+        return ok, how
     if statistic == "mean":
         why = "a float64 sum of the elements may overflow (the mean is then that sum over the count)"
         return within(res, exact, mean_error + floor, res_dt, total_may_overflow, why)
@@ -643,6 +655,8 @@ def _check_moments(op, ref: Moments, res: float, res_dt: np.dtype, ranks: int, c
     # Squares past the accumulator's range, or a float64 sum of the elements (whose mean is
     # then infinite, and the variance with it, as NumPy's: docs/semantics.md).
     may_overflow = not sums < float(acc.max) or total_may_overflow
+    if math.isnan(res) or res == -math.inf:  # finite elements: NaN never (an overflow gives +inf)
+        return False, "finite elements: a variance or standard deviation is never NaN or negative"
     if statistic == "var":
         return within(res, exact, tol, res_dt, may_overflow)
     # std = sqrt(var): |sqrt(a) - sqrt(b)| <= min(sqrt(|a - b|), |a - b| / sqrt(b)); plus the

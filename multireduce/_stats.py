@@ -528,14 +528,12 @@ def _from_base(state: Moments, base: np.ndarray) -> Moments:
     return Moments(state.n, state.nan, state.total, mean, state.m2, state.lo, state.hi)
 
 
-#: Largest |base| of :func:`_shift_base` for float input: far below half an ulp of float64's
-#: largest values (2**970), so that no ``x - base`` or ``mean + base`` of finite values
-#: overflows. For integer input 2**53: a base far from the mean rounds the means less it at
-#: the base's scale, and an integer mean beyond :data:`EXACT_TOTAL_BOUND` is the state's
-#: (``mean([2**62, -2**62, 1, 2])`` with base 2**62 was 0.0, not 0.75); below 2**53 that
-#: rounding stays under NumPy's own float64 sum's.
+#: Largest |base| of :func:`_shift_base`: far below half an ulp of float64's largest values
+#: (2**970), so that no ``x - base`` or ``mean + base`` of finite values overflows. (A base
+#: far from the mean rounds the means less it at the base's scale: harmless to M2; an
+#: integer mean past :data:`EXACT_TOTAL_BOUND` comes from the exact total, by
+#: :func:`_unwrapped_mean`, not from that mean.)
 _BASE_LIMIT = 2.0**500
-_INTEGER_BASE_LIMIT = 2.0**53
 
 
 def _shift_base(b: np.ndarray, axis: int) -> np.ndarray:
@@ -546,12 +544,10 @@ def _shift_base(b: np.ndarray, axis: int) -> np.ndarray:
     1e-7) makes d wrong by that much, and the variance of many merged blocks kept only 7 to
     10 digits. Block means taken less one element of their slice are rounded at the
     spread's magnitude instead. A NaN, infinite or huge (above :data:`_BASE_LIMIT`) first
-    element gives base 0, the absolute means; so does an integer one above 2**53
-    (:data:`_INTEGER_BASE_LIMIT`).
+    element gives base 0, the absolute means.
     """
     first = np.take(b, 0, axis=axis).astype(np.float64)
-    limit = _BASE_LIMIT if b.dtype.kind == "f" else _INTEGER_BASE_LIMIT
-    return np.where(np.isfinite(first) & (np.abs(first) <= limit), first, 0.0)
+    return np.where(np.isfinite(first) & (np.abs(first) <= _BASE_LIMIT), first, 0.0)
 
 
 #: Reduced positions per block of the column path (:func:`_column_moments`): NumPy sums a
@@ -734,7 +730,46 @@ def state_mean(state: Moments) -> np.ndarray:
             return np.where(overflowed, state.total.astype(np.float64) / state.n.astype(np.float64), mean)
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         exact = state.total.astype(np.float64) / state.n.astype(np.float64)
-        return np.where((state.n > 0) & total_cannot_wrap(state.n, state.lo, state.hi), exact, state.mean)
+        mean = np.where((state.n > 0) & total_cannot_wrap(state.n, state.lo, state.hi), exact, state.mean)
+        return np.where((state.n > 0) & ~total_cannot_wrap(state.n, state.lo, state.hi), _unwrapped_mean(state), mean)
+
+
+#: The bound on a merged integer state's float64 mean error that :func:`_unwrapped_mean`
+#: assumes, relative to the largest |x|: every merge rounds at that scale or below (about
+#: 2**-53 each, a few per level of a tree of at most 2**64 states), far below this.
+_MEAN_ERROR_BOUND = 2.0**-40
+
+
+def _unwrapped_mean(state: Moments) -> np.ndarray:
+    """The mean of an integer state whose total may have wrapped: the exact total over n.
+
+    The int64/uint64 total is the exact sum modulo 2**64, and n times the state's float64
+    mean is within ``n * largest * 2**-40`` of it (:data:`_MEAN_ERROR_BOUND`): where that is
+    below 2**61 the exact sum is the one near ``round(n * mean)`` with the total's residue,
+    and the mean is that sum over n (two roundings: within about an ulp). Elsewhere, or where
+    the correction found is not small (a bound that did not hold), the state's mean.
+    Before, past ``n * max|x| >= 2**62`` the state's mean decided: ``mean([2**62, -2**62, 1,
+    2])`` over Dask chunks or MPI ranks of 1 and 3 elements was 0.0, not 0.75.
+    ``state_mean`` in ``kernels/multireduce/stats.cuh`` makes the same float64 and 64-bit
+    integer operations.
+    """
+    n = state.n.astype(np.float64)
+    largest = np.maximum(np.abs(np.asarray(state.lo, np.float64)), np.abs(np.asarray(state.hi, np.float64)))
+    with np.errstate(invalid="ignore", over="ignore"):
+        approx = np.rint(n * state.mean)  # an integer-valued float64 near the exact sum
+        small = np.abs(approx) < 2.0**63
+        residue = np.fmod(approx, 2.0**64)  # exact; and exact below 2**64 after the shift (a multiple of 2**11)
+        residue = np.where(residue < 0, residue + 2.0**64, residue)
+        approx_bits = np.where(
+            small,
+            np.where(small, approx, 0.0).astype(np.int64).view(np.uint64),
+            np.where(small, 0.0, residue).astype(np.uint64),
+        )
+        # The exact sum less approx, from the residues modulo 2**64 (uint64 arithmetic wraps).
+        correction = (np.asarray(state.total).astype(np.uint64) - approx_bits).view(np.int64).astype(np.float64)
+        trusted = (n * (largest * _MEAN_ERROR_BOUND + 1.0) < 2.0**61) & (np.abs(correction) < 2.0**62)
+        trusted &= np.isfinite(approx)
+        return np.where(trusted, (approx + correction) / n, state.mean)
 
 
 def dtype_total_bound(dtype: np.dtype, count: int) -> bool:
@@ -758,7 +793,7 @@ def _state_mean_scalar(state: Moments) -> float:
         n = float(int(state.n))
         if n * max(abs(float(state.lo[()])), abs(float(state.hi[()]))) < EXACT_TOTAL_BOUND:
             return float(total) / n
-        return float(state.mean)
+        return float(_unwrapped_mean(state.map(np.asarray)))
     mean = float(state.mean)
     if not (math.isfinite(mean) and math.isfinite(float(total))) and _finite_extremes(state):
         return float(total) / float(int(state.n))

@@ -285,15 +285,26 @@ def test_moments_large_offset_accuracy(data, shape, axis):
 
 
 def test_integer_means_beyond_the_exact_bound_keep_their_accuracy():
-    # The state's float64 mean decides past n * max|x| >= 2**62: a base of 2**62 (the first
-    # element) rounded the means less it at 2**62's scale, and mean([2**62, -2**62, 1, 2])
-    # was 0.0. Integer bases stop at 2**53.
+    # Past n * max|x| >= 2**62 the exact sum is the one near n * the state's mean with the
+    # total's residue modulo 2**64 (stats.cuh state_mean, as the host): with a base of 2**62
+    # mean([2**62, -2**62, 1, 2]) was 0.0.
     x = cupy.asarray(np.array([2**62, -(2**62), 1, 2], dtype=np.int64))
     assert float(multireduce.mean(x)) == 0.75 and float(multireduce.stats(x).mean) == 0.75
-    y = np.random.default_rng(2).integers(-(2**62), 2**62, 2**18 + 3, dtype=np.int64)
-    exact = sum(int(v) for v in y.tolist()) / y.size  # Python's int / int: correctly rounded
-    for got in (multireduce.mean(cupy.asarray(y)), multireduce.stats(cupy.asarray(y)).mean):
-        assert abs(float(got) - exact) <= 1e-13 * abs(exact), (float(got), exact)
+    assert float(multireduce.mean(cupy.asarray(np.array([-(2**63), 2**63 - 2], dtype=np.int64)))) == -1.0
+    rng = np.random.default_rng(2)
+    for y in (
+        rng.integers(-(2**62), 2**62, 2**18 + 3, dtype=np.int64),
+        rng.integers(0, 2**64 - 1, 2**17, dtype=np.uint64, endpoint=True),
+        (3 * 10**17 + 64 * rng.integers(-1000, 1000, 2**18)).astype(np.int64),
+    ):
+        exact = sum(int(v) for v in y.tolist()) / y.size  # Python's int / int: correctly rounded
+        for got in (multireduce.mean(cupy.asarray(y)), multireduce.stats(cupy.asarray(y)).mean):
+            assert abs(float(got) - exact) <= 2.0**-51 * abs(exact), (float(got), exact)
+    # Their variance far from zero: within float64's accuracy, as any (3e17: above 2**53).
+    z = (3 * 10**17 + 64 * rng.integers(-1000, 1000, (4, 2**16 + 1))).astype(np.int64)
+    want = np.var((z - 3 * 10**17).astype(np.float64), axis=1)
+    got = cupy.asnumpy(multireduce.var(cupy.asarray(z), axis=1))
+    assert np.all(np.abs(got - want) <= 1e-13 * want), np.max(np.abs(got - want) / want)
 
 
 def test_moments_with_an_outlier_for_the_base():

@@ -44,7 +44,7 @@
  *      with shuffles, then warp 0 over the warps' states, then the last block of the row
  *      merges the blocks' states in block order. Every state merged here holds its mean
  *      less the row's base (shift_base: the row's first element if finite and at most
- *      2**500 in magnitude, 2**53 for integers, else 0), and the row's state is written with the base added
+ *      2**500 in magnitude, else 0), and the row's state is written with the base added
  *      back (from_base). Chan's update adds d**2 * na * nb / n for the difference d of two
  *      means: means rounded at their own magnitude (float64 near 1.7e9 with a spread of
  *      1: about 1e-7) made d wrong by that much, and the variance of the thousands of
@@ -637,15 +637,13 @@ __device__ __noinline__ MomentState<S, E> rescan_state(MomentState<S, E> v, cons
 
 // The base of a row's means (ALGORITHM 3): its first element as float64 if finite and at
 // most 2**500 in magnitude (far below half an ulp of the largest float64s, 2**970, so that
-// no finite c - base or mean + base overflows), else 0. For integer input at most 2**53:
-// means less a base far from them round at the base's scale, and an integer mean beyond
-// _stats.EXACT_TOTAL_BOUND is the state's (mean([2**62, -2**62, 1, 2]) with base 2**62 was
-// 0.0, not 0.75), as _stats._shift_base.
+// no finite c - base or mean + base overflows), else 0, as _stats._shift_base. (A base far
+// from the mean rounds the means less it at the base's scale: harmless to M2; an integer
+// mean past _stats.EXACT_TOTAL_BOUND comes from the exact total, by state_mean.)
 template <class T>
 __device__ __forceinline__ double shift_base(T first) {
     const double f = static_cast<double>(seen(first));
-    constexpr double LIMIT = IsFloatElement<T>::value ? 0x1p500 : 0x1p53;
-    return (is_finite_value(f) && fabs(f) <= LIMIT) ? f : 0.0;
+    return (is_finite_value(f) && fabs(f) <= 0x1p500) ? f : 0.0;
 }
 
 // A row's state as the kernel writes it: the mean back from the base, or, with a float64
@@ -991,6 +989,21 @@ __device__ __forceinline__ double state_mean(const MomentState<S, E>& st) {
         const double n = static_cast<double>(st.n);
         const double largest = fmax(fabs(static_cast<double>(st.lo)), fabs(static_cast<double>(st.hi)));
         if (n * largest < 0x1p62) return static_cast<double>(st.total) / n;
+        // _stats._unwrapped_mean: the exact sum is the one near round(n * mean) with the
+        // total's residue modulo 2**64, where n * mean is within n * largest * 2**-40 of it.
+        const double approx = rint(n * st.mean);
+        unsigned long long bits;
+        if (fabs(approx) < 0x1p63) {
+            bits = static_cast<unsigned long long>(static_cast<long long>(approx));
+        } else {
+            double residue = fmod(approx, 0x1p64);  // exact, and exact after the shift below
+            if (residue < 0.0) residue += 0x1p64;
+            bits = static_cast<unsigned long long>(residue);
+        }
+        const long long correction = static_cast<long long>(static_cast<unsigned long long>(st.total) - bits);
+        const double c = static_cast<double>(correction);
+        if (n * (largest * 0x1p-40 + 1.0) < 0x1p61 && fabs(c) < 0x1p62 && is_finite_value(approx))
+            return (approx + c) / n;
     } else {
         const bool finite = is_finite_value(st.mean) && is_finite_value(static_cast<double>(st.total));
         if (!finite && is_finite_value(st.lo) && is_finite_value(st.hi))
