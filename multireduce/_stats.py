@@ -424,7 +424,10 @@ def _block_moments(
     acc = _sum_acc(b.dtype)
     # A float64 total is the sum of the float64 copy (float32 input: one pass fewer than
     # summing ``clean`` through NumPy's buffered cast, and pairwise over the whole block).
-    total = np.add.reduce(f, axis=axis) if acc == np.float64 else np.add.reduce(clean, axis=axis, dtype=acc)
+    # The total leaves NaN out (the count holds it); +inf with -inf then warns "invalid value",
+    # where NumPy's var and mean, whose sums meet the NaN first, are silent (nanvar warns).
+    with np.errstate(**({"invalid": "ignore"} if not skips_nan and nanmask is not None else {})):
+        total = np.add.reduce(f, axis=axis) if acc == np.float64 else np.add.reduce(clean, axis=axis, dtype=acc)
     ext = _extreme_acc(b.dtype)
     # NumPy's float16 min and max run without SIMD (about 10x float64's time): without NaN,
     # the extremes of the exact float64 copy are the same values, -0.0 and +0.0 included.

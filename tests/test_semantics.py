@@ -693,7 +693,7 @@ def test_infinite_elements_warn_in_var_as_numpy_and_not_in_mean():
     # value encountered in subtract" (the CPU's moments computed it silenced); its mean
     # subtracts nothing and is silent. With a NaN beside the infinity, NumPy's var subtracts
     # a NaN mean and is silent, and its nanvar warns.
-    for values in ([np.inf, 1.0], [-np.inf, -np.inf], [np.inf, 0.0, np.nan], [1.0, 2.0]):
+    for values in ([np.inf, 1.0], [-np.inf, -np.inf], [np.inf, 0.0, np.nan], [np.nan, np.inf, -np.inf], [1.0, 2.0]):
         x = np.array(values)
         for ours, theirs, axis in [
             (multireduce.var, np.var, None),
