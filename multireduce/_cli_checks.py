@@ -195,7 +195,6 @@ class Moments:
     count: int  # the elements counted: all, or those not NaN for the nan ops
     total: Fraction  # exact sum of the finite counted elements
     squares: Fraction  # exact sum of their squares
-    magnitude: float  # sum of their |x| (float64; inf past its range): the mean's error scale
     nan: bool
     pos_inf: bool
     neg_inf: bool
@@ -204,6 +203,11 @@ class Moments:
     positive: float = 0.0  # sums of the positive elements and of the negative ones' |x| (float64,
     negative: float = 0.0  # inf past its range): every partial sum, in any order, lies between
 
+    @property
+    def magnitude(self) -> float:
+        """The sum of the |x| (float64; inf past its range): the mean's error scale."""
+        return self.positive + self.negative
+
     def __add__(self, other: Moments) -> Moments:
         los = [v for v in (self.lo, other.lo) if v is not None]
         his = [v for v in (self.hi, other.hi) if v is not None]
@@ -211,7 +215,6 @@ class Moments:
             self.count + other.count,
             self.total + other.total,
             self.squares + other.squares,
-            self.magnitude + other.magnitude,
             self.nan or other.nan,
             self.pos_inf or other.pos_inf,
             self.neg_inf or other.neg_inf,
@@ -279,7 +282,6 @@ def _moments_part(x: np.ndarray, skips_nan: bool) -> Moments:
             int(x.size),
             Fraction(total),
             Fraction(squares),
-            float(magnitude),
             False,
             False,
             False,
@@ -292,14 +294,12 @@ def _moments_part(x: np.ndarray, skips_nan: bool) -> Moments:
     counted = _not_nan(x) if skips_nan else x
     finite = counted[np.isfinite(counted)].astype(np.float64)
     with np.errstate(over="ignore"):
-        magnitude = float(np.add.reduce(np.abs(finite), dtype=np.float64))
         positive = float(np.add.reduce(finite[finite > 0], dtype=np.float64))
         negative = -float(np.add.reduce(finite[finite < 0], dtype=np.float64))
     return Moments(
         count=int(counted.size),
         total=exact_sum(finite),
         squares=exact_sum_of_squares(finite),
-        magnitude=magnitude,
         nan=nan and not skips_nan,
         pos_inf=bool(np.isposinf(counted).any()),
         neg_inf=bool(np.isneginf(counted).any()),
@@ -539,9 +539,7 @@ def synthetic(op_name: str, window: list[int], full: int, rest: int, kind: str):
         squares = Fraction(total(lambda v: v * v))
         lo, hi = (min(seen), max(seen)) if seen else (None, None)
         positive, negative = float(total(lambda v: max(v, 0))), float(total(lambda v: max(-v, 0)))
-        return Moments(
-            n, Fraction(total(int)), squares, float(total(abs)), False, False, False, lo, hi, positive, negative
-        )
+        return Moments(n, Fraction(total(int)), squares, False, False, False, lo, hi, positive, negative)
     if op_name in ARG_OPS:
         if not seen:
             return Extreme(None, None, n)

@@ -731,10 +731,12 @@ def state_mean(state: Moments) -> np.ndarray:
         overflowed = ~finite & np.isfinite(state.lo) & np.isfinite(state.hi) & (state.n > 0)
         with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
             return np.where(overflowed, state.total.astype(np.float64) / state.n.astype(np.float64), mean)
+    exact = total_cannot_wrap(state.n, state.lo, state.hi)
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-        exact = state.total.astype(np.float64) / state.n.astype(np.float64)
-        mean = np.where((state.n > 0) & total_cannot_wrap(state.n, state.lo, state.hi), exact, state.mean)
-        return np.where((state.n > 0) & ~total_cannot_wrap(state.n, state.lo, state.hi), _unwrapped_mean(state), mean)
+        by_total = state.total.astype(np.float64) / state.n.astype(np.float64)
+    if not np.all(exact | (state.n == 0)):  # some total may have wrapped
+        by_total = np.where(exact, by_total, _unwrapped_mean(state))
+    return np.where(state.n > 0, by_total, state.mean)
 
 
 #: The bound on a merged integer state's float64 mean error that :func:`_unwrapped_mean`

@@ -166,11 +166,12 @@ def _check_chunk(x, expected: np.dtype):
     """Chunk ``x`` as an array; raise unless it has the dtype its Dask array declares.
 
     The plan (result and accumulator dtypes, dtype= conversions) was made for that dtype.
-    Python scalars, lists and tuples (``da.from_delayed`` of a function that returns one;
-    Dask's own reductions take them) go through ``numpy.asarray``, as the core takes them,
-    and their dtype is checked as any chunk's.
+    NumPy and Python scalars (the chunk of a Dask reduction's 0-d result, or of
+    ``da.from_delayed`` of a function that returns one), lists and tuples (Dask's own
+    reductions take them) go through ``numpy.asarray``, as the core takes them, and their
+    dtype is checked as any chunk's.
     """
-    if isinstance(x, list | tuple | int | float | bool):
+    if isinstance(x, np.generic | list | tuple | int | float | bool):
         x = np.asarray(x)
     dtype = getattr(x, "dtype", None)
     if not isinstance(dtype, np.dtype):

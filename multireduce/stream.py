@@ -1873,19 +1873,17 @@ def _stream_chunk(block, *, ref, op: Op, result: np.dtype, plan: StreamPlan, exp
     if type(block).__module__.startswith("cupy"):
         _check_chunk(block, expected)  # the Dask layer's check and message
         return _partials.wrap(_partials.of_array(block, op, result), block.size)  # already on a GPU
-    if isinstance(block, np.generic | list | tuple | int | float | bool):
-        # NumPy or Python scalars (the chunk of a Dask reduction's 0-d result) and lists, as
-        # the Dask layer takes them; their dtype is checked below as any chunk's.
-        block = np.asarray(block)
+    # A masked chunk of an array whose meta is a plain ndarray (a masked meta is refused when
+    # the graph is built).
+    _refuse_chunk_subclass(block)
+    # The plan (accumulator, dtype= checks) was made for the declared dtype; scalars and lists
+    # become arrays, as the Dask layer takes them.
+    block = _check_chunk(block, expected)
     if not isinstance(block, np.ndarray):
         raise TypeError(
             f"cannot stream a chunk of type {type(block).__module__}.{type(block).__qualname__}; "
             "stream.reduce takes NumPy (or CuPy) chunks, NumPy and Python scalars and lists"
         )
-    # A masked chunk of an array whose meta is a plain ndarray (a masked meta is refused when
-    # the graph is built).
-    _refuse_chunk_subclass(block)
-    _check_chunk(block, expected)  # the plan (accumulator, dtype= checks) was made for that dtype
     pipeline = _resolve(ref)
     flat = _dense_1d(block)
     if flat is not None and flat.size and pipeline.device.native:
