@@ -16,6 +16,9 @@ combine partial states with the same :func:`merge` / :func:`arg_merge`:
     which keeps the variance accurate where the textbook ``E[x**2] - E[x]**2`` cancels. Within
     one :func:`moments` call the block means are merged less a base element of their slice
     (:func:`_shift_base`), so that ``d`` is rounded at the spread's scale, not the mean's.
+    Across calls (MPI ranks, Dask chunks) the state carries the low part of its mean
+    (``mean_lo``, from that shifted mean), and a merge forms ``d`` from both parts: data far
+    from zero keep float64's accuracy when their parts are merged too.
     Float64 data near the overflow threshold follow NumPy's rules, and finite data never
     give a NaN variance: M2 is inf where the squared deviations overflow (NumPy's var is
     then inf), and a mean that cannot be formed in float64 is the sum over the count, as
@@ -108,6 +111,13 @@ class Moments:
     lo, hi : numpy.ndarray
         Minimum and maximum of the non-NaN elements (IEEE 754-2019: -0.0 < +0.0), in the
         max/min accumulator dtype; the op's identity where ``n == 0``.
+    mean_lo : numpy.ndarray of float64
+        The low part of the mean: ``mean + mean_lo`` is the mean to about float64's precision
+        at the scale of the elements' spread, where ``mean`` alone is rounded at the mean's
+        own (and, for float input, carries the float64 total's error). It is 0 where the
+        mean is not finite. Only :func:`merge` reads it: the difference of two means in
+        Chan's update is formed from both parts, so that states merged across parts (MPI
+        ranks, Dask chunks) keep the accuracy of one state. No result is computed from it.
     """
 
     n: np.ndarray
@@ -117,6 +127,7 @@ class Moments:
     m2: np.ndarray
     lo: np.ndarray
     hi: np.ndarray
+    mean_lo: np.ndarray
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -147,6 +158,7 @@ def empty_moments(dtype: np.dtype, shape: tuple[int, ...] = ()) -> Moments:
         m2=np.zeros(shape, np.float64),
         lo=np.full(shape, OPS["min"].identity(ext), ext),
         hi=np.full(shape, OPS["max"].identity(ext), ext),
+        mean_lo=np.zeros(shape, np.float64),
     )
 
 
@@ -167,8 +179,12 @@ def _ieee_pair(a: np.ndarray, b: np.ndarray, largest: bool) -> np.ndarray:
 def merge(a: Moments, b: Moments) -> Moments:
     """Merge two moments states of the same shape (Chan et al.'s pairwise update).
 
-    Merging with :func:`empty_moments` returns the other state unchanged, bit for bit.
-    Where the update cannot be formed in float64:
+    The difference of the means ``d`` is formed from both parts of each mean: ``mean_b -
+    mean_a`` exactly (Knuth's TwoSum) plus the difference of the low parts, so that means
+    rounded at 1.7e9's scale give ``d`` at the spread's (see :class:`Moments`). The merged
+    mean's low part is the rounding of ``mean_a + d * nb / n`` (TwoSum again) plus
+    ``mean_lo_a``. Merging with :func:`empty_moments` returns the other state unchanged, bit
+    for bit. Where the update cannot be formed in float64:
 
     * finite means whose difference overflows (opposite signs near the float64 limit): the
       mean is the weighted mean ``mean_a * (na / n) + mean_b * (nb / n)``, which cannot
@@ -179,8 +195,8 @@ def merge(a: Moments, b: Moments) -> Moments:
       float64 sum of a block of them overflowed, and their variance is then inf, as
       NumPy's where its own sum overflows to +-inf (:func:`_overflowed_m2`).
 
-    So the M2 of finite elements is never NaN. ``_merge_values`` does the same for Python
-    values, and ``merge_moments`` in ``kernels/multireduce/stats.cuh`` on the device.
+    So the M2 of finite elements is never NaN, and the low part is 0 wherever the mean is
+    not finite. ``_merge_values`` makes the same operations on Python values.
     """
     n = a.n + b.n
     lo = _ieee_pair(a.lo, b.lo, largest=False)
@@ -190,8 +206,14 @@ def merge(a: Moments, b: Moments) -> Moments:
         nf = n.astype(np.float64)
         wa = a.n.astype(np.float64)
         wb = b.n.astype(np.float64)
-        delta = b.mean - a.mean
-        mean = a.mean + delta * (wb / nf)
+        high = b.mean - a.mean
+        back = high - b.mean  # TwoSum(mean_b, -mean_a): high + rounding == mean_b - mean_a
+        rounding = (b.mean - (high - back)) - (a.mean + back)
+        delta = np.where(np.isfinite(high), high + (rounding + (b.mean_lo - a.mean_lo)), high)
+        step = delta * (wb / nf)
+        mean = a.mean + step
+        back = mean - a.mean  # TwoSum(mean_a, step)
+        mean_lo = a.mean_lo + ((a.mean - (mean - back)) + (step - back))
         m2 = a.m2 + b.m2 + delta * (delta * (wa * wb / nf))  # delta**2 alone may overflow
         ok = np.isfinite(mean)
         if not np.all(ok):  # the update overflowed, or computed inf - inf
@@ -199,13 +221,15 @@ def merge(a: Moments, b: Moments) -> Moments:
             weighted = np.where(finite, a.mean * (wa / nf) + b.mean * (wb / nf), (wa * a.mean + wb * b.mean) / nf)
             mean = np.where(ok, mean, weighted)
             m2 = np.where(finite, m2, np.where(np.isfinite(lo) & np.isfinite(hi), np.inf, np.nan))
+        mean_lo = np.where(ok & np.isfinite(mean_lo), mean_lo, 0.0)
     # Where one side is empty, the other is taken as it is: the update above would turn an
     # infinite mean into NaN (inf - 0) for nothing.
     only_a = b.n == 0
     only_b = a.n == 0
     mean = np.where(only_a, a.mean, np.where(only_b, b.mean, mean))
     m2 = np.where(only_a, a.m2, np.where(only_b, b.m2, m2))
-    return Moments(n=n, nan=a.nan + b.nan, total=total, mean=mean, m2=m2, lo=lo, hi=hi)
+    mean_lo = np.where(only_a, a.mean_lo, np.where(only_b, b.mean_lo, mean_lo))
+    return Moments(n=n, nan=a.nan + b.nan, total=total, mean=mean, m2=m2, lo=lo, hi=hi, mean_lo=mean_lo)
 
 
 def _add_totals(a: Any, b: Any) -> Any:
@@ -270,21 +294,33 @@ def _merge_values(a: tuple, b: tuple, add: Callable[[Any, Any], Any], total_dtyp
     # the same IEEE float64 operations in the same order (Python floats are IEEE doubles) and
     # the total added as in its dtype, without the per-call cost of NumPy's array functions:
     # MPI's combine of full reductions runs this for every rank.
-    na, nan_a, total_a, mean_a, m2_a, lo_a, hi_a = a
-    nb, nan_b, total_b, mean_b, m2_b, lo_b, hi_b = b
+    na, nan_a, total_a, mean_a, m2_a, lo_a, hi_a, low_a = a
+    nb, nan_b, total_b, mean_b, m2_b, lo_b, hi_b, low_b = b
     lo = _pick_value(lo_a, lo_b, largest=False)
     hi = _pick_value(hi_a, hi_b, largest=True)
     if nb == 0:
-        mean, m2 = mean_a, m2_a
+        mean, m2, low = mean_a, m2_a, low_a
     elif na == 0:
-        mean, m2 = mean_b, m2_b
+        mean, m2, low = mean_b, m2_b, low_b
     else:
         nf, wa, wb = float(na + nb), float(na), float(nb)
+        low = 0.0
         if math.isfinite(mean_a) and math.isfinite(mean_b):
-            delta = mean_b - mean_a  # Python floats overflow to inf, as NumPy's
-            mean = mean_a + delta * (wb / nf)
+            high = mean_b - mean_a  # Python floats overflow to inf, as NumPy's
+            if math.isfinite(high):
+                back = high - mean_b
+                delta = high + (((mean_b - (high - back)) - (mean_a + back)) + (low_b - low_a))
+            else:
+                delta = high
+            step = delta * (wb / nf)
+            mean = mean_a + step
             m2 = m2_a + m2_b + delta * (delta * (wa * wb / nf))
-            if not math.isfinite(mean):  # delta overflowed: the weighted mean
+            if math.isfinite(mean):
+                back = mean - mean_a
+                low = low_a + ((mean_a - (mean - back)) + (step - back))
+                if not math.isfinite(low):
+                    low = 0.0
+            else:  # delta overflowed: the weighted mean
                 mean = mean_a * (wa / nf) + mean_b * (wb / nf)
         else:
             mean = (wa * mean_a + wb * mean_b) / nf
@@ -293,7 +329,7 @@ def _merge_values(a: tuple, b: tuple, add: Callable[[Any, Any], Any], total_dtyp
         total = _python_float_total(total_a, total_b, add, total_dtype)
     else:
         total = add(total_a, total_b)
-    return (na + nb, nan_a + nan_b, total, mean, m2, lo, hi)
+    return (na + nb, nan_a + nan_b, total, mean, m2, lo, hi, low)
 
 
 def _merge_tree_values(rows: list[tuple], total: np.dtype, extreme: np.dtype) -> Moments:
@@ -303,9 +339,16 @@ def _merge_tree_values(rows: list[tuple], total: np.dtype, extreme: np.dtype) ->
     while len(rows) > 1:
         paired = [_merge_values(rows[i], rows[i + 1], add, total) for i in range(0, len(rows) - 1, 2)]
         rows = paired + rows[len(paired) * 2 :]
-    n, nan, t, mean, m2, lo, hi = rows[0]
+    n, nan, t, mean, m2, lo, hi, low = rows[0]
     return Moments(
-        np.int64(n), np.int64(nan), total.type(t), np.float64(mean), np.float64(m2), extreme.type(lo), extreme.type(hi)
+        np.int64(n),
+        np.int64(nan),
+        total.type(t),
+        np.float64(mean),
+        np.float64(m2),
+        extreme.type(lo),
+        extreme.type(hi),
+        np.float64(low),
     )
 
 
@@ -471,7 +514,8 @@ def _block_moments(
     if nanmask is not None:  # slices that were all NaN hold NaN: make them the identity
         lo = np.where(n > 0, lo, OPS["min"].identity(ext))
         hi = np.where(n > 0, hi, OPS["max"].identity(ext))
-    return Moments(n=n, nan=nan, total=total, mean=mean, m2=m2, lo=np.asarray(lo), hi=np.asarray(hi))
+    zeros = np.zeros(np.shape(mean))
+    return Moments(n=n, nan=nan, total=total, mean=mean, m2=m2, lo=np.asarray(lo), hi=np.asarray(hi), mean_lo=zeros)
 
 
 def _overflowed_m2(m2: Any, lo: Any, hi: Any, total: Any = None) -> Any:
@@ -515,20 +559,31 @@ def _merged_blocks(
 
 
 def _from_base(state: Moments, base: np.ndarray) -> Moments:
-    """``state`` (means less ``base``) with its mean.
+    """``state`` (means less ``base``) with its mean and the mean's low part.
 
     The base added back, or, for a float64 total that is finite (float32 and float64
     input), the total over n. The latter is NumPy's mean, whose error scales with the mean of |x|; base + mean is
-    exact to the spread's scale, which an outlier for a base makes far coarser. The moments
-    kernel's ``from_base`` does the same.
+    exact to the spread's scale, which an outlier for a base makes far coarser. The low part
+    is what ``base + mean`` (the two summed exactly: TwoSum) adds to the mean chosen; 0 where
+    that is not finite. The moments kernel's ``from_base`` does the same.
+
+    (With an outlier for a base the low part is as coarse as the shifted mean, at the scale
+    ``R`` of the elements' distance from the base; the state's M2 is then at least ``R**2 /
+    2``, so the merges' ``d`` errs by float64's precision relative to it, as before.)
     """
-    with np.errstate(invalid="ignore", divide="ignore"):
-        mean = state.mean + base
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        shifted = state.mean
+        high = shifted + base
+        back = high - shifted  # TwoSum(shifted, base): high + rounding == shifted + base
+        rounding = (shifted - (high - back)) + (base - back) + state.mean_lo
+        mean = high
         if state.total.dtype == np.float64:
             by_total = state.total / np.where(state.n > 0, state.n, 1)
             mean = np.where(np.isfinite(state.total), by_total, mean)
-    mean = np.where(state.n > 0, mean, 0.0)
-    return Moments(state.n, state.nan, state.total, mean, state.m2, state.lo, state.hi)
+        mean = np.where(state.n > 0, mean, 0.0)
+        mean_lo = (high - mean) + rounding
+        mean_lo = np.where(np.isfinite(mean_lo) & (state.n > 0), mean_lo, 0.0)
+    return Moments(state.n, state.nan, state.total, mean, state.m2, state.lo, state.hi, mean_lo)
 
 
 #: Largest |base| of :func:`_shift_base`: far below half an ulp of float64's largest values
@@ -1110,6 +1165,7 @@ def moments_dtype(dtype: np.dtype) -> np.dtype:
             ("m2", np.float64),
             ("lo", ext),
             ("hi", ext),
+            ("mean_lo", np.float64),
         ]
     )
 

@@ -1364,3 +1364,28 @@ def test_variance_of_two_single_elements_far_apart():
     assert float(mdask.treereduce(d, "var").compute()) == np.var(x) == 6.4e307
     assert float(mdask.treereduce(d, "std").compute()) == np.std(x)
     assert float(multireduce.stats(x).var) == np.var(x)
+
+
+@pytest.mark.parametrize("xp", ["numpy", pytest.param("cupy", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("data", ["float64", "int64"])
+@pytest.mark.parametrize(
+    ("chunks", "axis", "split_every"), [(2**17, None, 4), (100_003, None, None), ((256, 300), 0, 3)]
+)
+def test_variance_far_from_zero_across_chunks(data, chunks, axis, split_every, xp):
+    # Timestamps near 1.7e9 (spread 1) and int64 ids near 1e12: the chunks' states carry the
+    # low parts of their means (Moments.mean_lo; on the GPU the moments kernel's), so var
+    # over chunks keeps one array's accuracy. Before, Chan's d of float64 means rounded at
+    # 1.7e9's ulp: 2e-10 to 1e-8.
+    rng = np.random.default_rng(7)
+    shape = (2**20 + 5,) if axis is None else (2000, 300)
+    offset = 1.7e9 if data == "float64" else 10**12
+    x = offset + (rng.standard_normal(shape) if data == "float64" else rng.integers(0, 20, shape))
+    want = np.var(x.astype(np.float64) - offset, axis=axis)
+    d = da.from_array(x, chunks=chunks)
+    if xp == "cupy":
+        d = da.from_array(_cupy().asarray(x), chunks=chunks, asarray=False)
+    got_var = d.treereduce("var", axis=axis, split_every=split_every).compute()
+    got_stats = mdask.stats(d, axis=axis, split_every=split_every).compute().var
+    for got in (got_var, got_stats):
+        got = got.get() if type(got).__module__.startswith("cupy") else np.asarray(got)
+        assert np.all(np.abs(got - want) <= 1e-13 * want), np.max(np.abs(got - want) / want)

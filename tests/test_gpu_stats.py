@@ -7,6 +7,7 @@ means and M2 within float64 rounding (float16 sums: float32). Arg states must ma
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -282,6 +283,37 @@ def test_moments_large_offset_accuracy(data, shape, axis):
     m2 = np.asarray(state.m2)
     exact_m2 = want * (x.size if axis is None else shape[axis])
     assert np.all(np.abs(m2 - exact_m2) <= 1e-13 * exact_m2), np.max(np.abs(m2 - exact_m2) / exact_m2)
+
+
+@pytest.mark.parametrize("data", ["float64", "float32", "int64"])
+@pytest.mark.parametrize(
+    ("shape", "axis", "parts"), [((2**20 + 7,), None, 2), ((2**20 + 7,), None, 13), ((600, 2000), 1, 5)]
+)
+def test_moments_large_offset_accuracy_across_parts(data, shape, axis, parts):
+    # The kernel writes each row's low part of its mean (MomentRecord.mean_lo): GPU states of
+    # parts merged on the host (as MPI ranks and Dask chunks merge them) keep one state's
+    # accuracy. With float64 means alone, Chan's d was rounded at 1.7e9's ulp.
+    from multireduce import _stats
+
+    rng = np.random.default_rng(sum(shape) + parts)
+    offset = {"float64": 1.7e9, "float32": 1e6, "int64": 10**12}[data]
+    if data == "int64":
+        host = offset + rng.integers(0, 20, shape)
+    else:
+        host = (offset + rng.standard_normal(shape)).astype(data)
+    shifted = host.astype(np.float64) - offset  # exact
+    want = np.var(shifted, axis=axis)
+    pieces = np.array_split(host, parts, axis=-1)
+    states = [multireduce.partial(cupy.asarray(p), "var", axis=axis) for p in pieces]
+    merged = _stats.merge_all(states)
+    got = np.asarray(merged.m2) / shape[-1]
+    assert np.all(np.abs(got - want) <= 1e-13 * want), np.max(np.abs(got - want) / want)
+    # A GPU state's mean and low part against the exact mean of one piece (a row of it).
+    first = pieces[0] if axis is None else pieces[0][0]
+    state = states[0] if axis is None else states[0].map(lambda a: np.asarray(a)[0])
+    exact = Fraction(offset) + Fraction(math.fsum((first.astype(np.float64) - offset).tolist()) / first.size)
+    error = Fraction(float(state.mean)) + Fraction(float(state.mean_lo)) - exact
+    assert abs(error) <= 1e-13, (float(error), float(Fraction(float(state.mean)) - exact))
 
 
 def test_integer_means_beyond_the_exact_bound_keep_their_accuracy():

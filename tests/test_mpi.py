@@ -125,3 +125,40 @@ def test_an_overflowing_cast_warns_on_every_rank_as_numpy(mpiexec, ranks):
     (line,) = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
     cast = "RuntimeWarning: overflow encountered in cast"
     assert json.loads(line.removeprefix("RESULT ")) == [[[[cast], [cast]], "overflow encountered in cast"]] * ranks
+
+
+# Timestamps near 1.7e9 (spread 1) and int64 ids near 1e12 split over the ranks unevenly: the
+# ranks' states carry the low parts of their means, so var keeps one array's accuracy.
+# With the argument "gpu", the shards are CuPy arrays (tests/test_mpi_gpu.py).
+FAR_FROM_ZERO = """
+import json
+import sys
+import numpy as np
+from multireduce import mpi
+
+xp = __import__("cupy") if sys.argv[1:] == ["gpu"] else np
+
+comm = mpi.MPI.COMM_WORLD
+rng = np.random.default_rng(5)
+errors = []
+for offset, x in ((1.7e9, 1.7e9 + rng.standard_normal(2**20 + 3)), (10**12, 10**12 + rng.integers(0, 20, 2**20 + 3))):
+    want = np.var(x.astype(np.float64) - offset)
+    cuts = np.linspace(0, x.size, comm.size + 1).astype(int) + np.arange(comm.size + 1) * 1009
+    cuts[-1] = x.size
+    shard = xp.asarray(x[cuts[comm.rank] : cuts[comm.rank + 1]])
+    for got in (mpi.allreduce(shard, "var"), mpi.stats(shard).var, mpi.allreduce(shard, "std") ** 2):
+        errors.append(abs(float(got) - want) / want)
+if comm.rank == 0:
+    print("RESULT " + json.dumps(errors))
+"""
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_variance_far_from_zero_across_ranks(mpiexec, ranks):
+    # Before, each rank's state carried a float64 mean rounded at 1.7e9's ulp, and Chan's
+    # update in the merge of the ranks' states kept 1e-10 (timestamps) to 1e-8 (int64).
+    done = run(mpiexec, ranks, ["-c", FAR_FROM_ZERO], timeout=60)
+    assert done.returncode == 0, done.output
+    (line,) = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
+    errors = json.loads(line.removeprefix("RESULT "))
+    assert len(errors) == 6 and max(errors) <= 1e-13, errors

@@ -12,6 +12,7 @@ import json
 import numpy as np
 import pytest
 from mpi_scripts.launch import SCRIPTS, run
+from test_mpi import FAR_FROM_ZERO
 from test_mpi_local import key_test_values
 
 from multireduce import get_op
@@ -212,3 +213,16 @@ def test_gpu_general_combines_allocate_nothing_after_the_agreement(aware):
         else:
             os.environ["MULTIREDUCE_CUDA_AWARE"] = saved
         mpi.cuda_aware(refresh=True)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_gpu_variance_far_from_zero_across_ranks(mpiexec, ranks):
+    # The GPU kernel's states carry the low parts of their means (MomentRecord.mean_lo) into
+    # the ranks' merge: var of timestamps near 1.7e9 and int64 near 1e12 keeps one array's
+    # accuracy (tests/test_mpi.py runs the same script on NumPy shards).
+    done = run(mpiexec, ranks, ["-c", FAR_FROM_ZERO, "gpu"], timeout=120)
+    assert done.returncode == 0, done.output
+    (line,) = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
+    errors = json.loads(line.removeprefix("RESULT "))
+    assert len(errors) == 6 and max(errors) <= 1e-13, errors

@@ -828,6 +828,72 @@ def test_variance_far_from_zero_is_as_accurate_as_near_zero(data, shape, axis):
     assert np.all(np.abs(mean - np.mean(shifted, axis=axis)) <= 2.0**-52 * math.log2(count) * offset)
 
 
+def _far_from_zero(data, shape, seed):
+    # (x, offset): timestamps near 1.7e9 s with a spread of 1 s, int64 ids near 1e12, float32
+    # near 1e4; x less the offset is exact in float64.
+    rng = np.random.default_rng(seed)
+    offset = {"float64": 1.7e9, "int64": 10**12, "float32": 1e4}[data]
+    if data == "int64":
+        return offset + rng.integers(0, 20, shape), offset
+    return (offset + rng.standard_normal(shape)).astype(data), offset
+
+
+@pytest.mark.parametrize("data", ["float64", "int64", "float32"])
+@pytest.mark.parametrize("parts", [2, 3, 7, 16, 64])
+def test_variance_far_from_zero_keeps_its_accuracy_across_parts(data, parts):
+    # States merged across parts (what MPI ranks and Dask chunks merge) carried float64 means:
+    # Chan's d = mean_b - mean_a was rounded at 1.7e9's ulp, and the variance of those
+    # timestamps in 2 to 64 parts kept 1e-10 to 4e-10 relative, int64 near 1e12 1e-9 to
+    # 1.3e-8. With the states' low parts (Moments.mean_lo) within 1e-13, as one state.
+    x, offset = _far_from_zero(data, 2**20 + 3, parts)
+    want = np.var(x.astype(np.float64) - offset)
+    states = [multireduce.partial(p, "var") for p in np.array_split(x, parts)]
+    records = np.concatenate([_stats.to_structured(s).astype(_stats.moments_dtype(x.dtype)).reshape(1) for s in states])
+    stacked = _stats.merge_stacked(
+        _stats.Moments(*(np.stack([getattr(s, f) for s in states]) for f in _stats._MOMENTS_FIELDS))
+    )
+    for merged in (_stats.merge_all(states), _stats.merge_records(records), stacked):
+        got = float(merged.m2) / x.size
+        assert abs(got - want) <= 1e-13 * want, (abs(got - want) / want, parts)
+        assert math.isfinite(float(merged.mean_lo)) and abs(float(merged.mean_lo)) <= 1e-6 * abs(float(merged.mean))
+
+
+@pytest.mark.parametrize("data", ["float64", "int64"])
+@pytest.mark.parametrize(("shape", "axis"), [((3000, 500), 0), ((500, 3000), 1)])
+def test_variance_far_from_zero_over_an_axis_keeps_its_accuracy_across_parts(data, shape, axis):
+    # The same for states over an axis (arrays of states, merged by the vectorized merge), the
+    # parts split along the reduced axis, one of them with a NaN that nanvar skips.
+    x, offset = _far_from_zero(data, shape, sum(shape) + axis)
+    want = np.var(x.astype(np.float64) - offset, axis=axis)
+    for op in ("var", "nanvar"):
+        y = x.astype(np.float64) if op == "nanvar" else x
+        if op == "nanvar":
+            np.moveaxis(y, axis, 0)[5] = np.nan  # not the base (each slice's first element)
+            want = np.nanvar(y - offset, axis=axis)
+        states = [multireduce.partial(p, op, axis=axis) for p in np.array_split(y, 7, axis=axis)]
+        merged = _stats.merge_all(states)
+        got = _stats.finalize_moments(merged, OPS[op], np.dtype(np.float64))
+        assert np.all(np.abs(got - want) <= 1e-13 * want), np.max(np.abs(got - want) / want)
+
+
+def test_the_low_part_of_a_mean():
+    # mean + mean_lo is the mean at the spread's precision: 1.7e9 + [0.1, 0.2, 0.3] has the
+    # exact mean 1.7e9 + 0.2 (up to the elements' own roundings), which float64 rounds at 2.4e-7.
+    x = 1.7e9 + np.array([0.1, 0.2, 0.3])
+    exact = Fraction(sum(Fraction(v) for v in x.tolist()), 3)
+    halves = _stats.merge_all([multireduce.partial(p, "mean") for p in (x[:1], x[1:])])
+    for state in (multireduce.partial(x, "mean"), halves):
+        assert abs(Fraction(float(state.mean)) + Fraction(float(state.mean_lo)) - exact) < 1e-15
+        assert abs(Fraction(float(state.mean)) - exact) > 1e-9  # the mean alone cannot
+    # 0 where there is no mean to refine: no element, an infinite one, NaN
+    for values in ([], [np.inf, 1.0], [np.inf, -np.inf], [np.nan]):
+        with np.errstate(invalid="ignore"):
+            assert float(multireduce.partial(np.array(values, dtype=np.float64), "nanvar").mean_lo) == 0.0
+    empty = _stats.empty_moments(np.dtype(np.float64))
+    state = multireduce.partial(x, "mean")
+    assert _stats.merge(state, empty).mean_lo == state.mean_lo == _stats.merge(empty, state).mean_lo
+
+
 def test_integer_means_beyond_the_exact_bound_keep_their_accuracy():
     # Past n * max|x| >= 2**62 an integer mean is the state's float64 mean. A base of 2**62
     # (the first element) rounded the means less it at 2**62's scale: mean([2**62, -2**62,
@@ -1494,6 +1560,7 @@ def test_finalize_of_overflowed_states():
             np.float64(m2),
             np.float64(lo),
             np.float64(hi),
+            np.float64(0.0),
         )
 
     for state_, var, mean in [

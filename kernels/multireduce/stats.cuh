@@ -50,6 +50,9 @@
  *      1: about 1e-7) made d wrong by that much, and the variance of the thousands of
  *      thread states kept only 7 to 10 digits; less the base, they are rounded at the
  *      spread's magnitude (as _stats._merged_blocks on the CPU).
+ *   4. The row's state (MomentRecord) also carries the low part of its mean, mean_lo: what
+ *      the base-shifted mean adds to the mean written (from_base). Merges of states across
+ *      parts (MPI ranks, Dask chunks: _stats.merge on the host) form d from both parts.
  *
  *   ERROR. With d_i = x_i - c, M2 = s2 - s1**2/n is exact in real arithmetic; in float64
  *   its error is at most about (m + 2) * eps * (s2 + s1**2/n) for a thread's m elements,
@@ -646,19 +649,39 @@ __device__ __forceinline__ double shift_base(T first) {
     return (is_finite_value(f) && fabs(f) <= 0x1p500) ? f : 0.0;
 }
 
+// A row's state as the kernel writes it (multireduce._stats.Moments): MomentState, then the
+// low part of its mean. Thread, warp and block states (MomentState) hold means less the
+// row's base and need none; only the row's state carries it, for merges across parts.
+// (MomentState is a POD, so mean_lo follows its tail padding: the layout of the NumPy
+// structured dtype with align=True and the same fields in this order.)
+template <class S, class E>
+struct MomentRecord : MomentState<S, E> {
+    double mean_lo;
+};
+
 // A row's state as the kernel writes it: the mean back from the base, or, with a float64
 // total (float32 and float64 input) that is finite, the total over n: NumPy's mean, whose
 // error scales with the mean of |x| (base + mean is exact to the spread's scale: with an
-// outlier for a base, far coarser). As _stats._merged_blocks on the CPU.
+// outlier for a base, far coarser). The low part, mean_lo, is the base-shifted mean's
+// excess over that mean (TwoSum of the shifted mean and the base; 0 where not finite).
+// As _stats._from_base on the CPU.
 template <class S, class E>
-__device__ __forceinline__ MomentState<S, E> from_base(MomentState<S, E> v, double base) {
+__device__ __forceinline__ MomentRecord<S, E> from_base(const MomentState<S, E>& v, double base) {
+    MomentRecord<S, E> r;
+    static_cast<MomentState<S, E>&>(r) = v;
+    r.mean_lo = 0.0;
     if (v.n > 0) {
-        v.mean = v.mean + base;
+        const double high = v.mean + base;
+        const double back = high - v.mean;
+        const double rounding = (v.mean - (high - back)) + (base - back);
+        r.mean = high;
         if constexpr (IsFloating<S>::value && sizeof(S) == 8) {
-            if (is_finite_value(v.total)) v.mean = v.total / static_cast<double>(v.n);
+            if (is_finite_value(v.total)) r.mean = v.total / static_cast<double>(v.n);
         }
+        const double low = (high - r.mean) + rounding;
+        if (is_finite_value(low)) r.mean_lo = low;
     }
-    return v;
+    return r;
 }
 
 // The moments of each of `rows` contiguous rows of `length` elements (ALGORITHM above).
@@ -666,7 +689,7 @@ template <class T, class S, class E, int BLOCK, int UNROLL>
 __global__ void __launch_bounds__(BLOCK, 2)
 moments_rows_kernel(const T* __restrict__ in, long long rows, long long length, E lo_init, E hi_init,
                     MomentState<S, E>* __restrict__ partials, unsigned int* __restrict__ counters,
-                    MomentState<S, E>* __restrict__ out) {
+                    MomentRecord<S, E>* __restrict__ out) {
     using State = MomentState<S, E>;
     constexpr int VEC = 16 / sizeof(T);
     constexpr int ACC = VEC < 2 ? VEC : 2;
@@ -1025,7 +1048,7 @@ __device__ __forceinline__ double state_m2(const MomentState<S, E>& st) {
 }
 
 template <class T, class S, class E, class SumOut, class MeanOut>
-__global__ void stats_finalize_kernel(const MomentState<S, E>* __restrict__ states, long long rows, double correction,
+__global__ void stats_finalize_kernel(const MomentRecord<S, E>* __restrict__ states, long long rows, double correction,
                                       long long* __restrict__ count, long long* __restrict__ nan_count,
                                       SumOut* __restrict__ sum, T* __restrict__ lo, T* __restrict__ hi,
                                       MeanOut* __restrict__ mean, MeanOut* __restrict__ var) {
@@ -1064,7 +1087,7 @@ __global__ void stats_finalize_kernel(const MomentState<S, E>* __restrict__ stat
 // square root) is rounded once to Out. (The mean is mean_from_sum_kernel's.)
 
 template <class S, class E, class Out, int OP>
-__global__ void moments_finalize_kernel(const MomentState<S, E>* __restrict__ states, long long rows,
+__global__ void moments_finalize_kernel(const MomentRecord<S, E>* __restrict__ states, long long rows,
                                         double correction, Out* __restrict__ out) {
     static_assert(OP == 1 || OP == 2, "OP: 1 var, 2 std (the mean is mean_from_sum_kernel's)");
     const double qnan = __longlong_as_double(0x7ff8000000000000LL);

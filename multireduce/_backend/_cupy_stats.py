@@ -37,7 +37,7 @@ _ARG_PARTIAL_BYTES = 16  # struct ArgPartial { long long key, index; }
 
 
 def state_dtype(dtype: np.dtype) -> np.dtype:
-    """The NumPy dtype of the kernel's ``MomentState<S, E>`` for input ``dtype``.
+    """The NumPy dtype of the kernel's ``MomentRecord<S, E>`` (a row's state) for input ``dtype``.
 
     ``align=True`` lays the fields out by the C rules that nvcc and NVRTC follow.
     """
@@ -51,6 +51,7 @@ def state_dtype(dtype: np.dtype) -> np.dtype:
             ("m2", np.float64),
             ("lo", _stats._extreme_acc(dtype)),
             ("hi", _stats._extreme_acc(dtype)),
+            ("mean_lo", np.float64),
         ],
         align=True,
     )
@@ -114,7 +115,7 @@ class _HostRecords:
     are atomic, so threads (Dask's) share the records of a device; the memory is never freed.
     """
 
-    SIZE = 64  # bytes: a moments record (at most 56) or an arg pair (value, index)
+    SIZE = 64  # bytes: a moments record (at most 64) or an arg pair (value, index)
     BLOCK = 32  # records per allocation
 
     def __init__(self) -> None:
@@ -182,6 +183,7 @@ def launch_moments(data: cupy.ndarray, rows: int, length: int) -> cupy.ndarray:
     kernel, max_grid = _kernel(device, _kernels.moments_kernel_name(data.dtype), _BLOCK)
     per_row, grid_y = _grid(rows, length, data.itemsize, _kernels.MOMENTS_UNROLL, max_grid)
     sdt, lo, hi = _moments_constants(data.dtype)
+    # The block partials (MomentState) are smaller than the rows' records (MomentRecord).
     partials = cupy.empty(max(rows * per_row, 1) * sdt.itemsize, dtype=np.uint8)
     counters = _counters(device, rows if per_row > 1 else 1)
     out = cupy.empty(rows * sdt.itemsize, dtype=np.uint8)
