@@ -113,9 +113,10 @@ class Moments:
         max/min accumulator dtype; the op's identity where ``n == 0``.
     mean_lo : numpy.ndarray of float64
         The low part of the mean: ``mean + mean_lo`` is the mean to about float64's precision
-        at the scale of the elements' spread, where ``mean`` alone is rounded at the mean's
-        own (and, for float input, carries the float64 total's error). It is 0 where the
-        mean is not finite. Only :func:`merge` reads it: the difference of two means in
+        at the scale of the elements' distance from the base of their means (the spread,
+        unless the base is an outlier: :func:`_shift_base`), where ``mean`` alone is rounded
+        at the mean's own (and, for float input, carries the float64 total's error). It is
+        0 where the mean is not finite. Only :func:`merge` reads it, for M2: the difference of two means in
         Chan's update is formed from both parts, so that states merged across parts (MPI
         ranks, Dask chunks) keep the accuracy of one state. No result is computed from it.
     """
@@ -176,15 +177,20 @@ def _ieee_pair(a: np.ndarray, b: np.ndarray, largest: bool) -> np.ndarray:
     return np.where(both_zero, zero, value)
 
 
-def merge(a: Moments, b: Moments) -> Moments:
+def merge(a: Moments, b: Moments, low_parts: bool = True) -> Moments:
     """Merge two moments states of the same shape (Chan et al.'s pairwise update).
 
-    The difference of the means ``d`` is formed from both parts of each mean: ``mean_b -
+    The mean is the update of the float64 means, ``mean_a + (mean_b - mean_a) * nb / n``.
+    M2's difference of the means ``d`` is formed from both parts of each mean: ``mean_b -
     mean_a`` exactly (Knuth's TwoSum) plus the difference of the low parts, so that means
     rounded at 1.7e9's scale give ``d`` at the spread's (see :class:`Moments`). The merged
-    mean's low part is the rounding of ``mean_a + d * nb / n`` (TwoSum again) plus
-    ``mean_lo_a``. Merging with :func:`empty_moments` returns the other state unchanged, bit
-    for bit. Where the update cannot be formed in float64:
+    low part is the rounding of the mean's update (TwoSum again), plus ``mean_lo_a``, plus
+    what the refined ``d`` adds to it. (The mean itself does not take the low parts: with
+    an outlier for a base they are rounded at the outlier's scale, coarser than the mean.)
+    ``low_parts`` false: states whose means are taken less one base (the blocks of one
+    :func:`moments` call), whose ``d`` needs no refinement; their low parts are 0.
+    Merging with :func:`empty_moments` returns the other state unchanged, bit for bit.
+    Where the update cannot be formed in float64:
 
     * finite means whose difference overflows (opposite signs near the float64 limit): the
       mean is the weighted mean ``mean_a * (na / n) + mean_b * (nb / n)``, which cannot
@@ -207,13 +213,17 @@ def merge(a: Moments, b: Moments) -> Moments:
         wa = a.n.astype(np.float64)
         wb = b.n.astype(np.float64)
         high = b.mean - a.mean
-        back = high - b.mean  # TwoSum(mean_b, -mean_a): high + rounding == mean_b - mean_a
-        rounding = (b.mean - (high - back)) - (a.mean + back)
-        delta = np.where(np.isfinite(high), high + (rounding + (b.mean_lo - a.mean_lo)), high)
-        step = delta * (wb / nf)
-        mean = a.mean + step
-        back = mean - a.mean  # TwoSum(mean_a, step)
-        mean_lo = a.mean_lo + ((a.mean - (mean - back)) + (step - back))
+        w = wb / nf
+        coarse = high * w
+        mean = a.mean + coarse  # the update of the float64 means alone
+        if low_parts:
+            back = high - b.mean  # TwoSum(mean_b, -mean_a): high + rounding == mean_b - mean_a
+            rounding = (b.mean - (high - back)) - (a.mean + back)
+            delta = np.where(np.isfinite(high), high + (rounding + (b.mean_lo - a.mean_lo)), high)
+            back = mean - a.mean  # TwoSum(mean_a, coarse), and what the refined delta adds
+            mean_lo = a.mean_lo + (((a.mean - (mean - back)) + (coarse - back)) + (delta - high) * w)
+        else:
+            delta = high
         m2 = a.m2 + b.m2 + delta * (delta * (wa * wb / nf))  # delta**2 alone may overflow
         ok = np.isfinite(mean)
         if not np.all(ok):  # the update overflowed, or computed inf - inf
@@ -221,14 +231,18 @@ def merge(a: Moments, b: Moments) -> Moments:
             weighted = np.where(finite, a.mean * (wa / nf) + b.mean * (wb / nf), (wa * a.mean + wb * b.mean) / nf)
             mean = np.where(ok, mean, weighted)
             m2 = np.where(finite, m2, np.where(np.isfinite(lo) & np.isfinite(hi), np.inf, np.nan))
-        mean_lo = np.where(ok & np.isfinite(mean_lo), mean_lo, 0.0)
+        if low_parts:
+            mean_lo = np.where(ok & np.isfinite(mean_lo), mean_lo, 0.0)
     # Where one side is empty, the other is taken as it is: the update above would turn an
     # infinite mean into NaN (inf - 0) for nothing.
     only_a = b.n == 0
     only_b = a.n == 0
     mean = np.where(only_a, a.mean, np.where(only_b, b.mean, mean))
     m2 = np.where(only_a, a.m2, np.where(only_b, b.m2, m2))
-    mean_lo = np.where(only_a, a.mean_lo, np.where(only_b, b.mean_lo, mean_lo))
+    if low_parts:
+        mean_lo = np.where(only_a, a.mean_lo, np.where(only_b, b.mean_lo, mean_lo))
+    else:
+        mean_lo = np.zeros_like(mean)
     return Moments(n=n, nan=a.nan + b.nan, total=total, mean=mean, m2=m2, lo=lo, hi=hi, mean_lo=mean_lo)
 
 
@@ -307,17 +321,18 @@ def _merge_values(a: tuple, b: tuple, add: Callable[[Any, Any], Any], total_dtyp
         low = 0.0
         if math.isfinite(mean_a) and math.isfinite(mean_b):
             high = mean_b - mean_a  # Python floats overflow to inf, as NumPy's
+            w = wb / nf
+            coarse = high * w
+            mean = mean_a + coarse
             if math.isfinite(high):
                 back = high - mean_b
                 delta = high + (((mean_b - (high - back)) - (mean_a + back)) + (low_b - low_a))
             else:
                 delta = high
-            step = delta * (wb / nf)
-            mean = mean_a + step
             m2 = m2_a + m2_b + delta * (delta * (wa * wb / nf))
             if math.isfinite(mean):
                 back = mean - mean_a
-                low = low_a + ((mean_a - (mean - back)) + (step - back))
+                low = low_a + (((mean_a - (mean - back)) + (coarse - back)) + (delta - high) * w)
                 if not math.isfinite(low):
                     low = 0.0
             else:  # delta overflowed: the weighted mean
@@ -554,7 +569,7 @@ def _merged_blocks(
         if base is None:
             base = _shift_base(b, axis)
         block = _block_moments(b, work, axis, quiet_m2, base, skips_nan)
-        state = block if state is None else merge(state, block)
+        state = block if state is None else merge(state, block, low_parts=False)
     return _from_base(state, base)
 
 
@@ -594,18 +609,31 @@ def _from_base(state: Moments, base: np.ndarray) -> Moments:
 _BASE_LIMIT = 2.0**500
 
 
+#: :func:`_shift_base` looks for the base among this many first elements of a slice.
+_BASE_CANDIDATES = 32
+
+
 def _shift_base(b: np.ndarray, axis: int) -> np.ndarray:
-    """The base of the block means of one slice: its first element (float64), else 0.
+    """The base of the block means of one slice: its first finite element (float64), else 0.
 
     Chan's update adds ``d**2 * na * nb / n`` for the difference d of two means; a mean
     rounded at its own magnitude (float64 elements near 1.7e9 with a spread of 1: about
     1e-7) makes d wrong by that much, and the variance of many merged blocks kept only 7 to
     10 digits. Block means taken less one element of their slice are rounded at the
-    spread's magnitude instead. A NaN, infinite or huge (above :data:`_BASE_LIMIT`) first
-    element gives base 0, the absolute means.
+    spread's magnitude instead. The base is the first of the slice's first
+    :data:`_BASE_CANDIDATES` elements that is finite and at most :data:`_BASE_LIMIT` in
+    magnitude (a NaN first element, a missing sample, left nanvar with the absolute means);
+    without one, 0. ``b`` is the slice's first block along ``axis``.
     """
     first = np.take(b, 0, axis=axis).astype(np.float64)
-    return np.where(np.isfinite(first) & (np.abs(first) <= _BASE_LIMIT), first, 0.0)
+    with np.errstate(invalid="ignore"):
+        if b.dtype.kind != "f" or np.all(np.abs(first) <= _BASE_LIMIT):  # (NaN compares false)
+            return first  # the common case: every slice's first element
+        head = np.take(b, np.arange(min(_BASE_CANDIDATES, b.shape[axis])), axis=axis).astype(np.float64)
+        ok = np.isfinite(head) & (np.abs(head) <= _BASE_LIMIT)
+    first = np.expand_dims(np.argmax(ok, axis=axis), axis)
+    value = np.take_along_axis(head, first, axis=axis).squeeze(axis)
+    return np.where(np.any(ok, axis=axis), value, 0.0)
 
 
 #: Reduced positions per block of the column path (:func:`_column_moments`): NumPy sums a

@@ -316,6 +316,32 @@ def test_moments_large_offset_accuracy_across_parts(data, shape, axis, parts):
     assert abs(error) <= 1e-13, (float(error), float(Fraction(float(state.mean)) - exact))
 
 
+def test_moments_base_skips_leading_nans_and_means_ignore_low_parts():
+    # The row's base is its first finite element among the first 32 (shift_base): leading
+    # NaNs (missing samples) left the means absolute, and nanvar of timestamps kept 1e-11.
+    # And the merged mean across parts is the update of the float64 means alone: with an
+    # outlier first, the low parts are rounded at its scale (mean 3.8e-14 off on the CPU).
+    import dataclasses
+
+    from multireduce import _stats
+
+    rng = np.random.default_rng(21)
+    host = 1.7e9 + rng.standard_normal((8, 2**17 + 3))
+    for i in range(8):
+        host[i, : 4 * i] = np.nan  # 0 to 28 leading NaNs
+    want = np.nanvar(host - 1.7e9, axis=1)
+    got = cupy.asnumpy(multireduce.nanvar(cupy.asarray(host), axis=1))
+    assert np.all(np.abs(got - want) <= 1e-13 * want), np.max(np.abs(got - want) / want)
+    state = multireduce.partial(cupy.asarray(host), "nanvar", axis=1)
+    assert np.all(np.abs(np.asarray(state.m2) / np.asarray(state.n) - want) <= 1e-13 * want)
+    y = rng.random(4000)
+    y[0] = 1e6
+    states = [multireduce.partial(cupy.asarray(p), "mean") for p in np.array_split(y, 3)]
+    plain = [dataclasses.replace(st, mean_lo=np.zeros_like(st.mean_lo)) for st in states]
+    assert float(_stats.merge_all(states).mean) == float(_stats.merge_all(plain).mean)
+    assert abs(float(_stats.merge_all(states).mean) - math.fsum(y.tolist()) / y.size) <= 1e-15 * np.mean(y)
+
+
 def test_integer_means_beyond_the_exact_bound_keep_their_accuracy():
     # Past n * max|x| >= 2**62 the exact sum is the one near n * the state's mean with the
     # total's residue modulo 2**64 (stats.cuh state_mean, as the host): with a base of 2**62

@@ -43,8 +43,8 @@
  *      is the weighted mean and M2 is NaN if an element was infinite, else inf). Warp tree
  *      with shuffles, then warp 0 over the warps' states, then the last block of the row
  *      merges the blocks' states in block order. Every state merged here holds its mean
- *      less the row's base (shift_base: the row's first element if finite and at most
- *      2**500 in magnitude, else 0), and the row's state is written with the base added
+ *      less the row's base (shift_base: the first of the row's first 32 elements that is
+ *      finite and at most 2**500 in magnitude, else 0), and the row's state is written with the base added
  *      back (from_base). Chan's update adds d**2 * na * nb / n for the difference d of two
  *      means: means rounded at their own magnitude (float64 near 1.7e9 with a spread of
  *      1: about 1e-7) made d wrong by that much, and the variance of the thousands of
@@ -638,15 +638,20 @@ __device__ __noinline__ MomentState<S, E> rescan_state(MomentState<S, E> v, cons
     return v;
 }
 
-// The base of a row's means (ALGORITHM 3): its first element as float64 if finite and at
-// most 2**500 in magnitude (far below half an ulp of the largest float64s, 2**970, so that
-// no finite c - base or mean + base overflows), else 0, as _stats._shift_base. (A base far
-// from the mean rounds the means less it at the base's scale: harmless to M2; an integer
-// mean past _stats.EXACT_TOTAL_BOUND comes from the exact total, by state_mean.)
+// The base of a row's means (ALGORITHM 3): the first of its first 32 elements that is finite
+// and at most 2**500 in magnitude (far below half an ulp of the largest float64s, 2**970, so
+// that no finite c - base or mean + base overflows), as float64; without one, 0. As
+// _stats._shift_base. Every thread of the row finds the same; most read one element. (A
+// base far from the mean rounds the means less it at the base's scale: harmless to M2; an
+// integer mean past _stats.EXACT_TOTAL_BOUND comes from the exact total, by state_mean.)
 template <class T>
-__device__ __forceinline__ double shift_base(T first) {
-    const double f = static_cast<double>(seen(first));
-    return (is_finite_value(f) && fabs(f) <= 0x1p500) ? f : 0.0;
+__device__ __forceinline__ double shift_base(const T* __restrict__ x, long long length) {
+    const long long candidates = length < 32 ? length : 32;
+    for (long long i = 0; i < candidates; ++i) {
+        const double f = static_cast<double>(seen(x[i]));
+        if (is_finite_value(f) && fabs(f) <= 0x1p500) return f;
+    }
+    return 0.0;
 }
 
 // A row's state as the kernel writes it (multireduce._stats.Moments): MomentState, then the
@@ -741,7 +746,7 @@ moments_rows_kernel(const T* __restrict__ in, long long rows, long long length, 
         if (tid < tail) acc.add(x[tail_start + tid], ACC - 1);
 
         // Read after the main loop, so that it holds no registers there.
-        const double base = shift_base(x[0]);
+        const double base = shift_base(x, length);
         State v = acc.state(thread_count(tid, nthreads, head, nvec, tail, VEC), base);
         if constexpr (IsFloating<T>::value && sizeof(T) == 8) {
             if (shifted_sums_overflowed(v)) {
