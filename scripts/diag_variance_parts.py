@@ -1,13 +1,14 @@
 """The variance of data far from zero when its states are merged across parts.
 
 What MPI ranks and Dask chunks do: each part's moments state comes from one reduction
-(``multireduce.partial(part, "var")``: the NumPy blocks, or the GPU moments kernel for a CuPy
+(``multireduce.partial(part, "nanvar")``: the NumPy blocks, or the GPU moments kernel for a CuPy
 part) and the states are merged on the host with Chan et al.'s update
 (``multireduce._stats.merge_all``, as ``mpi.allreduce`` and the Dask combine do). Cases:
 
 ``timestamps``  float64 near 1.7e9 with a spread of 1 (seconds since 1970, jittered)
 ``ids``         int64 near 1e12, uniform in [0, 20)
 ``float32``     float32 near 1e6 with a spread of 1
+``gappy``       the timestamps with 1% of them NaN (missing samples), reduced with nanvar
 
 The reference is the float64 variance of the data less the offset, which is exact there (NumPy's
 two passes over data near 0: within a few ulps). The script prints and writes (``--out``, JSON
@@ -34,20 +35,29 @@ sys.path.insert(0, str(REPO))
 import multireduce  # noqa: E402
 from multireduce import _provenance, _stats  # noqa: E402
 
-CASES = {"timestamps": (np.float64, 1.7e9), "ids": (np.int64, 10**12), "float32": (np.float32, 1e6)}
+CASES = {
+    "timestamps": (np.float64, 1.7e9),
+    "ids": (np.int64, 10**12),
+    "float32": (np.float32, 1e6),
+    "gappy": (np.float64, 1.7e9),
+}
 
 
 def make(case: str, n: int, rng: np.random.Generator) -> tuple[np.ndarray, float]:
     dtype, offset = CASES[case]
     if case == "ids":
         return offset + rng.integers(0, 20, n), offset
-    return (offset + rng.standard_normal(n)).astype(dtype), offset
+    x = (offset + rng.standard_normal(n)).astype(dtype)
+    if case == "gappy":
+        x[rng.random(n) < 0.01] = np.nan
+    return x, offset
 
 
 def merged_error(x: np.ndarray, offset: float, parts: int, to_device) -> float:
-    want = float(np.var(x.astype(np.float64) - offset))
-    states = [multireduce.partial(to_device(p), "var") for p in np.array_split(x, parts)]
-    got = float(_stats.merge_all(states).m2) / x.size
+    want = float(np.nanvar(x.astype(np.float64) - offset))
+    states = [multireduce.partial(to_device(p), "nanvar") for p in np.array_split(x, parts)]
+    merged = _stats.merge_all(states)
+    got = float(merged.m2) / int(merged.n)
     return abs(got - want) / want
 
 

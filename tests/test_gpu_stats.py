@@ -317,8 +317,10 @@ def test_moments_large_offset_accuracy_across_parts(data, shape, axis, parts):
 
 
 def test_moments_base_skips_leading_nans_and_means_ignore_low_parts():
-    # The row's base is its first finite element among the first 32 (shift_base): leading
-    # NaNs (missing samples) left the means absolute, and nanvar of timestamps kept 1e-11.
+    # The row's base is its first finite element among the first 32 (shift_base), and a
+    # thread whose first element is NaN shifts its sums by that base: it shifted them by 0,
+    # and nanvar of timestamps whose NaNs fell on threads' first elements was off by 40%
+    # (its M2 = s2 - s1**2 / n of sums near n * 2.9e18 lost every digit).
     # And the merged mean across parts is the update of the float64 means alone: with an
     # outlier first, the low parts are rounded at its scale (mean 3.8e-14 off on the CPU).
     import dataclasses
@@ -326,6 +328,15 @@ def test_moments_base_skips_leading_nans_and_means_ignore_low_parts():
     from multireduce import _stats
 
     rng = np.random.default_rng(21)
+    for dtype, offset, scale in (("float64", 1.7e9, 1.0), ("float32", 1e6, 1.0), ("float16", 1000.0, 0.5)):
+        flat = (offset + scale * rng.standard_normal(2**22 + 9)).astype(dtype)
+        flat[rng.random(flat.size) < 0.01] = np.nan  # missing samples, some on threads' first elements
+        want = np.nanvar(flat.astype(np.float64) - offset)
+        state = multireduce.partial(cupy.asarray(flat), "nanvar")  # float64 M2, whatever the dtype
+        got = float(state.m2) / int(state.n)
+        assert abs(got - want) <= 1e-13 * want, (dtype, abs(got - want) / want)
+        if dtype == "float64":
+            assert abs(float(multireduce.nanvar(cupy.asarray(flat))) - want) <= 1e-13 * want
     host = 1.7e9 + rng.standard_normal((8, 2**17 + 3))
     for i in range(8):
         host[i, : 4 * i] = np.nan  # 0 to 28 leading NaNs

@@ -14,7 +14,7 @@
  *
  *   1. Per thread, per element: NaN test and count (floats), the shifted sums
  *      s1 += x - c and s2 += (x - c)**2 around a per-thread constant c (the thread's first
- *      element if finite, else 0; NaN elements add 0) in float64, lo/hi with NaN ignored and
+ *      element if finite, else the row's base of 3, else 0; NaN elements add 0) in float64, lo/hi with NaN ignored and
  *      -0.0 < +0.0, and for 4- and 8-byte integers the exact sum in the int64/uint64 sum
  *      accumulator (wrapping as NumPy's). 1- and 2-byte integers and bool instead take
  *      whole 16-byte vectors at a time: the exact sums of x and x**2 (dp4a for bytes) and
@@ -728,8 +728,17 @@ moments_rows_kernel(const T* __restrict__ in, long long rows, long long length, 
         } else if (tid < tail) {
             first = tail_start + tid;
         }
+        T shift = first >= 0 ? x[first] : T(0);
+        if constexpr (IsFloatElement<T>::value) {
+            // A NaN or infinite first element: the row's base instead (an element of the row,
+            // so exact in T; 0 without one). With c = 0, a thread's s2 of timestamps near
+            // 1.7e9 was n * 2.9e18 and its M2 = s2 - s1**2 / n lost every digit: nanvar of
+            // rows whose NaNs fell on threads' first elements was off by 40%.
+            if (first >= 0 && !is_finite_value(static_cast<double>(seen(shift))))
+                shift = convert<T>(shift_base(x, length));
+        }
         MomentAcc<T, S, E, ACC> acc;
-        acc.init(first >= 0 ? x[first] : T(0), first >= 0, lo_init, hi_init);
+        acc.init(shift, first >= 0, lo_init, hi_init);
 
         if (tid < head) acc.add(x[tid], 0);
         long long i = tid;
