@@ -188,8 +188,9 @@ def merge(a: Moments, b: Moments, low_parts: bool = True) -> Moments:
     what the refined ``d`` adds to it. (The mean itself does not take the low parts: with
     an outlier for a base they are rounded at the outlier's scale, coarser than the mean.)
     ``low_parts`` false: states whose means are taken less one base (the blocks of one
-    :func:`moments` call), whose ``d`` needs no refinement; their low parts are 0.
-    Merging with :func:`empty_moments` returns the other state unchanged, bit for bit.
+    :func:`moments` call), whose ``d`` needs no refinement; the merged low part is 0.
+    Merging with :func:`empty_moments` returns the other state unchanged, bit for bit (with
+    ``low_parts`` false, all but its low part).
     Where the update cannot be formed in float64:
 
     * finite means whose difference overflows (opposite signs near the float64 limit): the
@@ -626,14 +627,19 @@ def _shift_base(b: np.ndarray, axis: int) -> np.ndarray:
     without one, 0. ``b`` is the slice's first block along ``axis``.
     """
     first = np.take(b, 0, axis=axis).astype(np.float64)
+    if b.dtype.kind != "f":
+        return first  # integers and bool: always within the limit
     with np.errstate(invalid="ignore"):
-        if b.dtype.kind != "f" or np.all(np.abs(first) <= _BASE_LIMIT):  # (NaN compares false)
+        bad = ~(np.abs(first) <= _BASE_LIMIT)  # NaN, inf or huge (NaN compares false)
+        if not bad.any():
             return first  # the common case: every slice's first element
-        head = np.take(b, np.arange(min(_BASE_CANDIDATES, b.shape[axis])), axis=axis).astype(np.float64)
+        # The first 32 elements of the slices whose first one fails, only (data with NaN
+        # in places send some slices of every block here).
+        head = np.moveaxis(b, axis, -1)[..., :_BASE_CANDIDATES][bad].astype(np.float64)
         ok = np.isfinite(head) & (np.abs(head) <= _BASE_LIMIT)
-    first = np.expand_dims(np.argmax(ok, axis=axis), axis)
-    value = np.take_along_axis(head, first, axis=axis).squeeze(axis)
-    return np.where(np.any(ok, axis=axis), value, 0.0)
+    value = head[np.arange(head.shape[0]), np.argmax(ok, axis=-1)]
+    first[bad] = np.where(ok.any(axis=-1), value, 0.0)
+    return first
 
 
 #: Reduced positions per block of the column path (:func:`_column_moments`): NumPy sums a

@@ -14,8 +14,10 @@ The reference is the float64 variance of the data less the offset, which is exac
 two passes over data near 0: within a few ulps). The script prints and writes (``--out``, JSON
 with the git commit and the GPU) the relative error of the merged variance for each number of
 parts; 1 part is one state, the accuracy the merges should keep. The states' ``mean_lo`` (the
-low part of their means) is what keeps it; with float64 means alone the error was 1e-10 to
-1e-8. Runs on the CPU alone (NumPy parts) or, with CuPy, on both::
+low part of their means) is what keeps it; with float64 means alone the error was 1e-13 to
+2e-8 (and on the GPU, before 666c5da, nanvar of the gappy case was off by 200%: a thread
+whose first element was NaN shifted its sums by 0). Runs on the CPU alone (NumPy parts) or,
+with CuPy, on both::
 
     python scripts/diag_variance_parts.py --n 16777216 --out bench/results/variance_parts.json
 """
