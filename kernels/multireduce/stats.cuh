@@ -14,8 +14,9 @@
  *
  *   1. Per thread, per element: NaN test and count (floats), the shifted sums
  *      s1 += x - c and s2 += (x - c)**2 around a per-thread constant c (the thread's first
- *      element if finite, else its first finite element among its first four vectors,
- *      else the row's base (see 3), else 0; NaN elements add 0) in float64, lo/hi with NaN ignored and
+ *      element if finite, else its first element among its first four vectors that is
+ *      finite and at most 2**500 in magnitude, else the row's base (see 3), else 0; NaN
+ *      elements add 0) in float64, lo/hi with NaN ignored and
  *      -0.0 < +0.0, and for 4- and 8-byte integers the exact sum in the int64/uint64 sum
  *      accumulator (wrapping as NumPy's). 1- and 2-byte integers and bool instead take
  *      whole 16-byte vectors at a time: the exact sums of x and x**2 (dp4a for bytes) and
@@ -731,9 +732,11 @@ moments_rows_kernel(const T* __restrict__ in, long long rows, long long length, 
         }
         T shift = first >= 0 ? x[first] : T(0);
         if constexpr (IsFloatElement<T>::value) {
-            // A NaN or infinite first element: the thread's first finite element among its
-            // first four vectors, else the row's base (an element of the row, so exact in
-            // T; 0 without one). With c = 0, a thread's s2 of timestamps near 1.7e9 was
+            // A NaN or infinite first element: the thread's first element among its first
+            // four vectors that is finite and at most 2**500 in magnitude (shift_base's
+            // test: x - c of finite elements cannot overflow, and [inf, 1e308, -1e308] keeps
+            // NumPy's inf mean), else the row's base (an element of the row, so exact in T;
+            // 0 without one). With c = 0, a thread's s2 of timestamps near 1.7e9 was
             // n * 2.9e18 and its M2 = s2 - s1**2 / n lost every digit (GPU nanvar of such
             // data with 1% NaN: 200% off); the row's base alone would be far from a
             // thread's own elements where it is an outlier. Only such threads run this.
@@ -742,7 +745,8 @@ moments_rows_kernel(const T* __restrict__ in, long long rows, long long length, 
                 for (long long v = tid; v < nvec && v < tid + 4 * nthreads && !found; v += nthreads) {
                     for (int j = 0; j < VEC && !found; ++j) {
                         const T e = x[head + v * VEC + j];
-                        if (is_finite_value(static_cast<double>(seen(e)))) {
+                        const double f = static_cast<double>(seen(e));
+                        if (is_finite_value(f) && fabs(f) <= 0x1p500) {
                             shift = e;
                             found = true;
                         }
