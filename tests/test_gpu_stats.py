@@ -257,6 +257,16 @@ def test_stats_all_nan():
     assert all(math.isnan(float(v)) for v in (s.sum, s.min, s.max, s.mean, s.var))
 
 
+def _far_from_zero(data: str, shape, seed: int):
+    # (host array, offset): float64 near 1.7e9 (timestamps), float32 near 1e6, int64 near
+    # 1e12, each with a spread of about 1 to 20; the array less the offset is exact in float64.
+    rng = np.random.default_rng(seed)
+    offset = {"float64": 1.7e9, "float32": 1e6, "int64": 10**12}[data]
+    if data == "int64":
+        return offset + rng.integers(0, 20, shape), offset
+    return (offset + rng.standard_normal(shape)).astype(data), offset
+
+
 @pytest.mark.parametrize("data", ["float64", "float32", "int64"])
 @pytest.mark.parametrize(("shape", "axis"), [((2**20 + 7,), None), ((1000, 1000), 1), ((4, 2**18 + 5), 1)])
 def test_moments_large_offset_accuracy(data, shape, axis):
@@ -264,12 +274,7 @@ def test_moments_large_offset_accuracy(data, shape, axis):
     # shift-invariant and x less the offset is exact, so its float64 variance is the
     # reference. Thread and block means are merged less the row's first element (the base):
     # rounded at 1.7e9's ulp, their differences in Chan's update lost digits.
-    rng = np.random.default_rng(sum(shape))
-    offset = {"float64": 1.7e9, "float32": 1e6, "int64": 10**12}[data]
-    if data == "int64":
-        host = offset + rng.integers(0, 20, shape)
-    else:
-        host = (offset + rng.standard_normal(shape)).astype(data)
+    host, offset = _far_from_zero(data, shape, sum(shape))
     shifted = host.astype(np.float64) - offset  # exact
     want = np.var(shifted, axis=axis)
     x = cupy.asarray(host)
@@ -295,12 +300,7 @@ def test_moments_large_offset_accuracy_across_parts(data, shape, axis, parts):
     # accuracy. With float64 means alone, Chan's d was rounded at 1.7e9's ulp.
     from multireduce import _stats
 
-    rng = np.random.default_rng(sum(shape) + parts)
-    offset = {"float64": 1.7e9, "float32": 1e6, "int64": 10**12}[data]
-    if data == "int64":
-        host = offset + rng.integers(0, 20, shape)
-    else:
-        host = (offset + rng.standard_normal(shape)).astype(data)
+    host, offset = _far_from_zero(data, shape, sum(shape) + parts)
     shifted = host.astype(np.float64) - offset  # exact
     want = np.var(shifted, axis=axis)
     pieces = np.array_split(host, parts, axis=-1)
