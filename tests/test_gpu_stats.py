@@ -363,6 +363,18 @@ def test_moments_base_skips_leading_nans_and_means_ignore_low_parts():
     assert abs(float(_stats.merge_all(states).mean) - math.fsum(y.tolist()) / y.size) <= 1e-15 * np.mean(y)
 
 
+def test_integer_states_hold_the_mean_rounded_once():
+    # The kernel writes an integer row's mean as its exact total over n where it cannot have
+    # wrapped: base + shifted mean erred at the base's distance (-9 first among zeros, a
+    # hypothesis case of test_property_matches_cpu: 1.7e-14 relative, the CPU exact).
+    x = np.zeros((9, 14), np.int16)
+    x[0, :2] = [-9, -2]
+    assert float(multireduce.partial(cupy.asarray(x), "mean").mean) == -11 / 126
+    y = x.astype(np.int64) * 10**12 + 7
+    rows = multireduce.partial(cupy.asarray(y), "var", axis=1)
+    assert [float(m) for m in rows.mean] == [int(t) / 14 for t in y.sum(axis=1)]
+
+
 def test_integer_means_beyond_the_exact_bound_keep_their_accuracy():
     # Past n * max|x| >= 2**62 the exact sum is the one near n * the state's mean with the
     # total's residue modulo 2**64 (stats.cuh state_mean, as the host): with a base of 2**62

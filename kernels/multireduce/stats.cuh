@@ -669,7 +669,8 @@ struct MomentRecord : MomentState<S, E> {
 // A row's state as the kernel writes it: the mean back from the base, or, with a float64
 // total (float32 and float64 input) that is finite, the total over n: NumPy's mean, whose
 // error scales with the mean of |x| (base + mean is exact to the spread's scale: with an
-// outlier for a base, far coarser). The low part, mean_lo, is the base-shifted mean's
+// outlier for a base, far coarser); with an integer total that cannot have wrapped, that
+// total over n (the mean rounded once). The low part, mean_lo, is the base-shifted mean's
 // excess over that mean (TwoSum of the shifted mean and the base; 0 where not finite).
 // As _stats._from_base on the CPU.
 template <class S, class E>
@@ -684,6 +685,13 @@ __device__ __forceinline__ MomentRecord<S, E> from_base(const MomentState<S, E>&
         r.mean = high;
         if constexpr (IsFloating<S>::value && sizeof(S) == 8) {
             if (is_finite_value(v.total)) r.mean = v.total / static_cast<double>(v.n);
+        } else if constexpr (!IsFloating<S>::value) {
+            // The exact integer total over n where it cannot have wrapped (state_mean's
+            // test): the mean itself, rounded once, where base + mean errs at the scale of
+            // the elements' distance from the base (-9 first among zeros: 1.7e-14 relative).
+            const double nf = static_cast<double>(v.n);
+            const double largest = fmax(fabs(static_cast<double>(v.lo)), fabs(static_cast<double>(v.hi)));
+            if (nf * largest < 0x1p62) r.mean = static_cast<double>(v.total) / nf;
         }
         const double low = (high - r.mean) + rounding;
         if (is_finite_value(low)) r.mean_lo = low;
