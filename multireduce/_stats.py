@@ -575,7 +575,7 @@ def _merged_blocks(
 
 
 def _from_base(state: Moments, base: np.ndarray) -> Moments:
-    """``state`` (means less ``base``) with its mean and the mean's low part.
+    """``state`` (means less ``base``, merged without low parts) with its mean and the mean's low part.
 
     The base added back; or, for a float64 total that is finite (float32 and float64
     input), the total over n: NumPy's mean, whose error scales with the mean of |x|; or, for
@@ -593,7 +593,7 @@ def _from_base(state: Moments, base: np.ndarray) -> Moments:
         shifted = state.mean
         high = shifted + base
         back = high - shifted  # TwoSum(shifted, base): high + rounding == shifted + base
-        rounding = (shifted - (high - back)) + (base - back) + state.mean_lo
+        rounding = (shifted - (high - back)) + (base - back)
         mean = high
         if state.total.dtype == np.float64:
             by_total = state.total / np.where(state.n > 0, state.n, 1)

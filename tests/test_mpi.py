@@ -7,8 +7,6 @@ NaN on any rank, signed zeros, empty global arrays, integer wrap-around, files, 
 
 from __future__ import annotations
 
-import json
-
 import pytest
 from mpi_scripts.launch import SCRIPTS, run
 
@@ -122,9 +120,8 @@ def test_an_overflowing_cast_warns_on_every_rank_as_numpy(mpiexec, ranks):
     # Printing it once is the program's choice (python -m multireduce: tests/test_cli.py).
     done = run(mpiexec, ranks, ["-c", OVERFLOW_ON_EVERY_RANK], timeout=60)
     assert done.returncode == 0, done.output
-    (line,) = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
     cast = "RuntimeWarning: overflow encountered in cast"
-    assert json.loads(line.removeprefix("RESULT ")) == [[[[cast], [cast]], "overflow encountered in cast"]] * ranks
+    assert done.result() == [[[[cast], [cast]], "overflow encountered in cast"]] * ranks
 
 
 # Timestamps near 1.7e9 (spread 1) and int64 ids near 1e12 split over the ranks unevenly: the
@@ -159,6 +156,5 @@ def test_variance_far_from_zero_across_ranks(mpiexec, ranks):
     # update in the merge of the ranks' states kept 1e-10 (timestamps) to 1e-8 (int64).
     done = run(mpiexec, ranks, ["-c", FAR_FROM_ZERO], timeout=60)
     assert done.returncode == 0, done.output
-    (line,) = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
-    errors = json.loads(line.removeprefix("RESULT "))
+    errors = done.result()
     assert len(errors) == 6 and max(errors) <= 1e-13, errors

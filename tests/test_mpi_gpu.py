@@ -223,6 +223,5 @@ def test_gpu_variance_far_from_zero_across_ranks(mpiexec, ranks):
     # accuracy (tests/test_mpi.py runs the same script on NumPy shards).
     done = run(mpiexec, ranks, ["-c", FAR_FROM_ZERO, "gpu"], timeout=120)
     assert done.returncode == 0, done.output
-    (line,) = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
-    errors = json.loads(line.removeprefix("RESULT "))
+    errors = done.result()
     assert len(errors) == 6 and max(errors) <= 1e-13, errors

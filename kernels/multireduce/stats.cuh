@@ -640,6 +640,10 @@ __device__ __noinline__ MomentState<S, E> rescan_state(MomentState<S, E> v, cons
     return v;
 }
 
+// A value that may be a base of means or a thread's shift: finite and at most 2**500 in
+// magnitude (shift_base says why).
+__device__ __forceinline__ bool base_candidate(double f) { return is_finite_value(f) && fabs(f) <= 0x1p500; }
+
 // The base of a row's means (ALGORITHM 3): the first of its first 32 elements that is finite
 // and at most 2**500 in magnitude (far below half an ulp of the largest float64s, 2**970, so
 // that no finite c - base or mean + base overflows), as float64; without one, 0. As
@@ -651,9 +655,17 @@ __device__ __forceinline__ double shift_base(const T* __restrict__ x, long long 
     const long long candidates = length < 32 ? length : 32;
     for (long long i = 0; i < candidates; ++i) {
         const double f = static_cast<double>(seen(x[i]));
-        if (is_finite_value(f) && fabs(f) <= 0x1p500) return f;
+        if (base_candidate(f)) return f;
     }
     return 0.0;
+}
+
+// Whether an integer total of n elements from lo to hi cannot have wrapped:
+// n * max(|lo|, |hi|) < 2**62 in float64 (_stats.total_cannot_wrap, EXACT_TOTAL_BOUND).
+template <class E>
+__device__ __forceinline__ bool total_cannot_wrap(long long n, E lo, E hi) {
+    const double largest = fmax(fabs(static_cast<double>(lo)), fabs(static_cast<double>(hi)));
+    return static_cast<double>(n) * largest < 0x1p62;
 }
 
 // A row's state as the kernel writes it (multireduce._stats.Moments): MomentState, then the
@@ -689,9 +701,7 @@ __device__ __forceinline__ MomentRecord<S, E> from_base(const MomentState<S, E>&
             // The exact integer total over n where it cannot have wrapped (state_mean's
             // test): the mean itself, rounded once, where base + mean errs at the scale of
             // the elements' distance from the base (-9 first among zeros: 1.7e-14 relative).
-            const double nf = static_cast<double>(v.n);
-            const double largest = fmax(fabs(static_cast<double>(v.lo)), fabs(static_cast<double>(v.hi)));
-            if (nf * largest < 0x1p62) r.mean = static_cast<double>(v.total) / nf;
+            if (total_cannot_wrap(v.n, v.lo, v.hi)) r.mean = static_cast<double>(v.total) / static_cast<double>(v.n);
         }
         const double low = (high - r.mean) + rounding;
         if (is_finite_value(low)) r.mean_lo = low;
@@ -753,8 +763,7 @@ moments_rows_kernel(const T* __restrict__ in, long long rows, long long length, 
                 for (long long v = tid; v < nvec && v < tid + 4 * nthreads && !found; v += nthreads) {
                     for (int j = 0; j < VEC && !found; ++j) {
                         const T e = x[head + v * VEC + j];
-                        const double f = static_cast<double>(seen(e));
-                        if (is_finite_value(f) && fabs(f) <= 0x1p500) {
+                        if (base_candidate(static_cast<double>(seen(e)))) {
                             shift = e;
                             found = true;
                         }
@@ -1050,8 +1059,8 @@ template <class S, class E>
 __device__ __forceinline__ double state_mean(const MomentState<S, E>& st) {
     if constexpr (!IsFloating<S>::value) {
         const double n = static_cast<double>(st.n);
+        if (total_cannot_wrap(st.n, st.lo, st.hi)) return static_cast<double>(st.total) / n;
         const double largest = fmax(fabs(static_cast<double>(st.lo)), fabs(static_cast<double>(st.hi)));
-        if (n * largest < 0x1p62) return static_cast<double>(st.total) / n;
         // _stats._unwrapped_mean: the exact sum is the one near round(n * mean) with the
         // total's residue modulo 2**64, where n * mean is within n * largest * 2**-40 of it.
         const double approx = rint(n * st.mean);

@@ -7,10 +7,12 @@ fixture in conftest.py (next to the interpreter, else on PATH).
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = Path(__file__).resolve().parent
@@ -28,6 +30,11 @@ class Finished:
     @property
     def output(self) -> str:
         return self.stdout + self.stderr
+
+    def result(self) -> Any:
+        """The JSON after ``RESULT `` on the one stdout line that starts with it (rank 0's report)."""
+        (line,) = [ln for ln in self.stdout.splitlines() if ln.startswith("RESULT ")]
+        return json.loads(line.removeprefix("RESULT "))
 
 
 def env() -> dict[str, str]:
