@@ -41,7 +41,7 @@ import os
 import sys
 import warnings
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import numpy as np
@@ -563,12 +563,26 @@ def _merged_blocks(
 ) -> Moments:
     """The merged moments state of ``blocks`` (consecutive pieces along the reduced axis ``axis``).
 
-    The first block needs no merge (merging with the empty state is neutral).
+    Every block's mean is taken less its slice's base (:func:`_shift_base`): the first
+    element of the slice that is finite and at most :data:`_BASE_LIMIT` in magnitude. A
+    slice whose first blocks hold none (only NaN, infinities or huge values: a long run of
+    missing samples) takes the first such element of a later block, and its state so far
+    moves to that base (its means are NaN, infinite, huge or of no element: nothing is
+    rounded that matters). The first block needs no merge (merging with the empty state is
+    neutral).
     """
-    state = base = None
+    state = base = missing = None
     for b in blocks:
         if base is None:
-            base = _shift_base(b, axis)
+            base, missing = _shift_base(b, axis)
+        elif missing is not None:
+            later, none = _shift_base(b, axis, missing)
+            found = missing if none is None else missing & ~none
+            with np.errstate(invalid="ignore", over="ignore"):
+                moved = np.where(found & (state.n > 0), state.mean - later, state.mean)
+            state = replace(state, mean=moved)
+            base = np.where(found, later, base)
+            missing = None if none is None else missing & none
         block = _block_moments(b, work, axis, quiet_m2, base, skips_nan)
         state = block if state is None else merge(state, block, low_parts=False)
     return _from_base(state, base)
@@ -615,36 +629,57 @@ def _from_base(state: Moments, base: np.ndarray) -> Moments:
 _BASE_LIMIT = 2.0**500
 
 
-#: :func:`_shift_base` looks for the base among this many first elements of a slice.
+#: :func:`_shift_base` first looks for the base among this many first elements of a slice.
 _BASE_CANDIDATES = 32
 
 
-def _shift_base(b: np.ndarray, axis: int) -> np.ndarray:
-    """The base of the block means of one slice: its first finite element (float64), else 0.
+def _shift_base(b: np.ndarray, axis: int, only: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+    """The base of the block means of each slice of the block ``b`` along ``axis``, and where it has none.
 
     Chan's update adds ``d**2 * na * nb / n`` for the difference d of two means; a mean
     rounded at its own magnitude (float64 elements near 1.7e9 with a spread of 1: about
     1e-7) makes d wrong by that much, and the variance of many merged blocks kept only 7 to
     10 digits. Block means taken less one element of their slice are rounded at the
-    spread's magnitude instead. The base is the first of the slice's first
-    :data:`_BASE_CANDIDATES` elements that is finite and at most :data:`_BASE_LIMIT` in
-    magnitude (a NaN first element, a missing sample, left nanvar with the absolute means);
-    without one, 0. ``b`` is the slice's first block along ``axis``.
+    spread's magnitude instead. The base is the slice's first element that is finite and at
+    most :data:`_BASE_LIMIT` in magnitude (a NaN first element, a missing sample, left
+    nanvar with the absolute means); without one in ``b``, 0.
+
+    Returns ``(base, none)``: the bases as float64, of the shape of a slice's result, and a
+    bool array that is true where ``b`` holds no such element, or None where every slice has
+    one. ``only``: a bool mask of the slices to look at (the others get 0 and count as found).
     """
     first = np.take(b, 0, axis=axis).astype(np.float64)
     if b.dtype.kind != "f":
-        return first  # integers and bool: always within the limit
+        return first, None  # integers and bool: always within the limit
     with np.errstate(invalid="ignore"):
         bad = ~(np.abs(first) <= _BASE_LIMIT)  # NaN, inf or huge (NaN compares false)
+        if only is not None:
+            bad &= only
         if not bad.any():
-            return first  # the common case: every slice's first element
-        # The first 32 elements of the slices whose first one fails, only (data with NaN
-        # in places send some slices of every block here).
-        head = np.moveaxis(b, axis, -1)[..., :_BASE_CANDIDATES][bad].astype(np.float64)
-        ok = np.isfinite(head) & (np.abs(head) <= _BASE_LIMIT)
-    value = head[np.arange(head.shape[0]), np.argmax(ok, axis=-1)]
-    first[bad] = np.where(ok.any(axis=-1), value, 0.0)
-    return first
+            return first, None  # the common case: every slice's first element
+        # The slices whose first element fails, only (data with NaN in places send some
+        # slices of every block here): their first 32 elements, then the rest of the block.
+        lines = np.moveaxis(b, axis, -1)
+        value = np.zeros(int(np.count_nonzero(bad)))
+        left = np.ones(value.size, bool)
+        for start, stop in ((0, _BASE_CANDIDATES), (_BASE_CANDIDATES, lines.shape[-1])):
+            if start >= stop or not left.any():
+                break
+            head = lines[..., start:stop][bad][left].astype(np.float64)
+            ok = np.isfinite(head) & (np.abs(head) <= _BASE_LIMIT)
+            hit = ok.any(axis=-1)
+            picked = head[np.arange(head.shape[0]), np.argmax(ok, axis=-1)]
+            rows = np.flatnonzero(left)
+            value[rows[hit]] = picked[hit]
+            left[rows[hit]] = False
+    first[bad] = value
+    if only is not None:
+        first[~only] = 0.0
+    if not left.any():
+        return first, None
+    none = np.zeros(bad.shape, bool)
+    none[bad] = left
+    return first, none
 
 
 #: Reduced positions per block of the column path (:func:`_column_moments`): NumPy sums a

@@ -9,6 +9,8 @@ part) and the states are merged on the host with Chan et al.'s update
 ``ids``         int64 near 1e12, uniform in [0, 20)
 ``float32``     float32 near 1e6 with a spread of 1
 ``gappy``       the timestamps with 1% of them NaN (missing samples), reduced with nanvar
+``late``        the gappy timestamps behind a run of NaN over their first 60% (a series that
+                starts with missing samples; every part but the last starts with NaN)
 
 The reference is the float64 variance of the data less the offset, which is exact there (NumPy's
 two passes over data near 0: within a few ulps). The script prints and writes (``--out``, JSON
@@ -16,7 +18,9 @@ with the git commit and the GPU) the relative error of the merged variance for e
 parts; 1 part is one state, the accuracy the merges should keep. The states' ``mean_lo`` (the
 low part of their means) is what keeps it; with float64 means alone the error was 1e-13 to
 2e-8 (and on the GPU, before 666c5da, nanvar of the gappy case was off by 200%: a thread
-whose first element was NaN shifted its sums by 0). Runs on the CPU alone (NumPy parts) or,
+whose first element was NaN shifted its sums by 0; before 2026-11-30, the late case kept 1e-10
+on the CPU, and on the GPU its threads whose first four vectors held only NaN shifted by 0).
+Runs on the CPU alone (NumPy parts) or,
 with CuPy, on both::
 
     python scripts/diag_variance_parts.py --n 16777216 --out bench/results/variance_parts.json
@@ -42,6 +46,7 @@ CASES = {
     "ids": (np.int64, 10**12),
     "float32": (np.float32, 1e6),
     "gappy": (np.float64, 1.7e9),
+    "late": (np.float64, 1.7e9),
 }
 
 
@@ -50,8 +55,10 @@ def make(case: str, n: int, rng: np.random.Generator) -> tuple[np.ndarray, float
     if case == "ids":
         return offset + rng.integers(0, 20, n), offset
     x = (offset + rng.standard_normal(n)).astype(dtype)
-    if case == "gappy":
+    if case in ("gappy", "late"):
         x[rng.random(n) < 0.01] = np.nan
+    if case == "late":
+        x[: n * 3 // 5] = np.nan
     return x, offset
 
 

@@ -7,6 +7,7 @@ means and M2 within float64 rounding (float16 sums: float32). Arg states must ma
 from __future__ import annotations
 
 import math
+import warnings
 from fractions import Fraction
 
 import numpy as np
@@ -361,6 +362,64 @@ def test_moments_base_skips_leading_nans_and_means_ignore_low_parts():
     plain = [dataclasses.replace(st, mean_lo=np.zeros_like(st.mean_lo)) for st in states]
     assert float(_stats.merge_all(states).mean) == float(_stats.merge_all(plain).mean)
     assert abs(float(_stats.merge_all(states).mean) - math.fsum(y.tolist()) / y.size) <= 1e-15 * np.mean(y)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32", "float16"])
+def test_moments_far_from_zero_behind_a_run_of_nans(dtype):
+    # A series that starts with a run of missing samples. A thread whose first four vectors
+    # held only NaN shifted its sums by the row's base, and behind 32 NaN the row had none
+    # (0): its M2 of values near the offset lost every digit. Now such a thread skips its
+    # NaN-only vectors (counting them) and shifts by its first value after them, and a row
+    # without a base among its first 32 elements takes one per block (block_base), moved to
+    # block 0's in the last block's merge.
+    rng = np.random.default_rng(31)
+    offset, scale = {"float64": (1.7e9, 1.0), "float32": (1e6, 1.0), "float16": (1000.0, 8.0)}[dtype]
+    n = 2**22 + 9
+    flat = (offset + scale * rng.standard_normal(n)).astype(dtype)
+    flat[rng.random(n) < 0.01] = np.nan
+    for lead, start in ((32, 0), (33, 3), (5000, 1), (2**20 + 3, 0), (3 * 2**20, 5), (n - 100, 0)):
+        whole = flat.copy()
+        whole[:lead] = np.nan
+        host = whole[start:]
+        state = multireduce.partial(cupy.asarray(whole)[start:], "nanvar")  # an offset view: a scalar head
+        values = host[~np.isnan(host)].astype(np.float64)
+        assert int(state.nan) == host.size - values.size and int(state.n) == values.size, (dtype, lead)
+        assert float(state.lo) == values.min() and float(state.hi) == values.max()
+        want = np.var(values - offset)
+        got = float(state.m2) / int(state.n)
+        assert abs(got - want) <= 1e-13 * want, (dtype, lead, abs(got - want) / want)
+        exact = offset + math.fsum((values - offset).tolist()) / values.size
+        assert abs(float(state.mean) + float(state.mean_lo) - exact) <= 1e-13 * max(1.0, scale), (dtype, lead)
+    # Across parts, as MPI ranks and Dask chunks merge them: every part but the last starts with NaN.
+    from multireduce import _stats
+
+    host = flat.copy()
+    host[: 3 * 2**20] = np.nan
+    merged = _stats.merge_all([multireduce.partial(cupy.asarray(p), "nanvar") for p in np.array_split(host, 5)])
+    want = np.nanvar(host.astype(np.float64) - offset)
+    got = float(merged.m2) / int(merged.n)
+    assert abs(got - want) <= 1e-13 * want, abs(got - want) / want
+
+
+@pytest.mark.parametrize(("rows", "length"), [(4, 2**20 + 5), (64, 40_000), (8192, 1000)])
+def test_moment_rows_behind_runs_of_nans(rows, length):
+    # Rows with runs of NaN first, of every length up to the whole row: few long rows (many
+    # blocks per row: block bases merged), and many short ones (one block per row).
+    rng = np.random.default_rng(rows)
+    host = 1.7e9 + rng.standard_normal((rows, length))
+    host[rng.random(host.shape) < 0.01] = np.nan
+    runs = [0, 31, 32, 33, 700, length // 2, length - 1, length]
+    for i in range(rows):
+        host[i, : runs[i % len(runs)]] = np.nan
+    with np.errstate(invalid="ignore", divide="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        want = np.nanvar(host - 1.7e9, axis=1)
+        got = cupy.asnumpy(multireduce.nanvar(cupy.asarray(host), axis=1))
+    state = multireduce.partial(cupy.asarray(host), "nanvar", axis=1)
+    assert np.array_equal(np.asarray(state.nan), np.isnan(host).sum(axis=1))
+    assert np.array_equal(np.isnan(got), np.isnan(want)) and np.isnan(want).any() == (rows >= 8)
+    ok = ~np.isnan(want)
+    assert np.all(np.abs(got[ok] - want[ok]) <= 1e-13 * want[ok]), np.max(np.abs(got[ok] - want[ok]) / want[ok])
 
 
 def test_integer_states_hold_the_mean_rounded_once():

@@ -925,6 +925,63 @@ def test_nanvar_far_from_zero_with_a_nan_first():
     assert np.all(np.abs(got - want) <= 1e-13 * want), np.max(np.abs(got - want) / want)
 
 
+@pytest.mark.parametrize("lead", [32, 33, 1000, 2**17 + 5, 3 * 2**20])
+def test_nanvar_far_from_zero_behind_a_run_of_nans(lead):
+    # A series that starts with a run of missing samples: the base is the slice's first
+    # finite element wherever it is (a later CPU block's, 2**17 + 5: past the first block).
+    # Among the first 32 only, the means stayed absolute behind such a run, and nanvar of
+    # timestamps kept 4e-11 to 2e-10 in one reduction.
+    rng = np.random.default_rng(lead)
+    x = 1.7e9 + rng.standard_normal(2**22)
+    x[rng.random(x.size) < 0.01] = np.nan
+    x[:lead] = np.nan
+    want = np.nanvar(x - 1.7e9)
+    for got in (multireduce.nanvar(x), multireduce.nanstd(x) ** 2):
+        assert abs(float(got) - want) <= 1e-13 * want, abs(float(got) - want) / want
+    merged = _stats.merge_all([multireduce.partial(p, "nanvar") for p in np.array_split(x, 5)])
+    assert abs(float(merged.m2) / int(merged.n) - want) <= 1e-13 * want
+    # Rows with runs of every length up to the whole row (all NaN: NaN, with NumPy's warning).
+    rows = x[: 64 * 8192].reshape(64, 8192).copy()
+    for i in range(64):
+        rows[i, : [0, 31, 32, 33, 500, 4000, 8191, 8192][i % 8] + i] = np.nan
+    with np.errstate(invalid="ignore", divide="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        want = np.nanvar(rows - 1.7e9, axis=1)
+        got = np.asarray(multireduce.nanvar(rows, axis=1))
+        # and as columns (the column path, blocks of 1024 rows: runs past the first block)
+        cols = np.ascontiguousarray(rows.T)
+        got_cols = np.asarray(multireduce.nanvar(cols, axis=0))
+    assert np.array_equal(np.isnan(got), np.isnan(want)) and np.isnan(want).sum() >= 7
+    ok = ~np.isnan(want)
+    assert np.all(np.abs(got[ok] - want[ok]) <= 1e-13 * want[ok]), np.max(np.abs(got[ok] - want[ok]) / want[ok])
+    assert np.array_equal(np.isnan(got_cols), np.isnan(want))
+    assert np.all(np.abs(got_cols[ok] - want[ok]) <= 1e-13 * want[ok])
+
+
+def test_base_search_reaches_past_the_first_block():
+    # _shift_base over the whole block, and _merged_blocks moving a slice's state to a base
+    # found in a later block: the state of the NaN-only blocks (n = 0) is unchanged, and an
+    # infinite or huge element before the first base leaves the result as NumPy's.
+    b = np.full((3, 100), np.nan)
+    b[0, 50] = 7.0
+    b[1, 0] = 2.0
+    b[2, 10] = np.inf
+    b[2, 20] = 2.0**501
+    base, none = _stats._shift_base(b, 1)
+    assert base.tolist() == [7.0, 2.0, 0.0] and none.tolist() == [False, False, True]
+    base, none = _stats._shift_base(b, 1, only=np.array([True, False, False]))
+    assert base.tolist() == [7.0, 0.0, 0.0] and none is None
+    y = np.full(3 * 2**17, np.nan)
+    y[2**17 + 9 :] = 1.7e9 + np.random.default_rng(3).standard_normal(2**18 - 9)
+    want = np.nanvar(y - 1.7e9)
+    assert abs(float(multireduce.nanvar(y)) - want) <= 1e-13 * want
+    y[5] = np.inf
+    with np.errstate(invalid="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        assert np.isnan(float(multireduce.nanvar(y))) and np.isnan(np.nanvar(y))
+        assert float(multireduce.nanmean(y)) == np.inf == np.nanmean(y)
+
+
 def test_integer_states_hold_the_mean_rounded_once():
     # An integer state's mean is its exact total over n where the total cannot have wrapped
     # (the finalized mean's rule), not the base added back to the shifted mean, which errs

@@ -14,9 +14,10 @@
  *
  *   1. Per thread, per element: NaN test and count (floats), the shifted sums
  *      s1 += x - c and s2 += (x - c)**2 around a per-thread constant c (the thread's first
- *      element if finite, else its first element among its first four vectors that is
- *      finite and at most 2**500 in magnitude, else the row's base (see 3), else 0; NaN
- *      elements add 0) in float64, lo/hi with NaN ignored and
+ *      element if finite; else, past its leading vectors that hold only NaN (counted, not
+ *      read again: first_vector_with_a_value), its first element among the next four
+ *      vectors that is finite and at most 2**500 in magnitude, else the row's base (see
+ *      3), else 0; NaN elements add 0) in float64, lo/hi with NaN ignored and
  *      -0.0 < +0.0, and for 4- and 8-byte integers the exact sum in the int64/uint64 sum
  *      accumulator (wrapping as NumPy's). 1- and 2-byte integers and bool instead take
  *      whole 16-byte vectors at a time: the exact sums of x and x**2 (dp4a for bytes) and
@@ -46,8 +47,14 @@
  *      with shuffles, then warp 0 over the warps' states, then the last block of the row
  *      merges the blocks' states in block order. Every state merged here holds its mean
  *      less the row's base (shift_base: the first of the row's first 32 elements that is
- *      finite and at most 2**500 in magnitude, else 0), and the row's state is written with the base added
- *      back (from_base). Chan's update adds d**2 * na * nb / n for the difference d of two
+ *      finite and at most 2**500 in magnitude), and the row's state is written with the
+ *      base added back (from_base). A row without one (a run of missing samples first)
+ *      has a base per block instead (block_base: the shift of the block's first thread
+ *      whose shift is its own element and such a value, else 0); each block's partial
+ *      carries its base (BlockPartial), and the last block moves the blocks' means to
+ *      block 0's base before merging them (the difference of two bases is exact or
+ *      rounded at the spread's magnitude). With base 0, timestamps near 1.7e9 behind 32
+ *      NaN kept nanvar to 1e-10. Chan's update adds d**2 * na * nb / n for the difference d of two
  *      means: means rounded at their own magnitude (float64 near 1.7e9 with a spread of
  *      1: about 1e-7) made d wrong by that much, and the variance of the thousands of
  *      thread states kept only 7 to 10 digits; less the base, they are rounded at the
@@ -646,18 +653,77 @@ __device__ __forceinline__ bool base_candidate(double f) { return is_finite_valu
 
 // The base of a row's means (ALGORITHM 3): the first of its first 32 elements that is finite
 // and at most 2**500 in magnitude (far below half an ulp of the largest float64s, 2**970, so
-// that no finite c - base or mean + base overflows), as float64; without one, 0. As
-// _stats._shift_base. Every thread of the row finds the same; most read one element. (A
-// base far from the mean rounds the means less it at the base's scale: harmless to M2; an
-// integer mean past _stats.EXACT_TOTAL_BOUND comes from the exact total, by state_mean.)
+// that no finite c - base or mean + base overflows), as float64; `found` says whether there
+// is one (else 0: the blocks then take their own, block_base). As _stats._shift_base, which
+// looks through the whole slice. Every thread of the row finds the same; most read one
+// element. (A base far from the mean rounds the means less it at the base's scale: harmless
+// to M2; an integer mean past _stats.EXACT_TOTAL_BOUND comes from the exact total, by
+// state_mean.)
 template <class T>
-__device__ __forceinline__ double shift_base(const T* __restrict__ x, long long length) {
+__device__ __forceinline__ double shift_base(const T* __restrict__ x, long long length, bool& found) {
     const long long candidates = length < 32 ? length : 32;
     for (long long i = 0; i < candidates; ++i) {
         const double f = static_cast<double>(seen(x[i]));
-        if (base_candidate(f)) return f;
+        if (base_candidate(f)) {
+            found = true;
+            return f;
+        }
     }
+    found = false;
     return 0.0;
+}
+
+// The base of a block's means where its row has none among its first 32 elements
+// (ALGORITHM 3): the shift of the block's first thread whose shift is one of its own
+// elements and a base_candidate (`own`), else 0. Every thread of the block calls it: it
+// has barriers. `owner` and `value` are shared.
+template <int BLOCK>
+__device__ __forceinline__ double block_base(double shift, bool own, unsigned int& owner, double& value) {
+    if (threadIdx.x == 0) owner = BLOCK;
+    __syncthreads();
+    if (own) atomicMin(&owner, threadIdx.x);
+    __syncthreads();
+    if (threadIdx.x == owner) value = shift;
+    __syncthreads();
+    return owner < BLOCK ? value : 0.0;
+}
+
+// Whether the 16-byte vector `raw` of elements T holds only NaN.
+template <class T>
+__device__ __forceinline__ bool all_nan(const uint4& raw) {
+    constexpr int VEC = 16 / sizeof(T);
+    const T* e = reinterpret_cast<const T*>(&raw);
+    bool all = true;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+        const double f = static_cast<double>(seen(e[j]));
+        all = all && f != f;
+    }
+    return all;
+}
+
+// The first of a thread's vectors (tid, tid + nthreads, ...) that holds an element other than
+// NaN; past its last vector (an index >= nvec on the same stride) if none does. The vectors
+// before it are a run of missing samples: the thread counts them as NaN and does not read
+// them again. UNROLL loads in flight, as the main loop; not inlined, so that the main loop
+// keeps its register allocation (see rescan_state). Only NaN-first threads call it.
+template <class T, int UNROLL>
+__device__ __noinline__ long long first_vector_with_a_value(const uint4* __restrict__ body, long long tid,
+                                                            long long nthreads, long long nvec) {
+    long long i = tid;
+    for (; i + (UNROLL - 1) * nthreads < nvec; i += UNROLL * nthreads) {
+        uint4 raw[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) raw[u] = load16<0>(body + i + u * nthreads);
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            if (!all_nan<T>(raw[u])) return i + u * nthreads;
+        }
+    }
+    for (; i < nvec; i += nthreads) {
+        if (!all_nan<T>(load16<0>(body + i))) return i;
+    }
+    return i;
 }
 
 // Whether an integer total of n elements from lo to hi cannot have wrapped:
@@ -677,6 +743,19 @@ template <class S, class E>
 struct MomentRecord : MomentState<S, E> {
     double mean_lo;
 };
+
+// A block's state in the row's partials: its means less `base`, the row's base, or without
+// one the block's own (block_base). The size of a MomentRecord, as the host allocates.
+template <class S, class E>
+struct BlockPartial : MomentState<S, E> {
+    double base;
+};
+
+template <class S, class E>
+__device__ __forceinline__ double load_base(const BlockPartial<S, E>* p) {
+    const volatile double* q = &p->base;  // written by other blocks: read from L2
+    return *q;
+}
 
 // A row's state as the kernel writes it: the mean back from the base, or, with a float64
 // total (float32 and float64 input) that is finite, the total over n: NumPy's mean, whose
@@ -713,7 +792,7 @@ __device__ __forceinline__ MomentRecord<S, E> from_base(const MomentState<S, E>&
 template <class T, class S, class E, int BLOCK, int UNROLL>
 __global__ void __launch_bounds__(BLOCK, 2)
 moments_rows_kernel(const T* __restrict__ in, long long rows, long long length, E lo_init, E hi_init,
-                    MomentState<S, E>* __restrict__ partials, unsigned int* __restrict__ counters,
+                    BlockPartial<S, E>* __restrict__ partials, unsigned int* __restrict__ counters,
                     MomentRecord<S, E>* __restrict__ out) {
     using State = MomentState<S, E>;
     constexpr int VEC = 16 / sizeof(T);
@@ -722,6 +801,8 @@ moments_rows_kernel(const T* __restrict__ in, long long rows, long long length, 
     static_assert(BLOCK >= 16 / sizeof(T), "head and tail are handled by the first threads");
     __shared__ State warp_states[BLOCK / 32];
     __shared__ bool is_last_block;
+    __shared__ unsigned int base_owner;  // block_base
+    __shared__ double base_value;
 
     const long long tid = static_cast<long long>(blockIdx.x) * BLOCK + threadIdx.x;
     const long long nthreads = static_cast<long long>(gridDim.x) * BLOCK;
@@ -749,18 +830,25 @@ moments_rows_kernel(const T* __restrict__ in, long long rows, long long length, 
             first = tail_start + tid;
         }
         T shift = first >= 0 ? x[first] : T(0);
+        // Whether the shift is one of the thread's own elements and a base_candidate.
+        bool own = first >= 0 && base_candidate(static_cast<double>(seen(shift)));
+        long long i = tid;  // the thread's first vector that the main loop reads
         if constexpr (IsFloatElement<T>::value) {
-            // A NaN or infinite first element: the thread's first element among its first
-            // four vectors that is finite and at most 2**500 in magnitude (shift_base's
-            // test: x - c of finite elements cannot overflow, and [inf, 1e308, -1e308] keeps
-            // NumPy's inf mean), else the row's base (an element of the row, so exact in T;
-            // 0 without one). With c = 0, a thread's s2 of timestamps near 1.7e9 was
-            // n * 2.9e18 and its M2 = s2 - s1**2 / n lost every digit (GPU nanvar of such
-            // data with 1% NaN: 200% off); the row's base alone would be far from a
-            // thread's own elements where it is an outlier. Only such threads run this.
+            // A NaN or infinite first element: the thread skips its leading vectors that
+            // hold only NaN (first_vector_with_a_value), then takes its first element among
+            // the next four vectors that is finite and at most 2**500 in magnitude
+            // (shift_base's test: x - c of finite elements cannot overflow, and [inf, 1e308,
+            // -1e308] keeps NumPy's inf mean), else the row's base (an element of the row, so
+            // exact in T; 0 without one). With c = 0, a thread's s2 of timestamps near 1.7e9
+            // was n * 2.9e18 and its M2 = s2 - s1**2 / n lost every digit (GPU nanvar of such
+            // data with 1% NaN: 200% off; with a run of NaN longer than a thread's first four
+            // vectors, as a series that starts with missing samples, likewise); the row's
+            // base alone would be far from a thread's own elements where it is an outlier.
+            // Only such threads run this.
             if (first >= 0 && !is_finite_value(static_cast<double>(seen(shift)))) {
+                i = first_vector_with_a_value<T, UNROLL>(body, tid, nthreads, nvec);
                 bool found = false;
-                for (long long v = tid; v < nvec && v < tid + 4 * nthreads && !found; v += nthreads) {
+                for (long long v = i; v < nvec && v < i + 4 * nthreads && !found; v += nthreads) {
                     for (int j = 0; j < VEC && !found; ++j) {
                         const T e = x[head + v * VEC + j];
                         if (base_candidate(static_cast<double>(seen(e)))) {
@@ -769,14 +857,18 @@ moments_rows_kernel(const T* __restrict__ in, long long rows, long long length, 
                         }
                     }
                 }
-                if (!found) shift = convert<T>(shift_base(x, length));
+                own = found;
+                if (!found) {
+                    bool unused;
+                    shift = convert<T>(shift_base(x, length, unused));
+                }
             }
         }
         MomentAcc<T, S, E, ACC> acc;
         acc.init(shift, first >= 0, lo_init, hi_init);
+        acc.nan += static_cast<unsigned int>((i - tid) / nthreads) * VEC;  // the skipped vectors, all NaN
 
         if (tid < head) acc.add(x[tid], 0);
-        long long i = tid;
         for (; i + (UNROLL - 1) * nthreads < nvec; i += UNROLL * nthreads) {
             uint4 raw[UNROLL];
 #pragma unroll
@@ -789,8 +881,14 @@ moments_rows_kernel(const T* __restrict__ in, long long rows, long long length, 
         }
         if (tid < tail) acc.add(x[tail_start + tid], ACC - 1);
 
-        // Read after the main loop, so that it holds no registers there.
-        const double base = shift_base(x, length);
+        // Read after the main loop, so that it holds no registers there. A row without a
+        // base among its first 32 elements (uniform over the row, so every thread of the
+        // block takes this branch or none) takes each block's own.
+        bool row_has_base;
+        double base = shift_base(x, length, row_has_base);
+        if constexpr (IsFloatElement<T>::value) {
+            if (!row_has_base) base = block_base<BLOCK>(static_cast<double>(seen(shift)), own, base_owner, base_value);
+        }
         State v = acc.state(thread_count(tid, nthreads, head, nvec, tail, VEC), base);
         if constexpr (IsFloating<T>::value && sizeof(T) == 8) {
             if (shifted_sums_overflowed(v)) {
@@ -805,9 +903,10 @@ moments_rows_kernel(const T* __restrict__ in, long long rows, long long length, 
         if (gridDim.x == 1) {
             if (threadIdx.x == 0) out[row] = from_base(v, base);
         } else {
-            State* row_partials = partials + row * gridDim.x;
+            BlockPartial<S, E>* row_partials = partials + row * gridDim.x;
             if (threadIdx.x == 0) {
-                row_partials[blockIdx.x] = v;
+                static_cast<State&>(row_partials[blockIdx.x]) = v;
+                row_partials[blockIdx.x].base = base;
                 __threadfence();  // publish the partial before the counter says it is there
                 const unsigned int done = atomicAdd(counters + row, 1u);
                 is_last_block = (done == gridDim.x - 1);
@@ -816,13 +915,22 @@ moments_rows_kernel(const T* __restrict__ in, long long rows, long long length, 
             if (is_last_block) {
                 __threadfence();  // see every other block's partial
                 // Each thread merges blocks k, k + BLOCK, ... in order; then the block tree.
+                // The blocks' means move to block 0's base where theirs differs (only in a
+                // row without a base of its own: then each block has its own; the
+                // difference of two of the row's elements is exact or rounded at the
+                // spread's magnitude).
+                const double row_base = load_base(row_partials);
                 State w = empty;
-                for (unsigned int k = threadIdx.x; k < gridDim.x; k += BLOCK)
-                    w = merge_moments(w, load_state(row_partials + k));
+                for (unsigned int k = threadIdx.x; k < gridDim.x; k += BLOCK) {
+                    State b = load_state(row_partials + k);
+                    const double b_base = load_base(row_partials + k);
+                    if (b_base != row_base && b.n > 0) b.mean += b_base - row_base;
+                    w = merge_moments(w, b);
+                }
                 __syncthreads();  // warp_states is reused
                 w = block_merge<BLOCK>(w, empty, warp_states);
                 if (threadIdx.x == 0) {
-                    out[row] = from_base(w, base);
+                    out[row] = from_base(w, row_base);
                     counters[row] = 0u;
                 }
             }
