@@ -368,10 +368,14 @@ def test_moments_base_skips_leading_nans_and_means_ignore_low_parts():
 def test_moments_far_from_zero_behind_a_run_of_nans(dtype):
     # A series that starts with a run of missing samples. A thread whose first four vectors
     # held only NaN shifted its sums by the row's base, and behind 32 NaN the row had none
-    # (0): its M2 of values near the offset lost every digit. Now such a thread skips its
-    # NaN-only vectors (counting them) and shifts by its first value after them, and a row
-    # without a base among its first 32 elements takes one per block (block_base), moved to
-    # block 0's in the last block's merge.
+    # (0): its M2 of values near the offset lost every digit (the session's starting kernel:
+    # 8.7e-11 behind 32 NaN, 1.6e-9 to NaN over rows, h200_cfafc41). Now such a thread skips
+    # its NaN-only vectors (counting them) and shifts by its first value after them (or by
+    # its tail element), and a row without a base among its first 32 elements takes one per
+    # block (block_base), moved to the first block's that has one in the last block's merge.
+    # (lead n - 100: thread 0 holds only NaN vectors and one timestamp in the tail; shifted
+    # by 0 its M2 was that timestamp's x*x rounding, and the variance 3x too large; block 0
+    # has no base there, and the float32 means moved to 0 kept 6.6e-13.)
     rng = np.random.default_rng(31)
     offset, scale = {"float64": (1.7e9, 1.0), "float32": (1e6, 1.0), "float16": (1000.0, 8.0)}[dtype]
     n = 2**22 + 9

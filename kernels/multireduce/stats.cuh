@@ -16,8 +16,8 @@
  *      s1 += x - c and s2 += (x - c)**2 around a per-thread constant c (the thread's first
  *      element if finite; else, past its leading vectors that hold only NaN (counted, not
  *      read again: first_vector_with_a_value), its first element among the next four
- *      vectors that is finite and at most 2**500 in magnitude, else the row's base (see
- *      3), else 0; NaN elements add 0) in float64, lo/hi with NaN ignored and
+ *      vectors (then its tail element) that is finite and at most 2**500 in magnitude,
+ *      else the row's base (see 3), else 0; NaN elements add 0) in float64, lo/hi with NaN ignored and
  *      -0.0 < +0.0, and for 4- and 8-byte integers the exact sum in the int64/uint64 sum
  *      accumulator (wrapping as NumPy's). 1- and 2-byte integers and bool instead take
  *      whole 16-byte vectors at a time: the exact sums of x and x**2 (dp4a for bytes) and
@@ -48,17 +48,18 @@
  *      merges the blocks' states in block order. Every state merged here holds its mean
  *      less the row's base (shift_base: the first of the row's first 32 elements that is
  *      finite and at most 2**500 in magnitude), and the row's state is written with the
- *      base added back (from_base). A row without one (a run of missing samples first)
+ *      base added back (from_base). Chan's update adds d**2 * na * nb / n for the
+ *      difference d of two means: means rounded at their own magnitude (float64 near 1.7e9
+ *      with a spread of 1: about 1e-7) made d wrong by that much, and the variance of the
+ *      thousands of thread states kept only 7 to 10 digits; less the base, they are
+ *      rounded at the spread's magnitude (as _stats._merged_blocks on the CPU).
+ *      A row without such an element among its first 32 (a run of missing samples first)
  *      has a base per block instead (block_base: the shift of the block's first thread
- *      whose shift is its own element and such a value, else 0); each block's partial
- *      carries its base (BlockPartial), and the last block moves the blocks' means to
- *      block 0's base before merging them (the difference of two bases is exact or
- *      rounded at the spread's magnitude). With base 0, timestamps near 1.7e9 behind 32
- *      NaN kept nanvar to 1e-10. Chan's update adds d**2 * na * nb / n for the difference d of two
- *      means: means rounded at their own magnitude (float64 near 1.7e9 with a spread of
- *      1: about 1e-7) made d wrong by that much, and the variance of the thousands of
- *      thread states kept only 7 to 10 digits; less the base, they are rounded at the
- *      spread's magnitude (as _stats._merged_blocks on the CPU).
+ *      whose shift is its own element and such a value; else none, and the block's means
+ *      are less 0). Each block's partial carries its base (BlockPartial), and the last
+ *      block moves the blocks' means to the first block's base before merging them (the
+ *      difference of two of the row's elements is exact or rounded at the spread's
+ *      magnitude). With base 0 there, nanvar of timestamps behind 32 NaN kept 1e-10.
  *   4. The row's state (MomentRecord) also carries the low part of its mean, mean_lo: what
  *      the base-shifted mean adds to the mean written (from_base). Merges of states across
  *      parts (MPI ranks, Dask chunks: _stats.merge on the host) form d from both parts.
@@ -675,8 +676,9 @@ __device__ __forceinline__ double shift_base(const T* __restrict__ x, long long 
 
 // The base of a block's means where its row has none among its first 32 elements
 // (ALGORITHM 3): the shift of the block's first thread whose shift is one of its own
-// elements and a base_candidate (`own`), else 0. Every thread of the block calls it: it
-// has barriers. `owner` and `value` are shared.
+// elements and a base_candidate (`own`), else NaN (none: the block's means are then taken
+// less 0). Every thread of the block calls it: it has barriers. `owner` and `value` are
+// shared.
 template <int BLOCK>
 __device__ __forceinline__ double block_base(double shift, bool own, unsigned int& owner, double& value) {
     if (threadIdx.x == 0) owner = BLOCK;
@@ -685,7 +687,7 @@ __device__ __forceinline__ double block_base(double shift, bool own, unsigned in
     __syncthreads();
     if (threadIdx.x == owner) value = shift;
     __syncthreads();
-    return owner < BLOCK ? value : 0.0;
+    return owner < BLOCK ? value : __longlong_as_double(0x7ff8000000000000LL);
 }
 
 // Whether the 16-byte vector `raw` of elements T holds only NaN.
@@ -745,7 +747,8 @@ struct MomentRecord : MomentState<S, E> {
 };
 
 // A block's state in the row's partials: its means less `base`, the row's base, or without
-// one the block's own (block_base). The size of a MomentRecord, as the host allocates.
+// one the block's own (block_base; NaN: none, the means are less 0). The size of a
+// MomentRecord, as the host allocates.
 template <class S, class E>
 struct BlockPartial : MomentState<S, E> {
     double base;
@@ -857,6 +860,18 @@ moments_rows_kernel(const T* __restrict__ in, long long rows, long long length, 
                         }
                     }
                 }
+                // Its vectors hold no such value: its tail element. (Shifted by 0, the one
+                // element of a thread whose vectors held only NaN had an M2 of up to half
+                // an ulp of x*x, 256 for timestamps: b - a * q contracts to an FMA, which
+                // leaves x*x's rounding. One such thread made a variance of 100 timestamps
+                // behind a run of NaN 3x too large.)
+                if (!found && tid < tail) {
+                    const T e = x[tail_start + tid];
+                    if (base_candidate(static_cast<double>(seen(e)))) {
+                        shift = e;
+                        found = true;
+                    }
+                }
                 own = found;
                 if (!found) {
                     bool unused;
@@ -886,8 +901,12 @@ moments_rows_kernel(const T* __restrict__ in, long long rows, long long length, 
         // block takes this branch or none) takes each block's own.
         bool row_has_base;
         double base = shift_base(x, length, row_has_base);
+        double partial_base = base;  // the base the block's partial records: NaN for none
         if constexpr (IsFloatElement<T>::value) {
-            if (!row_has_base) base = block_base<BLOCK>(static_cast<double>(seen(shift)), own, base_owner, base_value);
+            if (!row_has_base) {
+                partial_base = block_base<BLOCK>(static_cast<double>(seen(shift)), own, base_owner, base_value);
+                base = partial_base == partial_base ? partial_base : 0.0;
+            }
         }
         State v = acc.state(thread_count(tid, nthreads, head, nvec, tail, VEC), base);
         if constexpr (IsFloating<T>::value && sizeof(T) == 8) {
@@ -906,7 +925,7 @@ moments_rows_kernel(const T* __restrict__ in, long long rows, long long length, 
             BlockPartial<S, E>* row_partials = partials + row * gridDim.x;
             if (threadIdx.x == 0) {
                 static_cast<State&>(row_partials[blockIdx.x]) = v;
-                row_partials[blockIdx.x].base = base;
+                row_partials[blockIdx.x].base = partial_base;
                 __threadfence();  // publish the partial before the counter says it is there
                 const unsigned int done = atomicAdd(counters + row, 1u);
                 is_last_block = (done == gridDim.x - 1);
@@ -915,15 +934,19 @@ moments_rows_kernel(const T* __restrict__ in, long long rows, long long length, 
             if (is_last_block) {
                 __threadfence();  // see every other block's partial
                 // Each thread merges blocks k, k + BLOCK, ... in order; then the block tree.
-                // The blocks' means move to block 0's base where theirs differs (only in a
-                // row without a base of its own: then each block has its own; the
-                // difference of two of the row's elements is exact or rounded at the
-                // spread's magnitude).
-                const double row_base = load_base(row_partials);
+                // In a row without a base of its own each block has its own (NaN for none:
+                // its means are less 0): the blocks' means move to the first block's that
+                // has one (the difference of two of the row's elements is exact or rounded
+                // at the spread's magnitude). Block 0's, read first, is that base in every
+                // other row.
+                double row_base = load_base(row_partials);
+                for (unsigned int k = 1; row_base != row_base && k < gridDim.x; ++k) row_base = load_base(row_partials + k);
+                if (row_base != row_base) row_base = 0.0;
                 State w = empty;
                 for (unsigned int k = threadIdx.x; k < gridDim.x; k += BLOCK) {
                     State b = load_state(row_partials + k);
-                    const double b_base = load_base(row_partials + k);
+                    double b_base = load_base(row_partials + k);
+                    if (b_base != b_base) b_base = 0.0;
                     if (b_base != row_base && b.n > 0) b.mean += b_base - row_base;
                     w = merge_moments(w, b);
                 }
