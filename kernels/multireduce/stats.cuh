@@ -760,6 +760,26 @@ __device__ __forceinline__ double load_base(const BlockPartial<S, E>* p) {
     return *q;
 }
 
+// In the last block of a row without a base of its own whose block 0 has none: the base of
+// the first block that has one (BlockPartial::base not NaN), else 0. All threads of the block
+// read the blocks' bases at once (one thread reading them in turn: a chain of dependent L2
+// loads, one per block). Every thread of the block calls it: it has barriers. `owner` is
+// shared. Not inlined: inlined, the float16 kernel needed a stack frame.
+template <int BLOCK, class S, class E>
+__device__ __noinline__ double first_block_base(const BlockPartial<S, E>* row_partials, unsigned int& owner) {
+    if (threadIdx.x == 0) owner = gridDim.x;
+    __syncthreads();
+    for (unsigned int k = threadIdx.x; k < gridDim.x; k += BLOCK) {
+        const double b = load_base(row_partials + k);
+        if (b == b) {
+            atomicMin(&owner, k);
+            break;
+        }
+    }
+    __syncthreads();
+    return owner < gridDim.x ? load_base(row_partials + owner) : 0.0;
+}
+
 // A row's state as the kernel writes it: the mean back from the base, or, with a float64
 // total (float32 and float64 input) that is finite, the total over n: NumPy's mean, whose
 // error scales with the mean of |x| (base + mean is exact to the spread's scale: with an
@@ -804,7 +824,7 @@ moments_rows_kernel(const T* __restrict__ in, long long rows, long long length, 
     static_assert(BLOCK >= 16 / sizeof(T), "head and tail are handled by the first threads");
     __shared__ State warp_states[BLOCK / 32];
     __shared__ bool is_last_block;
-    __shared__ unsigned int base_owner;  // block_base
+    __shared__ unsigned int base_owner;  // block_base, and the last block's first block with a base
     __shared__ double base_value;
 
     const long long tid = static_cast<long long>(blockIdx.x) * BLOCK + threadIdx.x;
@@ -940,8 +960,7 @@ moments_rows_kernel(const T* __restrict__ in, long long rows, long long length, 
                 // at the spread's magnitude). Block 0's, read first, is that base in every
                 // other row.
                 double row_base = load_base(row_partials);
-                for (unsigned int k = 1; row_base != row_base && k < gridDim.x; ++k) row_base = load_base(row_partials + k);
-                if (row_base != row_base) row_base = 0.0;
+                if (row_base != row_base) row_base = first_block_base<BLOCK>(row_partials, base_owner);  // uniform
                 State w = empty;
                 for (unsigned int k = threadIdx.x; k < gridDim.x; k += BLOCK) {
                     State b = load_state(row_partials + k);
