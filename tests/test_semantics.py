@@ -970,7 +970,17 @@ def test_base_search_reaches_past_the_first_block():
     base, none = _stats._shift_base(b, 1)
     assert base.tolist() == [7.0, 2.0, 0.0] and none.tolist() == [False, False, True]
     base, none = _stats._shift_base(b, 1, only=np.array([True, False, False]))
-    assert base.tolist() == [7.0, 0.0, 0.0] and none is None
+    assert base[0] == 7.0 and none is None  # the others are not looked at
+    work = _stats._work_buffers(b.size)
+    assert _stats._shift_base(b, 1, work=work)[0].tolist() == [7.0, 2.0, 0.0]
+    c = np.ascontiguousarray(b.T)  # along a leading axis, and a huge first finite element
+    c[5, 2] = 2.0**600
+    c[30, 2] = 3.0
+    base, none = _stats._shift_base(c, 0, work=work)
+    assert base.tolist() == [7.0, 2.0, 3.0] and none is None
+    c[30, 2] = np.nan
+    base, none = _stats._shift_base(c, 0, work=work)
+    assert base.tolist() == [7.0, 2.0, 0.0] and none.tolist() == [False, False, True]
     y = np.full(3 * 2**17, np.nan)
     y[2**17 + 9 :] = 1.7e9 + np.random.default_rng(3).standard_normal(2**18 - 9)
     want = np.nanvar(y - 1.7e9)

@@ -717,10 +717,10 @@ __device__ __noinline__ long long first_vector_with_a_value(const uint4* __restr
         uint4 raw[UNROLL];
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) raw[u] = load16<0>(body + i + u * nthreads);
+        unsigned int values = 0u;  // bit u: vector u holds a value (one branch per trip)
 #pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-            if (!all_nan<T>(raw[u])) return i + u * nthreads;
-        }
+        for (int u = 0; u < UNROLL; ++u) values |= (all_nan<T>(raw[u]) ? 0u : 1u) << u;
+        if (values != 0u) return i + static_cast<long long>(__ffs(values) - 1) * nthreads;
     }
     for (; i < nvec; i += nthreads) {
         if (!all_nan<T>(load16<0>(body + i))) return i;

@@ -183,7 +183,7 @@ def launch_moments(data: cupy.ndarray, rows: int, length: int) -> cupy.ndarray:
     kernel, max_grid = _kernel(device, _kernels.moments_kernel_name(data.dtype), _BLOCK)
     per_row, grid_y = _grid(rows, length, data.itemsize, _kernels.MOMENTS_UNROLL, max_grid)
     sdt, lo, hi = _moments_constants(data.dtype)
-    # The block partials (MomentState) are smaller than the rows' records (MomentRecord).
+    # The block partials (BlockPartial: a state and its base) have the rows' records' size (MomentRecord).
     partials = cupy.empty(max(rows * per_row, 1) * sdt.itemsize, dtype=np.uint8)
     counters = _counters(device, rows if per_row > 1 else 1)
     out = cupy.empty(rows * sdt.itemsize, dtype=np.uint8)
