@@ -448,7 +448,6 @@ def _block_moments(
     axis: int = -1,
     quiet_m2: bool = False,
     base: Any = 0.0,
-    skips_nan: bool = True,
 ) -> Moments:
     """The moments state of the block ``b`` over its axis ``axis``, its mean less ``base``.
 
@@ -483,9 +482,9 @@ def _block_moments(
     acc = _sum_acc(b.dtype)
     # A float64 total is the sum of the float64 copy (float32 input: one pass fewer than
     # summing ``clean`` through NumPy's buffered cast, and pairwise over the whole block).
-    # The total leaves NaN out (the count holds it); +inf with -inf then warns "invalid value",
-    # where NumPy's var and mean, whose sums meet the NaN first, are silent (nanvar warns).
-    with np.errstate(**({"invalid": "ignore"} if not skips_nan and nanmask is not None else {})):
+    # The total leaves NaN out (the count holds it). +inf with -inf: NaN, without NumPy's
+    # "invalid value" warning here; moments() decides it for the whole slice (_warn_invalid).
+    with np.errstate(invalid="ignore"):
         total = np.add.reduce(f, axis=axis) if acc == np.float64 else np.add.reduce(clean, axis=axis, dtype=acc)
     ext = _extreme_acc(b.dtype)
     # NumPy's float16 min and max run without SIMD (about 10x float64's time): without NaN,
@@ -497,11 +496,9 @@ def _block_moments(
     with np.errstate(invalid="ignore", divide="ignore", **quiet):
         mean = (total if acc == np.float64 else np.add.reduce(f, axis=axis)) / n
         mean = np.where(n > 0, mean, 0.0)
-    # An infinite element less an infinite mean: NumPy's var warns "invalid value encountered
-    # in subtract" (its mean, which subtracts nothing, does not).
-    # (Nor does NumPy's var of a slice that holds a NaN: its mean is NaN. Its nanvar does.)
-    silent = quiet_m2 or (not skips_nan and nanmask is not None)
-    with np.errstate(**({"invalid": "ignore", **quiet} if silent else {})):
+    # An infinite element less an infinite mean: NaN, without NumPy's "invalid value
+    # encountered in subtract" here; moments() decides it for the whole slice (_warn_invalid).
+    with np.errstate(invalid="ignore", **quiet):
         d = np.subtract(f, np.expand_dims(mean, axis), out=f)
     with np.errstate(invalid="ignore", divide="ignore", **quiet):
         if nanmask is not None:
@@ -558,9 +555,7 @@ def _work_buffers(size: int) -> tuple[np.ndarray, np.ndarray]:
     return np.empty(size, np.float64), np.empty(size, np.bool_)
 
 
-def _merged_blocks(
-    blocks, work: tuple[np.ndarray, np.ndarray], axis: int = -1, quiet_m2: bool = False, skips_nan: bool = True
-) -> Moments:
+def _merged_blocks(blocks, work: tuple[np.ndarray, np.ndarray], axis: int = -1, quiet_m2: bool = False) -> Moments:
     """The merged moments state of ``blocks`` (consecutive pieces along the reduced axis ``axis``).
 
     Every block's mean is taken less its slice's base (:func:`_shift_base`): the first
@@ -584,8 +579,12 @@ def _merged_blocks(
             state = replace(state, mean=moved)
             base = np.where(found, later, base)
             missing = None if none is None else missing & none
-        block = _block_moments(b, work, axis, quiet_m2, base, skips_nan)
-        state = block if state is None else merge(state, block, low_parts=False)
+        block = _block_moments(b, work, axis, quiet_m2, base)
+        if state is None:
+            state = block
+        else:
+            with np.errstate(invalid="ignore"):  # +inf and -inf totals: decided by _warn_invalid
+                state = merge(state, block, low_parts=False)
     return _from_base(state, base)
 
 
@@ -708,7 +707,7 @@ _COLUMN_BLOCK_ROWS = 1024
 _COLUMN_BLOCK_COLS = 4096
 
 
-def _column_moments(y: np.ndarray, quiet_m2: bool = False, skips_nan: bool = True) -> Moments:
+def _column_moments(y: np.ndarray, quiet_m2: bool = False) -> Moments:
     """The moments state of the C-contiguous ``(outer, reduced, inner)`` array ``y`` over axis 1.
 
     Blocks of up to :data:`_COLUMN_BLOCK_ROWS` reduced positions by whole runs of the inner
@@ -730,7 +729,7 @@ def _column_moments(y: np.ndarray, quiet_m2: bool = False, skips_nan: bool = Tru
         for c0 in range(0, inner, cols):
             tile = y[o0 : o0 + depth, :, c0 : c0 + cols]
             blocks = (tile[:, r0 : r0 + rows] for r0 in range(0, reduced, rows))
-            state = _merged_blocks(blocks, work, axis=1, quiet_m2=quiet_m2, skips_nan=skips_nan)
+            state = _merged_blocks(blocks, work, axis=1, quiet_m2=quiet_m2)
             for name in _MOMENTS_FIELDS:
                 getattr(out, name)[o0 : o0 + depth, c0 : c0 + cols] = getattr(state, name)
     return out
@@ -745,11 +744,48 @@ _COLUMN_MIN_INNER_BYTES = 64
 def moments(x: np.ndarray, axes: tuple[int, ...], quiet_m2: bool = False, skips_nan: bool = True) -> Moments:
     """The moments state of the NumPy array ``x`` over ``axes`` (normalized, non-negative).
 
+    Its blocks are computed and merged without NumPy's invalid-value warnings (an infinity
+    less an infinite mean, +inf plus -inf), which are then decided for each whole slice from
+    the merged state, as NumPy's var and mean decide them (:func:`_warn_invalid`): per block,
+    an infinity in one block and a NaN in another warned "in subtract" where NumPy's var of the
+    slice is silent. ``skips_nan``: nanvar, nanstd, nanmean and stats, whose warnings leave
+    the NaN out, as NumPy's nan functions; ``quiet_m2``: a mean. See :func:`_moments` for the
+    rest.
+    """
+    state = _moments(x, axes, quiet_m2)
+    _warn_invalid(state, quiet_m2, skips_nan)
+    return state
+
+
+def _warn_invalid(state: Moments, quiet_m2: bool, skips_nan: bool) -> None:
+    """NumPy's invalid-value warnings of the slices whose moments are ``state``, under the caller's errstate.
+
+    NumPy's mean sums the slice: +inf and -inf give "invalid value encountered in reduce". Its
+    var then subtracts that mean: an infinity of one sign makes it infinite, and the infinite
+    elements less it give "invalid value encountered in subtract". A NaN in the slice makes
+    the sum NaN: var and mean (``skips_nan`` false) are then silent, unless the two
+    infinities meet before the NaN in NumPy's order of additions (not followed: silent).
+    nanvar, nanstd and nanmean leave the NaN out. ``quiet_m2``: a mean, which subtracts
+    nothing. The warnings come from NumPy's own operations on the values that raise them, so
+    that ``numpy.errstate`` (``ignore``, ``raise``, ``call``) applies as to NumPy's.
+    """
+    if state.lo.dtype.kind != "f":
+        return
+    positive, negative = np.asarray(state.hi) == np.inf, np.asarray(state.lo) == -np.inf
+    if not (positive.any() or negative.any()):
+        return  # the common case
+    clean = True if skips_nan else np.asarray(state.nan) == 0
+    if np.any(positive & negative & clean):
+        np.add.reduce(np.array([np.inf, -np.inf]))
+    if not quiet_m2 and np.any((positive ^ negative) & clean):
+        np.subtract(np.array([np.inf]), np.array([np.inf]))
+
+
+def _moments(x: np.ndarray, axes: tuple[int, ...], quiet_m2: bool) -> Moments:
+    """:func:`moments`, without its invalid-value warnings (:func:`_warn_invalid`).
+
     ``quiet_m2``: for a mean, whose M2 is not used: its deviations and squares overflow
     without NumPy's warning, while the total's overflow (NumPy's mean's) still warns.
-    ``skips_nan`` false (var, std): an infinite element in a slice that also holds a NaN
-    subtracts without NumPy's "invalid value" warning, as NumPy's var (whose mean is NaN
-    there); true (nanvar, nanstd, stats) it warns, as NumPy's nanvar.
 
     One pass over ``x``: blocks of about :data:`BLOCK_BYTES` of float64 work are reduced in
     cache and merged. Reduced axes that are adjacent in a C-contiguous array and followed by
@@ -763,12 +799,12 @@ def moments(x: np.ndarray, axes: tuple[int, ...], quiet_m2: bool = False, skips_
         # end), then put the kept axes back in order. Reducing the last axis of a Fortran-order
         # matrix read it a cache line per element (float32 var over axis 1 of 8192 x 1024:
         # 99 ms, NumPy 7.4).
-        state = moments(x.T, tuple(sorted(x.ndim - 1 - a for a in axes)), quiet_m2, skips_nan)
+        state = _moments(x.T, tuple(sorted(x.ndim - 1 - a for a in axes)), quiet_m2)
         return state.map(lambda a: np.asarray(a).T)
     layout = _axes.axis_layout(x.shape, axes) if x.flags.c_contiguous and x.size else None
     if layout is not None and layout[2] > 1 and layout[2] * x.itemsize >= _COLUMN_MIN_INNER_BYTES:
         kshape = tuple(n for i, n in enumerate(x.shape) if i not in axes)
-        return _column_moments(x.reshape(layout), quiet_m2, skips_nan).map(lambda a: a.reshape(kshape))
+        return _column_moments(x.reshape(layout), quiet_m2).map(lambda a: a.reshape(kshape))
     y, kshape = _split_axes(x, axes)
     kept = math.prod(kshape)
     reduced = y.shape[-1]
@@ -784,7 +820,7 @@ def moments(x: np.ndarray, axes: tuple[int, ...], quiet_m2: bool = False, skips_
     for r0 in range(0, kept, rows):
         r1 = min(kept, r0 + rows)
         blocks = (y[r0:r1, c0 : c0 + cols] for c0 in range(0, reduced, cols))
-        state = _merged_blocks(blocks, work, quiet_m2=quiet_m2, skips_nan=skips_nan)
+        state = _merged_blocks(blocks, work, quiet_m2=quiet_m2)
         if out is None:  # one tile holds every row
             return state.map(lambda a: np.asarray(a).reshape(kshape))
         for name in _MOMENTS_FIELDS:
