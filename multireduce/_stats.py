@@ -760,7 +760,8 @@ def moments(x: np.ndarray, axes: tuple[int, ...], quiet_m2: bool = False, skips_
 def _warn_invalid(state: Moments, quiet_m2: bool, skips_nan: bool) -> None:
     """NumPy's invalid-value warnings of the slices whose moments are ``state``, under the caller's errstate.
 
-    NumPy's mean sums the slice: +inf and -inf give "invalid value encountered in reduce". Its
+    NumPy's mean sums the slice: +inf and -inf give "invalid value encountered in reduce" (so
+    do finite float64 elements whose sum overflows both ways: the state's total is NaN). Its
     var then subtracts that mean: an infinity of one sign makes it infinite, and the infinite
     elements less it give "invalid value encountered in subtract". A NaN in the slice makes
     the sum NaN: var and mean (``skips_nan`` false) are then silent, unless the two
@@ -771,13 +772,18 @@ def _warn_invalid(state: Moments, quiet_m2: bool, skips_nan: bool) -> None:
     """
     if state.lo.dtype.kind != "f":
         return
-    positive, negative = np.asarray(state.hi) == np.inf, np.asarray(state.lo) == -np.inf
-    if not (positive.any() or negative.any()):
+    # The total (NaN left out) is NaN where the sum met +inf and -inf: infinite elements of
+    # both signs, or finite float64 ones whose sum overflowed both ways (NumPy's sum warns
+    # there too: [1e308] * 4 + [-1e308] * 4); an infinite element with an infinite total of
+    # the same sign makes an infinite mean.
+    undefined = np.isnan(np.asarray(state.total, dtype=np.float64))
+    infinite = (np.asarray(state.hi) == np.inf) | (np.asarray(state.lo) == -np.inf)
+    if not (undefined.any() or infinite.any()):
         return  # the common case
     clean = True if skips_nan else np.asarray(state.nan) == 0
-    if np.any(positive & negative & clean):
+    if np.any(undefined & clean):
         np.add.reduce(np.array([np.inf, -np.inf]))
-    if not quiet_m2 and np.any((positive ^ negative) & clean):
+    if not quiet_m2 and np.any(infinite & ~undefined & clean):
         np.subtract(np.array([np.inf]), np.array([np.inf]))
 
 
