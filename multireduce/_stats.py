@@ -570,15 +570,15 @@ def _merged_blocks(blocks, work: tuple[np.ndarray, np.ndarray], axis: int = -1, 
     for b in blocks:
         if base is None:
             base, missing = _shift_base(b, axis, work=work)
-        elif missing is not None and (missing & np.isfinite(b, out=_like(work[1], b)).any(axis=axis)).any():
-            # (The test first: a run of missing samples sends every block of it here.)
+        elif missing is not None:
             later, none = _shift_base(b, axis, missing, work)
             found = missing if none is None else missing & ~none
-            with np.errstate(invalid="ignore", over="ignore"):
-                moved = np.where(found & (state.n > 0), state.mean - later, state.mean)
-            state = replace(state, mean=moved)
-            base = np.where(found, later, base)
-            missing = None if none is None else missing & none
+            if found.any():
+                with np.errstate(invalid="ignore", over="ignore"):
+                    moved = np.where(found & (state.n > 0), state.mean - later, state.mean)
+                state = replace(state, mean=moved)
+                base = np.where(found, later, base)
+                missing = none
         block = _block_moments(b, work, axis, quiet_m2, base)
         if state is None:
             state = block
@@ -653,6 +653,13 @@ def _shift_base(
     :func:`_block_moments` (a fresh block-sized temporary per block faulted its pages in
     again: all-NaN nanvar of 2**24 float64 took 2.8x the time).
     """
+    finite = None
+    if only is not None:
+        # Slices that earlier blocks left without a base: a run of missing samples sends
+        # every block of it here, so the test comes first, one pass into the bool work buffer.
+        finite = np.isfinite(b, out=None if work is None else _like(work[1], b))
+        if not (only & finite.any(axis=axis)).any():
+            return np.zeros(only.shape), only
     first = np.take(b, 0, axis=axis).astype(np.float64)
     if b.dtype.kind != "f":
         return first, None  # integers and bool: always within the limit
@@ -679,7 +686,8 @@ def _shift_base(
             # A run of missing samples: the rest of the block, in one pass of one byte per
             # element (into the bool work buffer), for every slice at once; the first finite
             # element of each, or where that is huge (rare), the first within the limit.
-            finite = np.isfinite(b, out=None if work is None else _like(work[1], b))
+            if finite is None:
+                finite = np.isfinite(b, out=None if work is None else _like(work[1], b))
             found = left & finite.any(axis=axis)  # in memory order, without a temporary
             value = first
             if found.any():  # (argmax along a leading axis copies: only in the block with the base)
