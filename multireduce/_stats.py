@@ -69,6 +69,7 @@ __all__ = [
     "merge_records",
     "merge_stacked",
     "moments",
+    "warn_invalid",
     "warn_moments",
 ]
 
@@ -248,25 +249,26 @@ def merge(a: Moments, b: Moments, low_parts: bool = True) -> Moments:
 
 
 def _add_totals(a: Any, b: Any) -> Any:
-    """Two states' totals added: a float addition warns as NumPy's does, under ``np.errstate``.
+    """Two states' totals added: a float addition warns of overflow as NumPy's does, under ``np.errstate``.
 
     So a total that overflows only where parts merge (Dask chunks, MPI ranks) warns
     "overflow encountered in add", as NumPy's sum of the elements warns; integer totals wrap
-    silently, as NumPy's integer sums.
+    silently, as NumPy's integer sums. +inf and -inf totals make NaN silently: that warning
+    is decided for the whole slice at finalize (:func:`warn_invalid`).
     """
     if np.asarray(a).dtype.kind != "f":
         with np.errstate(over="ignore"):
             return a + b
-    return a + b
+    with np.errstate(invalid="ignore"):
+        return a + b
 
 
 def _python_float_total(a: float, b: float, add: Callable[[Any, Any], Any], dtype: np.dtype) -> Any:
-    # _add_totals for Python floats, which overflow (and add inf to -inf) silently: where
-    # the sum of two totals is not finite though they are, or NaN though neither is, NumPy's
-    # addition in the total's dtype is made again for its warning (under np.errstate).
+    # _add_totals for Python floats, which overflow silently: where the sum of two finite
+    # totals is not finite, NumPy's addition in the total's dtype is made again for its
+    # warning (under np.errstate). inf + -inf stays silent, as in _add_totals.
     total = add(a, b)
-    overflowed = math.isfinite(a) and math.isfinite(b)
-    if not math.isfinite(total) and (overflowed or (math.isnan(total) and a == a and b == b)):
+    if not math.isfinite(total) and math.isfinite(a) and math.isfinite(b):
         dtype.type(a) + dtype.type(b)  # noqa: B018  NumPy's RuntimeWarning or FloatingPointError
     return total
 
@@ -749,24 +751,14 @@ def _column_moments(y: np.ndarray, quiet_m2: bool = False) -> Moments:
 _COLUMN_MIN_INNER_BYTES = 64
 
 
-def moments(x: np.ndarray, axes: tuple[int, ...], quiet_m2: bool = False, skips_nan: bool = True) -> Moments:
-    """The moments state of the NumPy array ``x`` over ``axes`` (normalized, non-negative).
-
-    Its blocks are computed and merged without NumPy's invalid-value warnings (an infinity
-    less an infinite mean, +inf plus -inf), which are then decided for each whole slice from
-    the merged state, as NumPy's var and mean decide them (:func:`_warn_invalid`): per block,
-    an infinity in one block and a NaN in another warned "in subtract" where NumPy's var of the
-    slice is silent. ``skips_nan``: nanvar, nanstd, nanmean and stats, whose warnings leave
-    the NaN out, as NumPy's nan functions; ``quiet_m2``: a mean. See :func:`_moments` for the
-    rest.
-    """
-    state = _moments(x, axes, quiet_m2)
-    _warn_invalid(state, quiet_m2, skips_nan)
-    return state
-
-
-def _warn_invalid(state: Moments, quiet_m2: bool, skips_nan: bool) -> None:
+def warn_invalid(state: Moments, quiet_m2: bool, skips_nan: bool) -> None:
     """NumPy's invalid-value warnings of the slices whose moments are ``state``, under the caller's errstate.
+
+    Decided from the merged state of each whole slice, wherever its parts were reduced
+    (blocks of one call, Dask chunks, MPI ranks), as NumPy decides them for the slice:
+    :func:`moments` and :func:`merge` themselves are silent about them. Called by
+    :func:`finalize_moments` and :func:`finalize_stats` for data reduced on the CPU (the GPU
+    kernels do not warn).
 
     NumPy's mean sums the slice: +inf and -inf give "invalid value encountered in reduce" (so
     do finite float64 elements whose sum overflows both ways: the state's total is NaN). Its
@@ -795,10 +787,14 @@ def _warn_invalid(state: Moments, quiet_m2: bool, skips_nan: bool) -> None:
         np.subtract(np.array([np.inf]), np.array([np.inf]))
 
 
-def _moments(x: np.ndarray, axes: tuple[int, ...], quiet_m2: bool) -> Moments:
-    """:func:`moments`, without its invalid-value warnings (:func:`_warn_invalid`).
+def moments(x: np.ndarray, axes: tuple[int, ...], quiet_m2: bool = False) -> Moments:
+    """The moments state of the NumPy array ``x`` over ``axes`` (normalized, non-negative).
 
-    ``quiet_m2``: for a mean, whose M2 is not used: its deviations and squares overflow
+    Without NumPy's invalid-value warnings (an infinity less an infinite mean, +inf plus
+    -inf): they are decided for each whole slice from its merged state when it is finalized
+    (:func:`warn_invalid`), so that a NaN in one block, chunk or rank and an infinity in
+    another warn as NumPy's var of the whole slice does (per part, "in subtract" where NumPy
+    is silent). ``quiet_m2``: for a mean, whose M2 is not used: its deviations and squares overflow
     without NumPy's warning, while the total's overflow (NumPy's mean's) still warns.
 
     One pass over ``x``: blocks of about :data:`BLOCK_BYTES` of float64 work are reduced in
@@ -813,7 +809,7 @@ def _moments(x: np.ndarray, axes: tuple[int, ...], quiet_m2: bool) -> Moments:
         # end), then put the kept axes back in order. Reducing the last axis of a Fortran-order
         # matrix read it a cache line per element (float32 var over axis 1 of 8192 x 1024:
         # 99 ms, NumPy 7.4).
-        state = _moments(x.T, tuple(sorted(x.ndim - 1 - a for a in axes)), quiet_m2)
+        state = moments(x.T, tuple(sorted(x.ndim - 1 - a for a in axes)), quiet_m2)
         return state.map(lambda a: np.asarray(a).T)
     layout = _axes.axis_layout(x.shape, axes) if x.flags.c_contiguous and x.size else None
     if layout is not None and layout[2] > 1 and layout[2] * x.itemsize >= _COLUMN_MIN_INNER_BYTES:
@@ -1018,7 +1014,9 @@ def _state_m2_scalar(state: Moments) -> float:
     return m2
 
 
-def finalize_moments(state: Moments, op: Op, result: np.dtype, correction: float = 0.0) -> Any:
+def finalize_moments(
+    state: Moments, op: Op, result: np.dtype, correction: float = 0.0, invalid_warnings: bool = False
+) -> Any:
     """The value of the moments op ``op`` (mean, nanmean, var, std, nanvar, nanstd) from a state.
 
     NaN propagates, except for the ops that skip it (nanmean, nanvar, nanstd: the state's n,
@@ -1029,13 +1027,17 @@ def finalize_moments(state: Moments, op: Op, result: np.dtype, correction: float
     as NumPy decides them). The mean is :func:`state_mean`'s. var and std of finite elements
     are never NaN: they are inf where the float64 squares overflowed (M2 inf, or NaN from
     inf - inf), as NumPy's var; with an infinite element they are NaN, as NumPy's.
+
+    ``invalid_warnings``: the state's elements were reduced on the CPU, and NumPy's
+    invalid-value warnings are decided here for each whole slice (:func:`warn_invalid`), in
+    NumPy's order: var and std warn "Degrees of freedom" first, the nan functions last.
     """
     if state.n.ndim == 0:
-        return _finalize_moments_scalar(state, op, result, correction)
+        return _finalize_moments_scalar(state, op, result, correction, invalid_warnings)
     skipna = op.skips_nan
     n = state.n
     nan = state.nan
-    warn_moments(op, n if skipna else n + nan, correction, inexact=state.total.dtype.kind == "f")
+    _warn_finalize(state, op, n if skipna else n + nan, correction, invalid_warnings)
     if op.statistic == "mean":
         value = np.where(n > 0, state_mean(state), np.float64(np.nan))
         if not skipna:
@@ -1051,13 +1053,26 @@ def finalize_moments(state: Moments, op: Op, result: np.dtype, correction: float
     return _as_result(value, result)
 
 
-def _finalize_moments_scalar(state: Moments, op: Op, result: np.dtype, correction: float) -> np.generic:
+def _warn_finalize(state: Moments, op: Op, count: Any, correction: float, invalid_warnings: bool) -> None:
+    # finalize_moments' warnings, in NumPy's order: np.var warns "Degrees of freedom" before
+    # it sums, np.nanvar and np.nanmean warn about the count after theirs.
+    quiet_m2 = op.statistic == "mean"
+    if invalid_warnings and op.skips_nan:
+        warn_invalid(state, quiet_m2, True)
+    warn_moments(op, count, correction, inexact=state.total.dtype.kind == "f")
+    if invalid_warnings and not op.skips_nan:
+        warn_invalid(state, quiet_m2, False)
+
+
+def _finalize_moments_scalar(
+    state: Moments, op: Op, result: np.dtype, correction: float, invalid_warnings: bool
+) -> np.generic:
     # finalize_moments for a 0-d state, in Python floats: the same IEEE operations (float64
     # division, sqrt) as the array code, without its per-call NumPy overhead, which is what a
     # full GPU reduction would otherwise pay on the host after its kernel.
     n, nan = int(state.n), int(state.nan)
     skipna = op.skips_nan
-    warn_moments(op, n if skipna else n + nan, correction, inexact=state.total.dtype.kind == "f")
+    _warn_finalize(state, op, n if skipna else n + nan, correction, invalid_warnings)
     if op.statistic == "mean":
         value = _state_mean_scalar(state) if n > 0 and (nan == 0 or skipna) else math.nan
         return result.type(value)
@@ -1111,8 +1126,12 @@ def empty_stats_error() -> ValueError:
     return ValueError("zero-size array to stats: min and max of zero elements are undefined (as numpy.min/max)")
 
 
-def finalize_stats(state: Moments, dtype: np.dtype, correction: float = 0.0) -> Stats:
+def finalize_stats(state: Moments, dtype: np.dtype, correction: float = 0.0, invalid_warnings: bool = False) -> Stats:
     """A :class:`Stats` from a moments state of input dtype ``dtype``.
+
+    ``invalid_warnings``: the state's elements were reduced on the CPU; NumPy's invalid-value
+    warnings of var (the NaN left out, as nanvar's) are decided for each whole slice
+    (:func:`warn_invalid`).
 
     Raises
     ------
@@ -1121,10 +1140,12 @@ def finalize_stats(state: Moments, dtype: np.dtype, correction: float = 0.0) -> 
     """
     dtype = np.dtype(dtype)
     if state.n.ndim == 0:
-        return _finalize_stats_scalar(state, dtype, correction)
+        return _finalize_stats_scalar(state, dtype, correction, invalid_warnings)
     count = state.n + state.nan
     if np.any(count == 0):
         raise empty_stats_error()
+    if invalid_warnings:
+        warn_invalid(state, quiet_m2=False, skips_nan=True)
     nan = state.nan > 0
     total = state.total
     if total.dtype.kind == "f":
@@ -1147,12 +1168,14 @@ def finalize_stats(state: Moments, dtype: np.dtype, correction: float = 0.0) -> 
     )
 
 
-def _finalize_stats_scalar(state: Moments, dtype: np.dtype, correction: float) -> Stats:
+def _finalize_stats_scalar(state: Moments, dtype: np.dtype, correction: float, invalid_warnings: bool) -> Stats:
     # finalize_stats for a 0-d state (a full reduction), in Python scalars; see
     # _finalize_moments_scalar.
     n, nan = int(state.n), int(state.nan)
     if n + nan == 0:
         raise empty_stats_error()
+    if invalid_warnings:
+        warn_invalid(state, quiet_m2=False, skips_nan=True)
     total, lo, hi = state.total[()], state.lo[()], state.hi[()]
     if total.dtype.kind == "f":
         total = total.dtype.type(math.nan) if nan else total + total.dtype.type(0)  # sums of zeros are +0.0

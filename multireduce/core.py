@@ -457,8 +457,9 @@ def _reduce(x: Any, op: str | Op, axis: Any, keepdims: bool, dtype: Any, correct
             # reduced slice has elements).
             value = backend.mean_result(arr, axes, result)
         else:
-            value = _stats.finalize_moments(backend.moments(arr, axes, op), op, result, corr)
-            if backend is _cupy_backend:  # the state came to the host; the result lives on the device
+            on_cpu = backend is not _cupy_backend  # the GPU kernels do not warn
+            value = _stats.finalize_moments(backend.moments(arr, axes, op), op, result, corr, invalid_warnings=on_cpu)
+            if not on_cpu:  # the state came to the host; the result lives on the device
                 value = backend.from_host(value, result)
     else:
         arg_axis = None if full and (axis is None or ndim <= 1) else axes[0]

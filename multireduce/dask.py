@@ -151,7 +151,9 @@ def _default_split_every(split_every: Any, x: da.Array, axes: tuple[int, ...]) -
     else:
         value = _check_split_every(dask.config.get("split_every", None), x.ndim, "the dask.config key 'split_every'")
     if isinstance(value, dict):
-        return value
+        # Dask reads ``split_every or config.get("split_every", 4)``: an empty dict would
+        # read the config key, unchecked (a fan-in of 1 there left partials uncombined).
+        return value or ({a: 2 for a in axes} if axes else 2)
     if value is None:
         value = FULL_SPLIT_EVERY if len(axes) == x.ndim else DASK_SPLIT_EVERY
     blocks = x.numblocks
@@ -223,6 +225,20 @@ def _check_array(x: Any) -> None:
     # Masked chunks would be reduced with their masks ignored (the core refuses them too, when
     # computed; from the meta it is known at once).
     _refuse_chunk_subclass(x._meta)
+
+
+def _without_data_in_meta(x: da.Array) -> da.Array:
+    """``x``, with a meta that holds no data: the same graph, name and chunks.
+
+    A 0-d Dask array's meta is its data (``da.from_array(np.array(np.nan))._meta`` is
+    ``array(nan)``), and Dask's reduction casts the meta to each step's dtype: NaN or inf to
+    the int64 of argmax or count_nonzero warned "invalid value encountered in cast" (raised
+    under ``np.errstate(invalid="raise")``) when the graph was built. A zero of the same
+    array type casts silently.
+    """
+    if x.ndim or not getattr(x._meta, "size", 0):
+        return x
+    return da.Array(x.dask, x.name, x.chunks, meta=np.zeros_like(x._meta))
 
 
 def _refuse_chunk_subclass(chunk: Any) -> None:
@@ -353,17 +369,20 @@ class _HostState:
 
     The state is a structured array of a :mod:`multireduce._stats` state, or an
     :class:`multireduce._exact.ExactSum`; the device a frozenset where the chunks merged into
-    it lived in several places (see :func:`_common_device`).
+    it lived in several places (see :func:`_common_device`). ``count`` (moments states): the
+    number of elements each of its results reduces, known only when the chunks exist where
+    a reduced axis has unknown chunk sizes; an empty result's state has no other trace of it.
     """
 
-    __slots__ = ("device", "state")
+    __slots__ = ("count", "device", "state")
 
-    def __init__(self, state: Any, device: int | None | frozenset) -> None:
+    def __init__(self, state: Any, device: int | None | frozenset, count: int | None = None) -> None:
         self.state = state
         self.device = device
+        self.count = count
 
     def __reduce__(self):
-        return (_HostState, (self.state, self.device))
+        return (_HostState, (self.state, self.device, self.count))
 
     def __repr__(self) -> str:
         return f"_HostState({type(self.state).__name__}, device={self.device})"
@@ -435,20 +454,23 @@ def _moments_chunk(x, axis, keepdims, *, op: Op, expected: np.dtype, computing_m
     if computing_meta:
         return x
     x = _check_chunk(x, expected)
-    return _HostState(_stats.to_structured(core.partial(x, op, axis=axis, keepdims=True)), _device_of(x))
+    state = _stats.to_structured(core.partial(x, op, axis=axis, keepdims=True))
+    return _HostState(state, _device_of(x), math.prod(x.shape[a] for a in axis))
 
 
-def _moments_merged(parts) -> tuple[_stats.Moments, int | None | frozenset]:
+def _moments_merged(parts) -> tuple[_stats.Moments, int | None | frozenset, int]:
+    # The leaves of one task share their kept block and tile the reduced axes: their counts add.
     leaves = _leaves(parts)
     device = _common_device(leaves)
-    return _stats.merge_all([_stats.moments_from_structured(p.state) for p in leaves]), device
+    count = sum(p.count for p in leaves)
+    return _stats.merge_all([_stats.moments_from_structured(p.state) for p in leaves]), device, count
 
 
 def _moments_combine(parts, axis, keepdims, *, computing_meta: bool = False):
     if computing_meta:
         return parts
-    merged, device = _moments_merged(parts)
-    return _HostState(_stats.to_structured(merged), device)
+    merged, device, count = _moments_merged(parts)
+    return _HostState(_stats.to_structured(merged), device, count)
 
 
 def _kept(value, shape: tuple[int, ...], keepdims: bool):
@@ -467,22 +489,28 @@ def _moments_aggregate(
     result: np.dtype,
     correction: float,
     integer_mean: np.dtype | None = None,
-    reduced: int | None = None,
     computing_meta: bool = False,
 ):
     if computing_meta:
         return parts
-    merged, device = _moments_merged(parts)
+    merged, device, reduced = _moments_merged(parts)
+    # NumPy chunks: NumPy's invalid-value warnings of each whole slice, from its merged
+    # state (the chunks' own states are silent about them; the GPU kernels do not warn).
+    on_cpu = device is None
     if op is None:  # stats: the merged state itself (host values), finalized by stats()
+        if reduced == 0:  # a reduced axis of unknown size turned out empty (the core raises)
+            raise _stats.empty_stats_error()
+        if on_cpu:
+            _stats.warn_invalid(merged, quiet_m2=False, skips_nan=True)
         return _stats.to_structured(merged)
-    if merged.n.size == 0 and reduced is not None and not (op.skips_nan and merged.total.dtype.kind == "f"):
+    if merged.n.size == 0 and not (op.skips_nan and merged.total.dtype.kind == "f"):
         # An empty result has no state to warn from; NumPy warns by the reduced count (as the core).
         _stats.warn_moments(op, reduced, correction, inexact=False)
     if integer_mean is not None:  # reproducible=True: the core's check, on the whole array's states
         refused = core._integer_mean_error(integer_mean, merged.n, merged.lo, merged.hi)
         if refused is not None:
             raise refused
-    value = _stats.finalize_moments(merged, op, result, correction)
+    value = _stats.finalize_moments(merged, op, result, correction, invalid_warnings=on_cpu)
     kshape = tuple(n for i, n in enumerate(merged.shape) if i not in axis)
     return _to_chunks_device(_kept(value, kshape, keepdims), device, result)
 
@@ -539,12 +567,6 @@ def _arg_finalize(states: _HostState, *, op: Op):
     return _to_chunks_device(index, states.device, np.dtype(np.int64))
 
 
-def _known_count(x, axes) -> int | None:
-    """The number of elements each result reduces; None where a reduced axis has unknown chunks."""
-    sizes = [x.shape[a] for a in axes]
-    return None if any(math.isnan(n) for n in sizes) else math.prod(int(n) for n in sizes)
-
-
 def _composite_reduction(x, op: Op, result, axes, keepdims, split_every, correction, reproducible=False) -> da.Array:
     name = f"treereduce-{op.name}"
     # Layers named here (not by Dask's reduction, which tokenizes its own) carry a token of the
@@ -561,7 +583,6 @@ def _composite_reduction(x, op: Op, result, axes, keepdims, split_every, correct
                 result=result,
                 correction=correction,
                 integer_mean=x.dtype if reproducible and op.name == "mean" and x.dtype.kind in "biu" else None,
-                reduced=_known_count(x, axes),
             ),
             axis=axes,
             keepdims=keepdims,
@@ -735,6 +756,7 @@ def treereduce(
     else:
         axes = _normalized_axes(axis, x.ndim)
     op, result, acc = _plan(x, resolved, dtype, axes)
+    x = _without_data_in_meta(x)
     correction = core._check_correction(op, correction)
     keepdims = core._checked_keepdims(keepdims)
     reproducible = core._checked_reproducible(reproducible)
@@ -864,6 +886,7 @@ def stats(x: da.Array, *, axis: Any = None, correction: float = 0.0, split_every
     import dask
 
     _check_array(x)
+    x = _without_data_in_meta(x)
     dtype = check_dtype(x.dtype)
     correction = core._check_correction(get_op("var"), correction)
     axes = _normalized_axes(axis, x.ndim)

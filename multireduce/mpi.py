@@ -676,11 +676,11 @@ def _combine_states(comm, plan: _Plan, state, correction: float, *, stats: bool 
             if refused is not None:
                 _raise_everywhere(comm, refused)
         if stats:
-            result = _stats.finalize_stats(merged, st.in_dtype, correction)
+            result = _stats.finalize_stats(merged, st.in_dtype, correction, invalid_warnings=not plan.on_gpu)
             if reserved is None:
                 return result
             return _stats.Stats(*_store(reserved, [getattr(result, name) for name in _STATS_FIELDS]))
-        value = _stats.finalize_moments(merged, st.op, st.result, correction)
+        value = _stats.finalize_moments(merged, st.op, st.result, correction, invalid_warnings=not plan.on_gpu)
     else:
         # argmin/argmax: a rank's indices are into its own shard; the global index adds the
         # number of elements on the ranks before it (shards concatenate in rank order).

@@ -1360,6 +1360,145 @@ def test_empty_results_warn_as_numpy(shape, op, axis, correction, dtype):
     assert found[0] == found[1], found
 
 
+@pytest.mark.parametrize("op", ["var", "std", "nanvar", "nanstd", "mean", "nanmean", "stats"])
+def test_invalid_value_warnings_across_chunks_are_numpys_of_the_whole_array(op):
+    # NumPy's invalid-value warnings are decided from each slice's merged state at the
+    # aggregate, not per chunk: a NaN in one chunk and +inf in another warned "in subtract"
+    # from the infinity's chunk where NumPy's var is silent, and +inf and -inf in two chunks
+    # warned "in add" (the merge) and "in subtract" where NumPy warns "in reduce". stats
+    # warns as nanvar (its var's NaN left out); its reference is the core's stats of the
+    # whole array. (NaN with both infinities is left out: NumPy's order of additions decides.)
+    import warnings
+
+    patterns = [
+        [1.0, np.nan, np.inf, 2.0],
+        [np.inf, 1.0, -np.inf, 2.0],
+        [np.inf, 1.0, 2.0, 3.0],
+        [1.0, 2.0, np.nan, -np.inf],
+        [np.inf, 2.0, 3.0, np.nan],
+        [1.0, 2.0, 3.0, 4.0],
+    ]
+    reference = (lambda x: multireduce.stats(x).var) if op == "stats" else getattr(np, op)
+    checked = 0
+    for pattern in patterns:
+        x = np.array(pattern)
+        for chunks in (1, 2, 3, 4):
+            d = da.from_array(x, chunks=chunks)
+            found = []
+            for call in (
+                lambda d=d: (
+                    mdask.stats(d).compute(scheduler="sync").var
+                    if op == "stats"
+                    else d.treereduce(op).compute(scheduler="sync")
+                ),
+                lambda x=x: reference(x),
+            ):
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    value = call()
+                found.append((repr(value), [str(w.message) for w in caught]))
+            assert found[0] == found[1], (pattern, chunks, found)
+            checked += any("invalid value" in m for m in found[1][1])
+    assert checked >= (3 if op in ("mean", "nanmean") else 8)  # NumPy warns in these cases
+    # Over an axis: a slice is merged from the chunks along it; the other slices are silent.
+    x = np.ones((4, 3))
+    x[0, 1], x[3, 1], x[2, 2] = np.nan, np.inf, np.inf
+    d = da.from_array(x, chunks=(1, 3))
+    if op != "stats":
+        with warnings.catch_warnings(record=True) as ours:
+            warnings.simplefilter("always")
+            d.treereduce(op, axis=0).compute(scheduler="sync")
+        with warnings.catch_warnings(record=True) as numpys:
+            warnings.simplefilter("always")
+            getattr(np, op)(x, axis=0)
+        assert [str(w.message) for w in ours] == [str(w.message) for w in numpys]
+
+
+def _unknown_empty_rows():
+    # Shape (nan, 0) until computed, then (0, 0): boolean indexing leaves axis 0's size unknown.
+    return da.from_array(np.zeros((2, 0)), chunks=1)[da.from_array(np.array([False, False]), chunks=1)]
+
+
+@pytest.mark.parametrize("op", ["mean", "var", "std", "nanmean", "nanvar", "nanstd"])
+def test_empty_results_over_axes_of_unknown_size_warn_as_numpy(op):
+    # The aggregate warned only where the reduced count was known when the graph was built:
+    # over an axis of unknown size that turned out empty, mean and var gave [] silently where
+    # NumPy warns. The chunks' states now carry their reduced count.
+    import warnings
+
+    y = _unknown_empty_rows()
+    assert math.isnan(y.shape[0])
+    found = []
+    for call in (
+        lambda: y.treereduce(op, axis=0).compute(scheduler="sync"),
+        lambda: getattr(np, op)(np.zeros((0, 0)), axis=0),
+    ):
+        with warnings.catch_warnings(record=True) as caught, np.errstate(all="ignore"):
+            warnings.simplefilter("always")
+            assert np.shape(call()) == (0,)
+        found.append([str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)])
+    assert found[0] == found[1], found
+    if not op.startswith("nan"):
+        assert found[0], found  # NumPy warns here: the comparison is not vacuous
+
+
+def test_stats_over_an_axis_of_unknown_size_that_turns_out_empty_raises():
+    # As the core's stats (min and max of zero elements): the empty result gave a Stats of
+    # empty arrays. A non-empty unknown axis still works.
+    with pytest.raises(ValueError, match="zero-size array to stats"):
+        mdask.stats(_unknown_empty_rows(), axis=0).compute(scheduler="sync")
+    x = np.arange(12.0).reshape(4, 3)
+    d = da.from_array(x, chunks=2)
+    kept = d[d[:, 0] > 2]  # rows 1-3, their count unknown until computed
+    got = mdask.stats(kept, axis=0).compute(scheduler="sync")
+    np.testing.assert_array_equal(got.count, [3, 3, 3])
+    np.testing.assert_array_equal(got.mean, x[1:].mean(axis=0))
+    np.testing.assert_array_equal(got.var, x[1:].var(axis=0))
+
+
+@pytest.mark.parametrize("op", ["argmax", "argmin", "count_nonzero", "sum", "mean", "max", "stats"])
+@pytest.mark.parametrize("value", [np.nan, np.inf])
+def test_a_0d_array_of_nan_or_inf_builds_its_graph_silently(op, value):
+    # A 0-d Dask array's meta is its data, which Dask's reduction cast to each step's dtype:
+    # NaN or inf to int64 warned "invalid value encountered in cast" when the graph was built,
+    # and raised under errstate(invalid="raise"). Dask's own reductions are silent there.
+    import warnings
+
+    x = da.from_array(np.array(value))
+    with warnings.catch_warnings(), np.errstate(all="raise"):
+        warnings.simplefilter("error")
+        y = mdask.stats(x) if op == "stats" else x.treereduce(op)
+        if op == "sum":
+            x.treereduce("sum", dtype=np.int64)
+    if op == "stats":
+        with np.errstate(invalid="ignore"):  # var of an infinity: "in subtract", as np.nanvar
+            got = y.compute(scheduler="sync")
+        assert got.count == 1 and same_float(got.max, value)
+        return
+    assert y.dtype == multireduce.reduce(np.array(1.0), op).dtype
+    with np.errstate(all="ignore"):
+        got, want = y.compute(scheduler="sync"), multireduce.reduce(np.array(value), op)
+    assert same_float(got, want) if np.asarray(want).dtype.kind == "f" else got == want
+
+
+@pytest.mark.parametrize("op", ["sum", "mean", "max", "var"])
+def test_an_empty_split_every_dict_leaves_every_reduced_axis_at_two(op):
+    # Dask reads `split_every or config.get("split_every", 4)`: the empty dict read the config
+    # key without the check the README promises, and a fan-in of 1 there left partials
+    # uncombined (sum 30.0 for 66.0).
+    x = np.arange(24.0).reshape(12, 2)
+    d = da.from_array(x, chunks=3)
+    with dask.config.set(split_every={0: 1}):
+        for axis in (None, 0):
+            got = d.treereduce(op, axis=axis, split_every={}).compute(scheduler="sync")
+            np.testing.assert_allclose(got, getattr(np, op)(x, axis=axis), rtol=1e-15)
+            assert len(d.treereduce(op, axis=axis, split_every={}).dask) == len(
+                d.treereduce(op, axis=axis, split_every=dict.fromkeys(range(x.ndim), 2)).dask
+            )
+        with pytest.raises(ValueError, match="split_every"):
+            d.treereduce(op)  # the config key itself is still checked
+
+
 def test_variance_of_two_single_elements_far_apart():
     # Chan's update computed delta * delta * w: delta**2 overflowed (1.6e154**2) where the term
     # does not (w = 0.5): var was inf over two chunks of one element, NumPy's 6.4e307.

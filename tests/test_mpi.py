@@ -124,6 +124,60 @@ def test_an_overflowing_cast_warns_on_every_rank_as_numpy(mpiexec, ranks):
     assert done.result() == [[[[cast], [cast]], "overflow encountered in cast"]] * ranks
 
 
+# NaN, +inf and -inf on different ranks: each rank decides NumPy's invalid-value warnings from
+# the merged state of the whole array (all ranks alike), as NumPy's var of the concatenation.
+INVALID_ACROSS_RANKS = """
+import json
+import warnings
+import numpy as np
+import multireduce
+from multireduce import mpi
+
+comm = mpi.MPI.COMM_WORLD
+patterns = [
+    [1.0, np.nan, np.inf, 2.0],
+    [np.inf, 1.0, -np.inf, 2.0],
+    [np.inf, 1.0, 2.0, 3.0],
+    [np.inf, 2.0, 3.0, np.nan],
+]
+mismatches, warned = [], 0
+for op in ("var", "std", "nanvar", "nanstd", "mean", "nanmean", "stats"):
+    for pattern in patterns:
+        x = np.array(pattern)
+        cuts = np.linspace(0, x.size, comm.size + 1).astype(int)
+        shard = x[cuts[comm.rank] : cuts[comm.rank + 1]]
+        found = []
+        for call in (
+            lambda: mpi.stats(shard).var if op == "stats" else mpi.allreduce(shard, op),
+            lambda: multireduce.stats(x).var if op == "stats" else getattr(np, op)(x),
+        ):
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                value = call()
+            found.append([repr(value), [str(w.message) for w in caught]])
+        if found[0] != found[1]:
+            mismatches.append([op, pattern, found])
+        warned += any("invalid value" in m for m in found[1][1])
+everything = comm.gather([mismatches, warned])
+if comm.rank == 0:
+    print("RESULT " + json.dumps(everything))
+"""
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_invalid_value_warnings_across_ranks_are_numpys_of_the_whole_array(mpiexec, ranks):
+    # Before, each rank decided for its own shard: the rank with +inf warned "in subtract"
+    # where NumPy's var of the whole array is silent (a NaN on another rank), and +inf and -inf
+    # on two ranks warned "in add" in the merge where NumPy warns "in reduce".
+    done = run(mpiexec, ranks, ["-c", INVALID_ACROSS_RANKS], timeout=60)
+    assert done.returncode == 0, done.output
+    per_rank = done.result()
+    assert len(per_rank) == ranks
+    for mismatches, warned in per_rank:
+        assert mismatches == [], mismatches
+        assert warned >= 15  # the cases where NumPy warns (so the comparison is not vacuous)
+
+
 # Timestamps near 1.7e9 (spread 1) and int64 ids near 1e12 split over the ranks unevenly: the
 # ranks' states carry the low parts of their means, so var keeps one array's accuracy.
 # With the argument "gpu", the shards are CuPy arrays (tests/test_mpi_gpu.py).

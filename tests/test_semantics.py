@@ -760,6 +760,36 @@ def test_invalid_value_warnings_are_decided_per_slice_as_numpy(name):
         call(x)
 
 
+@pytest.mark.parametrize("name", ["var", "std", "nanvar", "nanstd"])
+@pytest.mark.parametrize("axis", [None, 1])
+def test_degrees_of_freedom_and_invalid_value_warnings_in_numpys_order(name, axis):
+    # np.var warns "Degrees of freedom <= 0 for slice" before it sums (then "invalid value
+    # encountered in reduce/subtract"); np.nanvar warns it last. Ours warned the invalid value
+    # first for var and std, which mattered under simplefilter("error") or
+    # errstate(invalid="raise"): the first warning is the exception raised.
+    for values, correction in (([np.inf], 1), ([1.0, np.inf], 2), ([np.inf, -np.inf], 2), ([np.nan, np.inf], 3)):
+        x = np.array([values, values]) if axis == 1 else np.array(values)
+        found = []
+        for call in (
+            lambda x=x, c=correction: getattr(multireduce, name)(x, axis=axis, correction=c),
+            lambda x=x, c=correction: getattr(np, name)(x, axis=axis, ddof=c),
+        ):
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                call()
+            found.append([str(w.message) for w in caught])
+        assert found[0] == found[1], (values, correction, found)
+        silenced = np.isnan(values).any() and not name.startswith("nan")  # NaN: var is silent
+        assert len(found[1]) == (1 if silenced else 2), found
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            with pytest.raises(RuntimeWarning) as ours:
+                getattr(multireduce, name)(x, axis=axis, correction=correction)
+            with pytest.raises(RuntimeWarning) as numpys:
+                getattr(np, name)(x, axis=axis, ddof=correction)
+        assert str(ours.value) == str(numpys.value)
+
+
 def test_signed_zeros_and_nan_rules():
     x = np.array([0.0, -0.0, 1.0, -1.0])[[1, 0, 1]]  # -0.0, +0.0, -0.0
     assert same_float(multireduce.max(x), 0.0) and same_float(multireduce.min(x), -0.0)

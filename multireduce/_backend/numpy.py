@@ -49,7 +49,7 @@ def moments(x: np.ndarray, axes: tuple[int, ...], op: Op) -> _stats.Moments:
     mean's sum does. (The MPI and Dask layers' means, whose partials are moments states,
     warned "overflow encountered in multiply" for elements NumPy's mean takes silently.)
     """
-    return _stats.moments(x, axes, quiet_m2=op.statistic == "mean", skips_nan=op.skips_nan)
+    return _stats.moments(x, axes, quiet_m2=op.statistic == "mean")
 
 
 def sums_pairwise(x: np.ndarray, axes: tuple[int, ...]) -> bool:
@@ -79,7 +79,7 @@ def mean_result(x: np.ndarray, axes: tuple[int, ...], result: np.dtype):
     count = math.prod(x.shape[a] for a in axes)
     if x.dtype.kind in "biu":
         if not _exact_total_bound(x, axes, count):
-            return _stats.finalize_moments(_stats.moments(x, axes), OPS["mean"], result)
+            return _stats.finalize_moments(_stats.moments(x, axes), OPS["mean"], result, invalid_warnings=True)
         total = np.add.reduce(x, axis=axes, dtype=OPS["sum"].accumulator_dtype(OPS["sum"].result_dtype(x.dtype)))
         return _as_result(np.asarray(total).astype(np.float64) / np.float64(count), result)
     total = OPS["sum"].host_reduce(x, np.dtype(np.float64), axes)
@@ -100,7 +100,7 @@ def _exact_total_bound(x: np.ndarray, axes: tuple[int, ...], count: int) -> bool
 
 def stats(x: np.ndarray, axes: tuple[int, ...], correction: float) -> _stats.Stats:
     """:func:`multireduce.stats` of the non-empty ``x`` over ``axes``: NumPy scalars or arrays."""
-    return _stats.finalize_stats(_stats.moments(x, axes), x.dtype, correction)
+    return _stats.finalize_stats(_stats.moments(x, axes), x.dtype, correction, invalid_warnings=True)
 
 
 def arg(x: np.ndarray, axis: int | None, op: Op) -> _stats.ArgState:
