@@ -238,7 +238,9 @@ def _without_data_in_meta(x: da.Array) -> da.Array:
     """
     if x.ndim or not getattr(x._meta, "size", 0):
         return x
-    return da.Array(x.dask, x.name, x.chunks, meta=np.zeros_like(x._meta))
+    meta = x._meta.copy()  # a NumPy or CuPy array, as the chunks
+    meta.fill(0)
+    return da.Array(x.dask, x.name, x.chunks, meta=meta)
 
 
 def _refuse_chunk_subclass(chunk: Any) -> None:
