@@ -1431,22 +1431,87 @@ def _usage_error(exc: UsageError) -> int:
     return EXIT_USAGE
 
 
-def _join_first_agreement(exc: UsageError) -> None:
+def _join_first_agreement(exc: UsageError) -> tuple[dict[int, str], int, str] | None:
     """Under a launcher with other processes, join :func:`_setup`'s first agreement with ``exc``.
 
     For a rank that runs no job (a usage error, ``--help``, ``--version``): without it, ranks
-    of an MPMD launch that run one waited in that agreement forever.
+    of an MPMD launch that run one waited in that agreement forever. Returns the agreed
+    failures, the rank count and their description (None where there is no launcher or no
+    MPI).
     """
     if _env_size() > 1:
         try:
-            from . import mpi
-        except ImportError:  # no MPI here: every rank fails alike, and prints nothing more
-            return
+            limit = _mpi_start_timeout()
+        except UsageError:  # reported where this rank's command line is valid (main)
+            limit = MPI_START_TIMEOUT
         try:
-            _agree_command_line(mpi.MPI.COMM_WORLD, mpi, exc, 0, "")  # a failed rank's code is not read
+            mpi = _import_mpi(limit)
+        except ImportError:  # no MPI here: every rank fails alike, and prints nothing more
+            return None
+        comm = mpi.MPI.COMM_WORLD
+        try:
+            _agree_command_line(comm, mpi, exc, 0, "")  # a failed rank's code is not read
         except BaseException as agreed:  # this rank's own UsageError, marked as agreed
-            if mpi.rank_failures(agreed) is None:
+            failures = mpi.rank_failures(agreed)
+            if failures is None:
                 raise
+            return failures, comm.Get_size(), mpi.describe_failures(failures, comm.Get_size())
+    return None
+
+
+#: What a rank that prints help or a version tells the first agreement (:func:`main`).
+_NO_JOB = "prints help or a version and runs no job"
+
+#: Seconds that the command line waits for MPI to start (``MULTIREDUCE_MPI_START_TIMEOUT``).
+MPI_START_TIMEOUT = 60.0
+
+
+def _mpi_start_timeout() -> float:
+    """``MULTIREDUCE_MPI_START_TIMEOUT`` in seconds (default :data:`MPI_START_TIMEOUT`).
+
+    Raises
+    ------
+    UsageError
+        For anything but a finite number >= 0.
+    """
+    raw = os.environ.get("MULTIREDUCE_MPI_START_TIMEOUT", "").strip()
+    try:
+        limit = float(raw) if raw else MPI_START_TIMEOUT
+    except ValueError:
+        limit = math.nan
+    if not (limit >= 0 and math.isfinite(limit)):
+        raise UsageError(
+            f"multireduce: error: MULTIREDUCE_MPI_START_TIMEOUT={raw!r}: expected seconds, "
+            "a finite number >= 0 (0 waits forever)"
+        )
+    return limit
+
+
+def _import_mpi(limit: float):
+    """:mod:`multireduce.mpi`, whose import starts MPI, ended by ``SIGALRM`` after ``limit`` seconds.
+
+    MPI_Init waits for every process of the launch: where one failed before starting MPI (a
+    crash, mpi4py missing in its environment), MPICH's Hydra, the ``mpiexec`` of the mpich
+    wheel, left the others waiting in it forever. MPI_Init holds the GIL, so no Python code
+    can run until it returns: the kernel's alarm ends this process instead (its default
+    action), and the launcher then ends the job and reports "Alarm clock (signal 14)".
+    ``limit`` is ``MULTIREDUCE_MPI_START_TIMEOUT`` (:func:`_mpi_start_timeout`); 0 waits
+    forever.
+    """
+    import signal
+
+    if limit == 0 or _env_size() == 1 or not hasattr(signal, "alarm"):
+        from . import mpi
+
+        return mpi
+    previous = signal.signal(signal.SIGALRM, signal.SIG_DFL)
+    signal.alarm(max(1, math.ceil(limit)))
+    try:
+        from . import mpi
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    return mpi
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1460,11 +1525,21 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         return _usage_error(exc)
     except SystemExit as exc:  # --help and --version print and exit through argparse
-        printed = f"python -m multireduce {' '.join(argv)} prints help or a version and runs no job"
-        _join_first_agreement(UsageError(printed))
+        printed = f"python -m multireduce {' '.join(argv)} {_NO_JOB}"
+        agreed = _join_first_agreement(UsageError(printed))
+        if agreed is not None:
+            failures, size, described = agreed
+            if _env_rank() == 0 and (len(failures) < size or not all(m.endswith(_NO_JOB) for m in failures.values())):
+                # Other ranks meant to run a job, or had a bad command line: they exit 2 and
+                # print nothing (rank 0 reports an agreed failure), so rank 0 says why here.
+                print(f"multireduce: error: {described}", file=sys.stderr, flush=True)
         return int(exc.code or 0)
     try:
-        from . import mpi
+        limit = _mpi_start_timeout()
+    except UsageError as exc:
+        return _usage_error(exc)
+    try:
+        mpi = _import_mpi(limit)
     except ImportError as exc:
         print(
             f"multireduce: python -m multireduce needs mpi4py and an MPI library ({exc}); "

@@ -13,6 +13,7 @@ import os
 import re
 import shlex
 import sys
+import time
 from fractions import Fraction
 
 import numpy as np
@@ -138,22 +139,51 @@ def test_a_usage_error_on_one_rank_of_an_mpmd_launch_ends_the_job(mpiexec, bad_r
 
 
 @pytest.mark.mpi
+@pytest.mark.parametrize("help_rank", [0, 1])
 @pytest.mark.parametrize(("flag", "printed"), [("--version", "multireduce 0.1.0"), ("--help", "usage: ")])
-def test_help_on_one_rank_of_an_mpmd_launch_ends_the_job(mpiexec, flag, printed):
+def test_help_on_one_rank_of_an_mpmd_launch_ends_the_job(mpiexec, flag, printed, help_rank):
     # mpiexec -n 1 A : -n 1 python -m multireduce --version: that rank printed and exited 0
-    # without MPI, and rank 0 waited in the first agreement for it forever.
+    # without MPI, and rank 0 waited in the first agreement for it forever. With the help on
+    # rank 0, the job ended with status 2 and no message: the other rank leaves the printing
+    # of an agreed failure to rank 0, which now prints it after its help or version.
     extra = shlex.split(os.environ.get("MULTIREDUCE_MPIEXEC_ARGS", ""))
     good = [*CLI, "--cpu", "--n", "1000", "--repeat", "1"]
-    cmd = [mpiexec, *extra, "-n", "1", sys.executable, *good, ":", "-n", "1", sys.executable, *CLI, flag]
+    first, second = ([*CLI, flag], good) if help_rank == 0 else (good, [*CLI, flag])
+    cmd = [mpiexec, *extra, "-n", "1", sys.executable, *first, ":", "-n", "1", sys.executable, *second]
     returncode, stdout, stderr = launch._mpiexec.run_group(cmd, cwd=launch.REPO, env=launch.env(), timeout=60)
     assert returncode == 2, stdout + stderr
-    message = f"error: rank 1 of 2 failed: UsageError: python -m multireduce {flag} prints help or a version and runs"
+    message = f"error: rank {help_rank} of 2 failed: UsageError: python -m multireduce {flag} prints help or a version"
     assert stderr.count(message) == 1, stdout + stderr
-    assert "Traceback" not in stderr and stdout == "", stdout + stderr
+    assert "Traceback" not in stderr, stdout + stderr
+    assert stdout.count(printed) == (help_rank == 0) and (help_rank == 0 or stdout == ""), stdout + stderr
     # Alone, and on every rank, they print once and end with status 0.
     for ranks in (1, 2):
         done = run(mpiexec if ranks > 1 else None, ranks, [*CLI, flag])
         assert done.returncode == 0 and done.stderr == "" and done.stdout.count(printed) == 1, done.output
+
+
+@pytest.mark.mpi
+def test_a_process_that_fails_before_mpi_starts_ends_the_job(mpiexec):
+    # MPI_Init waits for every process of the launch: where one exits before starting MPI
+    # (here a plain failing Python; or mpi4py missing in its environment), MPICH's Hydra left
+    # the CLI's rank waiting in MPI_Init forever. The CLI arms SIGALRM around its MPI start
+    # (MULTIREDUCE_MPI_START_TIMEOUT, 60 s by default), so the job ends. (Open MPI's mpirun
+    # may end it at once; either way it ends, and with an error.)
+    extra = shlex.split(os.environ.get("MULTIREDUCE_MPIEXEC_ARGS", ""))
+    failing = ["-c", "import sys; print('failed before MPI', file=sys.stderr); sys.exit(1)"]
+    cmd = [mpiexec, *extra, "-n", "1", sys.executable, *failing, ":", "-n", "1", sys.executable, *CLI, "--n", "10"]
+    environment = {**launch.env(), "MULTIREDUCE_MPI_START_TIMEOUT": "3"}
+    start = time.monotonic()
+    returncode, stdout, stderr = launch._mpiexec.run_group(cmd, cwd=launch.REPO, env=environment, timeout=60)
+    assert returncode != 0, stdout + stderr
+    assert time.monotonic() - start < 30, stdout + stderr
+    assert "failed before MPI" in stderr, stdout + stderr
+    # A bad value is a usage error naming the variable; 0 turns the alarm off.
+    done = run(mpiexec, 2, [*CLI, "--n", "10"], extra_env={"MULTIREDUCE_MPI_START_TIMEOUT": "soon"})
+    assert done.returncode == 2, done.output
+    assert done.stderr.count("MULTIREDUCE_MPI_START_TIMEOUT='soon': expected seconds") == 1, done.output
+    done = run(mpiexec, 2, [*CLI, "--n", "10"], extra_env={"MULTIREDUCE_MPI_START_TIMEOUT": "0"})
+    assert done.returncode == 0, done.output
 
 
 # ------------------------------------------------------------------ run
