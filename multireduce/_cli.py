@@ -786,7 +786,13 @@ def _cmd_run(args, comm, mpi) -> int:
         # once for all ranks (_report_warnings) instead of every rank printing its own.
         with _recorded_warnings(ctx) as caught:
             # The first call compiles the GPU kernel and sets up MPI's connections: not timed.
-            mpi.allreduce(x, name, comm=comm, **corrected)
+            try:
+                mpi.allreduce(x, name, comm=comm, **corrected)
+            except ValueError as exc:
+                named = _all_nan_error(exc, name, mpi)
+                if named is exc:
+                    raise
+                raise named from exc
             kernel_s = allreduce_s = float("inf")
             for _ in range(args.repeat):
                 value, k, c = mpi._timed_allreduce(x, name, comm, **corrected)
@@ -848,6 +854,23 @@ def _cmd_run(args, comm, mpi) -> int:
     if failed:
         return EXIT_CHECK
     return 0
+
+
+def _all_nan_error(exc: ValueError, name: str, mpi) -> ValueError:
+    """``exc``, or for nanargmax/nanargmin of NaN only the same agreed error naming the op.
+
+    NumPy's message, "All-NaN slice encountered", which every rank raises from the merged
+    state, named neither the op nor what to do.
+    """
+    failures = mpi.rank_failures(exc)
+    if failures is None or not get_op(name).skips_nan or "All-NaN slice" not in str(exc):
+        return exc
+    takers = ", ".join(n for n in CLI_OPS if get_op(n).kind != "arg" or not get_op(n).skips_nan)
+    error = ValueError(
+        f"{name}: every element is NaN (NumPy's 'All-NaN slice encountered'), so there is no index to "
+        f"return; give data with a non-NaN element, or only ops that take NaN-only input with --op ({takers})"
+    )
+    return mpi._mark(error, dict.fromkeys(failures, f"{type(error).__name__}: {error}"))
 
 
 def _no_elements_error(ops: list[str], args) -> ValueError:

@@ -896,7 +896,8 @@ def stats(x: da.Array, *, axis: Any = None, correction: float = 0.0, split_every
         raise _stats.empty_stats_error()
     states = da.reduction(
         x,
-        chunk=functools.partial(_moments_chunk, op=get_op("mean"), expected=x.dtype),
+        # var's states, whose squares warn where they overflow, as multireduce.stats's.
+        chunk=functools.partial(_moments_chunk, op=get_op("var"), expected=x.dtype),
         combine=_moments_combine,
         aggregate=functools.partial(_moments_aggregate, op=None, result=None, correction=correction),
         axis=axes,

@@ -636,7 +636,9 @@ def stats(x_local: Any, *, comm=None, correction: float = 0.0) -> _stats.Stats:
         plan, x = _plan(x_local, "mean", None, _STATS_CALL)
         correction = core._check_correction(get_op("var"), correction)
         plan.correction = correction  # agreed across ranks
-        state = core.partial(x, "mean")
+        # var's state, whose squares warn where they overflow, as multireduce.stats's
+        # (mean's leaves that warning out: NumPy's mean squares nothing).
+        state = core.partial(x, "var")
     except BaseException as exc:  # agreed with the other ranks in _combine, then re-raised
         error = exc
     if error is not None:

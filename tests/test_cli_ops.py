@@ -273,6 +273,19 @@ def test_a_nan_mean_of_no_elements_is_no_overflow(mpiexec, tmp_path):
 
 
 @pytest.mark.mpi
+@pytest.mark.parametrize("op", ["nanargmax", "nanargmin"])
+def test_nan_arg_ops_of_nan_only_input_name_the_op(mpiexec, tmp_path, op):
+    # NumPy raises "All-NaN slice encountered" there; the CLI printed only that, naming
+    # neither the op nor what to do.
+    np.save(tmp_path / "nan.npy", np.full(6, np.nan))
+    done = run(mpiexec, 2, [*CLI, "--cpu", "--input", str(tmp_path / "nan.npy"), "--op", "sum", "--op", op])
+    assert done.returncode == 1, done.output
+    message = f"ranks 0, 1 of 2 failed: ValueError: {op}: every element is NaN (NumPy's 'All-NaN slice encountered')"
+    assert done.stderr.count(message) == 1, done.output
+    assert "Traceback" not in done.stderr, done.output
+
+
+@pytest.mark.mpi
 @pytest.mark.parametrize("correction", ["1", "2", "-1", "0.5"])
 def test_correction_of_var_and_std(mpiexec, correction):
     n, c = 1_001, float(correction)

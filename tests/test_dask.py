@@ -1415,6 +1415,24 @@ def test_invalid_value_warnings_across_chunks_are_numpys_of_the_whole_array(op):
         assert [str(w.message) for w in ours] == [str(w.message) for w in numpys]
 
 
+def test_stats_warns_where_a_chunks_squares_overflow_as_the_core():
+    # multireduce.dask.stats took mean's chunk states, which leave the squares' overflow
+    # warning out: np.errstate(over="raise") raised in multireduce.stats, not here.
+    import warnings
+
+    x = np.array([1e200, -1e200, 1.0])
+    found = []
+    for call in (
+        lambda: mdask.stats(da.from_array(x, chunks=3)).compute(scheduler="sync"),
+        lambda: multireduce.stats(x),
+    ):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            value = call()
+        found.append((repr(value.var), [str(w.message) for w in caught]))
+    assert found[0] == found[1] == ("np.float64(inf)", ["overflow encountered in multiply"]), found
+
+
 def _unknown_empty_rows():
     # Shape (nan, 0) until computed, then (0, 0): boolean indexing leaves axis 0's size unknown.
     return da.from_array(np.zeros((2, 0)), chunks=1)[da.from_array(np.array([False, False]), chunks=1)]
