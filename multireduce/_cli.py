@@ -89,7 +89,14 @@ MAX_LENGTH = 2**63 - 1
 
 
 def _length(text: str) -> int:
-    """Parse an element count: a non-negative integer (``1_000_000``, ``1e6``) of at most 2**63 - 1."""
+    """Parse an element count: a non-negative integer (``1_000_000``, ``1e6``) of at most 2**63 - 1.
+
+    Underscores group digits as in Python's literals: one between two digits only.
+    """
+    if "_" in text and not all(a.isdigit() and b.isdigit() for a, b in _around_underscores(text)):
+        raise argparse.ArgumentTypeError(
+            f"must be a non-negative integer, got {text!r} (an underscore goes between two digits)"
+        )
     try:
         value = Decimal(text.replace("_", ""))
     except InvalidOperation:
@@ -102,6 +109,11 @@ def _length(text: str) -> int:
     if value > MAX_LENGTH:
         raise argparse.ArgumentTypeError(f"must be a non-negative integer of at most 2**63 - 1, got {text!r}")
     return int(value)
+
+
+def _around_underscores(text: str) -> list[tuple[str, str]]:
+    """The characters before and after each underscore of ``text`` ("" at either end)."""
+    return [(text[i - 1] if i else "", text[i + 1 : i + 2]) for i, c in enumerate(text) if c == "_"]
 
 
 def _positive(text: str) -> int:
@@ -224,7 +236,9 @@ def _build_parser() -> argparse.ArgumentParser:
         help="compare with an independent reference (default: on for synthetic data, off for --input)",
     )
     run.add_argument("--repeat", type=_positive, default=3, help="timed repetitions per op; the best is reported")
-    run.add_argument("--all-ranks", action="store_true", help="also print each rank's shard and times")
+    run.add_argument(
+        "--all-ranks", action="store_true", help="also print each rank's host, device, shard length and load time"
+    )
     run.set_defaults(func=_cmd_run)
 
     info = sub.add_parser("info", parents=[common], help="devices, backend, MPI library, ranks, CUDA-aware status")
@@ -240,9 +254,11 @@ def _build_parser() -> argparse.ArgumentParser:
         metavar="OP",
         help=f"reduction, repeatable (default: {', '.join(DEFAULT_OPS)})",
     )
-    bench.add_argument("--dtype", type=_dtype, default=np.dtype(DEFAULT_DTYPE))
-    bench.add_argument("--warmup", type=_length, default=2)
-    bench.add_argument("--repeat", type=_positive, default=5)
+    bench.add_argument(
+        "--dtype", type=_dtype, default=np.dtype(DEFAULT_DTYPE), help=f"element dtype (default {DEFAULT_DTYPE})"
+    )
+    bench.add_argument("--warmup", type=_length, default=2, help="untimed calls per size and op (default 2)")
+    bench.add_argument("--repeat", type=_positive, default=5, help="timed calls per size and op (default 5)")
     bench.add_argument(
         "--output",
         type=Path,

@@ -11,6 +11,7 @@ import ast
 import errno
 import math
 import os
+import re
 import stat
 import tokenize
 from dataclasses import dataclass
@@ -192,6 +193,9 @@ def _npy_layout(path: Path, fh, size: int, dtype) -> FileLayout:
         shape, file_dtype, offset = _npy_header(fh)
     except _HEADER_ERRORS as exc:
         detail = " ".join(str(exc).split()) or "(no detail)"  # one line, even for NumPy's long messages
+        # ast's "malformed node or string: <ast.BinOp object at 0x7f...>": without the address,
+        # every rank's message is the same, and rank 0 prints it once.
+        detail = re.sub(r" object at 0x[0-9a-fA-F]+>", " object>", detail)
         raise ValueError(
             f"{path}: not a valid .npy file (truncated or corrupt header): {type(exc).__name__}: {detail}"
         ) from exc
@@ -262,6 +266,17 @@ def _refuse_archive(path: Path, head: bytes, advice: str) -> None:
         raise TypeError(f"{path} is named as an .npz archive but is not a zip file (damaged?); {advice}")
 
 
+def _named_path(path: str | bytes | os.PathLike) -> Path:
+    """``path`` (str, bytes or path-like, as np.load takes) as a Path; an empty one raises FileNotFoundError.
+
+    ``Path("")`` is ".", a directory: ``read_shard("")`` raised ``IsADirectoryError: '.'``.
+    """
+    name = os.fsdecode(path)
+    if not name:
+        raise FileNotFoundError(errno.ENOENT, "No such file or directory (an empty path)", name)
+    return Path(name)
+
+
 def inspect_npy(path: str | bytes | os.PathLike, dtype=None) -> FileLayout:
     """Read and check the layout of a ``.npy`` file without reading its data.
 
@@ -290,10 +305,7 @@ def inspect_npy(path: str | bytes | os.PathLike, dtype=None) -> FileLayout:
         If the file does not start with the NumPy magic string, its header is corrupt (a
         negative, bool or too big dimension included), or it is shorter than its header says.
     """
-    name = os.fsdecode(path)  # str, bytes or path-like, as np.load takes
-    if not name:  # Path("") is ".", a directory
-        raise FileNotFoundError(errno.ENOENT, "No such file or directory (an empty path)", name)
-    path = Path(name)
+    path = _named_path(path)
     layout, head, _ = _probe(path, dtype)
     if layout is not None:
         return layout
@@ -339,7 +351,7 @@ def inspect_file(path: str | bytes | os.PathLike, dtype=None, n: int | None = No
         comes without ``dtype``, or if a file named ``*.npy`` does not start with the NumPy
         magic string.
     """
-    path = Path(os.fsdecode(path))  # str, bytes or path-like, as np.load takes
+    path = _named_path(path)
     layout, head, size = _probe(path, dtype)
     if layout is not None:
         if n is not None:

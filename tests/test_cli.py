@@ -6,6 +6,7 @@ contents in exact integers / math.fsum, independent of multireduce.
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import math
@@ -110,6 +111,9 @@ def test_help_and_accepted_lengths(capsys):
     from multireduce._cli import _length
 
     assert [_length(s) for s in ("0", "1_000", "1e6", "2E3")] == [0, 1000, 10**6, 2000]
+    for bad in ("1_000_", "_1", "1__0", "1_e6"):  # Python's rule: one underscore between digits
+        with pytest.raises(argparse.ArgumentTypeError, match="an underscore goes between two digits"):
+            _length(bad)
     assert _length("9_223_372_036_854_775_807") == 2**63 - 1
 
 

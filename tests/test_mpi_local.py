@@ -112,6 +112,17 @@ def test_raw_shards_and_n(tmp_path):
 def test_file_errors_are_clear(tmp_path):
     with pytest.raises(FileNotFoundError, match="nope.npy"):
         inspect_file(tmp_path / "nope.npy")
+    with pytest.raises(FileNotFoundError, match="an empty path"):  # Path("") is "."
+        inspect_file("")
+    # A header that does not parse: ast's message without its object's address, so that
+    # every rank's message is the same and the CLI prints it once.
+    header = "{'descr': '<f8', 'fortran_order': False, 'shape': (1+1,), }"
+    header += " " * (63 - (10 + len(header)) % 64) + "\n"
+    magic = b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little")
+    (tmp_path / "expr.npy").write_bytes(magic + header.encode() + bytes(16))
+    with pytest.raises(ValueError, match="malformed node or string") as caught:
+        inspect_file(tmp_path / "expr.npy")
+    assert " at 0x" not in str(caught.value), caught.value
     np.save(tmp_path / "a.npy", np.arange(100, dtype=np.float32))
     raw = (tmp_path / "a.npy").read_bytes()
     (tmp_path / "short.npy").write_bytes(raw[:-1])
