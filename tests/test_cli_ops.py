@@ -387,6 +387,9 @@ def test_exact_sums_of_squares():
         rng.standard_normal(500) * 2.0 ** rng.integers(-1074, 1000, 500),  # subnormal to huge
         np.array([2.0**-1074, 5e-324 * 3, 1.7976931348623157e308, -(2.0**600)]),
         np.array([1.0 + 2.0**-52] * 3),  # squares that float64 rounds
+        # the edges of the range squared in place, and the scaled ones on either side
+        np.array([2.0**-400, np.nextafter(2.0**-400, 0), -(2.0**500), np.nextafter(2.0**500, np.inf), 0.0, -0.0]),
+        1e-300 * rng.random(20_000) * np.where(rng.random(20_000) < 0.5, -1, 1),  # scaled as a block
         np.array([], dtype=np.float64),
     ]
     for x in cases:
