@@ -1475,15 +1475,22 @@ def test_stats_over_an_axis_of_unknown_size_that_turns_out_empty_raises():
     np.testing.assert_array_equal(got.var, x[1:].var(axis=0))
 
 
+@pytest.mark.parametrize("xp", ["numpy", pytest.param("cupy", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("op", ["argmax", "argmin", "count_nonzero", "sum", "mean", "max", "stats"])
 @pytest.mark.parametrize("value", [np.nan, np.inf])
-def test_a_0d_array_of_nan_or_inf_builds_its_graph_silently(op, value):
+def test_a_0d_array_of_nan_or_inf_builds_its_graph_silently(op, value, xp):
     # A 0-d Dask array's meta is its data, which Dask's reduction cast to each step's dtype:
     # NaN or inf to int64 warned "invalid value encountered in cast" when the graph was built,
     # and raised under errstate(invalid="raise"). Dask's own reductions are silent there.
+    # (CuPy chunks: the zeroed meta stays a CuPy array, so results stay on the device.)
     import warnings
 
-    x = da.from_array(np.array(value))
+    if xp == "cupy":
+        cupy = _cupy()
+        x = da.from_array(cupy.asarray(value), asarray=False)
+        assert isinstance(x._meta, cupy.ndarray)
+    else:
+        x = da.from_array(np.array(value))
     with warnings.catch_warnings(), np.errstate(all="raise"):
         warnings.simplefilter("error")
         y = mdask.stats(x) if op == "stats" else x.treereduce(op)
@@ -1495,8 +1502,11 @@ def test_a_0d_array_of_nan_or_inf_builds_its_graph_silently(op, value):
         assert got.count == 1 and same_float(got.max, value)
         return
     assert y.dtype == multireduce.reduce(np.array(1.0), op).dtype
+    assert type(y._meta) is type(x._meta)
     with np.errstate(all="ignore"):
         got, want = y.compute(scheduler="sync"), multireduce.reduce(np.array(value), op)
+    assert type(got) is (np.dtype(y.dtype).type if xp == "numpy" else type(x._meta)), type(got)
+    got = got.get()[()] if xp == "cupy" else got
     assert same_float(got, want) if np.asarray(want).dtype.kind == "f" else got == want
 
 
