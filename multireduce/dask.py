@@ -159,8 +159,9 @@ def _default_split_every(split_every: Any, x: da.Array, axes: tuple[int, ...]) -
     blocks = x.numblocks
     if math.prod(blocks[a] for a in axes) <= value:
         # One aggregate: a fan-in of at least the block count along every reduced axis (at
-        # least 2, the smallest fan-in Dask's depth rule takes).
-        return {a: max(blocks[a], 2) for a in axes}
+        # least 2, the smallest fan-in Dask's depth rule takes). No reduced axis: an int, as
+        # Dask reads an empty dict as "the config key" (which may be None: a ValueError).
+        return {a: max(blocks[a], 2) for a in axes} if axes else 2
     return value
 
 

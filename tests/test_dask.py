@@ -1526,6 +1526,13 @@ def test_an_empty_split_every_dict_leaves_every_reduced_axis_at_two(op):
             )
         with pytest.raises(ValueError, match="split_every"):
             d.treereduce(op)  # the config key itself is still checked
+    # No reduced axis (axis=()): the fan-in given to Dask was {}, which read a config key of
+    # None ("split_every must be a int or a dict") when the graph was built.
+    with dask.config.set(split_every=None):
+        got = d.treereduce(op, axis=()).compute(scheduler="sync")
+        np.testing.assert_array_equal(got, multireduce.reduce(x, op, axis=()))
+        if op == "sum":
+            np.testing.assert_array_equal(mdask.stats(d, axis=()).compute(scheduler="sync").sum, x)
 
 
 def test_variance_of_two_single_elements_far_apart():
