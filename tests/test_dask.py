@@ -1290,9 +1290,10 @@ def test_host_states_remember_the_chunks_device():
     assert again.device is None and again.state.tobytes() == part.state.tobytes()
     value = mdask._moments_aggregate([part, part], (0,), False, op=mean, result=f64, correction=0.0)
     assert type(value) is np.float64 and value == 1.5
-    on_gpu = [mdask._HostState(part.state, 1), mdask._HostState(part.state, 2)]
+    assert part.count == again.count == 4  # the elements each result reduces
+    on_gpu = [mdask._HostState(part.state, 1, part.count), mdask._HostState(part.state, 2, part.count)]
     mixed = mdask._moments_combine([part, on_gpu[0]], (0,), True)
-    assert mixed.device == frozenset({None, 1})
+    assert mixed.device == frozenset({None, 1}) and mixed.count == 8
     with pytest.raises(TypeError, match="cannot combine NumPy and CuPy partials"):
         mdask._moments_aggregate([mixed], (0,), False, op=mean, result=f64, correction=0.0)
     with pytest.raises(NotImplementedError, match=r"partials live on GPUs \[1, 2\]"):
