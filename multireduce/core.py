@@ -527,7 +527,8 @@ def _integer_mean_error(dtype: np.dtype, count: Any, lo: Any, hi: Any) -> NotImp
     total = OPS["sum"].result_dtype(dtype)
     return NotImplementedError(
         f"reproducible=True: the mean of {int(n[k]):,} {dtype} elements of magnitude up to {magnitude:,} cannot be "
-        f"given reproducibly: their {total} total could wrap (n * max|x|, computed in float64, is not below 2**62), and the mean would "
+        f"given reproducibly: their {total} total could wrap (n * max|x|, computed in float64, is not below "
+        "2**62), and the mean would "
         "then depend on how the elements are split. Accepted: float input, and integer or bool input with "
         "n * max|x| < 2**62 (bool, int8, uint8, int16 and uint16 below 2**46 elements, int32 below 2**31, uint32 up "
         "to 2**30); convert to float64 first for the reproducible mean of the converted values"
