@@ -25,9 +25,9 @@ its event (the previous copy out of the pinned buffer has finished), and then:
 With the *native copy engine* (:data:`COPY_ENGINE`, :mod:`multireduce._hostcopy`; the
 default where a C compiler builds it), steps 1 and 2 run in C instead: the calling thread
 hands every piece of a group of segments (:func:`_native_pieces`) to a pool of C threads in
-one call that releases the GIL, and launches the segments' kernels when it returns. For an
-input whose segments all fit the slots, each kernel writes its partial into pinned,
-device-mapped host memory (:class:`_Cells`), and the partials are combined on the host once
+one call that releases the GIL, and launches the segments' kernels when it returns. For a
+dense input, each kernel writes its partial into pinned, device-mapped host memory
+(:class:`_Cells`), and the partials are combined on the host once
 their events have completed: no combine kernel and no copy back. Python's copy threads remain
 for the ``"python"`` engine and for sources with no dense 1-d view.
 
@@ -336,8 +336,8 @@ def ramp_pieces(n: int, max_elements: int, ramp: int, align: int = 1) -> list[tu
     than ``ramp * max_elements`` the steps shrink to fit; if a step would be below ``align``,
     the uniform :func:`plan_pieces` cut is returned instead.
 
-    Every boundary but the last is a multiple of ``align``, and every piece has at most
-    ``max_elements`` elements.
+    Every boundary but the last is a multiple of ``align`` (not so in the uniform cut
+    returned instead), and every piece has at most ``max_elements`` elements.
 
     Examples
     --------
@@ -889,47 +889,59 @@ class _Pipeline:
         """
         with self._cond:
             ticket = None
-            while True:
-                if cancel is not None and cancel.is_set():
-                    self._leave(ticket)
-                    return None
-                ready = self._free or self.allocated < limit
-                if ready and (not self._waiting or self._waiting[0] is ticket):
-                    break
-                if ticket is None:
-                    ticket = object()
-                    self._waiting.append(ticket)
-                self._cond.wait()
-            self._leave(ticket)
+            try:
+                while True:
+                    if cancel is not None and cancel.is_set():
+                        return None
+                    ready = self._free or self.allocated < limit
+                    if ready and (not self._waiting or self._waiting[0] is ticket):
+                        break
+                    if ticket is None:
+                        ticket = object()
+                        self._waiting.append(ticket)
+                    self._cond.wait()
+            finally:
+                # Also where the wait raised (Ctrl-C): a ticket left at the head of the queue
+                # kept every later call on these slots waiting forever, with slots free.
+                self._leave(ticket)
             self.in_use += 1
             if self._free:
                 return self._free.popleft()
             self.allocated += 1
         return self._allocate(1)[0]
 
-    def acquire_all(self, count: int, limit: int) -> list[_Slot]:
+    def acquire_all(self, count: int, limit: int, spread: bool = False) -> list[_Slot]:
         """Take ``count`` slots at once (never some of them while waiting for the rest).
 
         Waits (in turn with other waiting threads) until ``count`` slots are free or may be
         made (fewer than ``limit`` exist), so that calls taking several slots each cannot hold
-        some and wait for each other's.
+        some and wait for each other's. Free slots go most recently returned first (a small
+        input's calls keep reusing the same few pinned buffers, which stay in the CPU's caches
+        and TLB); with ``spread`` (a group that follows another at once), new slots first while
+        fewer than ``limit`` exist, then the longest idle: the most recently returned are the
+        previous group's, whose uploads and kernels are still running, and taking them made
+        each group wait for the one before it (``host_ready``), so groups never overlapped.
         """
         if count > limit:
             raise ValueError(f"cannot take {count} staging slots at once with a limit of {limit}")
         with self._cond:
             ticket = None
-            while True:
-                ready = len(self._free) + max(0, limit - self.allocated) >= count
-                if ready and (not self._waiting or self._waiting[0] is ticket):
-                    break
-                if ticket is None:
-                    ticket = object()
-                    self._waiting.append(ticket)
-                self._cond.wait()
-            self._leave(ticket)
-            # The most recently returned first: a small input's calls keep reusing the same
-            # few pinned buffers, which stay in the CPU's caches and TLB.
-            taken = [self._free.pop() for _ in range(min(count, len(self._free)))]
+            try:
+                while True:
+                    ready = len(self._free) + max(0, limit - self.allocated) >= count
+                    if ready and (not self._waiting or self._waiting[0] is ticket):
+                        break
+                    if ticket is None:
+                        ticket = object()
+                        self._waiting.append(ticket)
+                    self._cond.wait()
+            finally:
+                self._leave(ticket)  # also where the wait raised (see acquire)
+            if spread:
+                fresh = min(count, max(0, limit - self.allocated))
+                taken = [self._free.popleft() for _ in range(count - fresh)]
+            else:
+                taken = [self._free.pop() for _ in range(min(count, len(self._free)))]
             new = count - len(taken)
             self.allocated += new
             self.in_use += count
@@ -1120,6 +1132,9 @@ class _Pipeline:
         itemsize = flat.itemsize
         slot_elems = max(1, plan.slot_bytes // itemsize)
         nseg = _native_segments(flat, plan)
+        # A group given (Dask's chunks, one call each) or several groups: the next group's
+        # slots are not the ones this group is still using (acquire_all's spread).
+        spread = group is not None or nseg > plan.n_slots
         if group is None:
             group = nseg if nseg <= plan.n_slots else max(1, plan.n_slots // 2)
         base = flat.ctypes.data
@@ -1127,7 +1142,7 @@ class _Pipeline:
         with self.device.bind():
             for first in range(0, nseg, group):
                 segs = range(first, min(nseg, first + group))
-                slots = self.acquire_all(len(segs), plan.n_slots)
+                slots = self.acquire_all(len(segs), plan.n_slots, spread)
                 launched = 0
                 try:
                     for slot in slots:

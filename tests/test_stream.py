@@ -11,6 +11,7 @@ import importlib.util
 import itertools
 import math
 import re
+import threading
 import zlib
 from concurrent.futures import Future
 
@@ -812,6 +813,62 @@ def test_acquire_all():
     for slot in again:
         p.release(slot)
     p.free()
+
+
+@pytest.mark.parametrize("take", ["acquire", "acquire_all"])
+def test_an_interrupted_wait_for_slots_leaves_the_queue(take):
+    # A thread interrupted (Ctrl-C) while waiting for slots left its ticket at the head of the
+    # queue: every later call on that slot size then waited forever, with slots free.
+    p = stream._Pipeline(stream.SimulatedDevice(), 1024)
+    held = p.acquire(1)  # another call holds the only slot
+    wait = p._cond.wait
+
+    def interrupted(*args, **kwargs):
+        p._cond.wait = wait
+        raise KeyboardInterrupt
+
+    p._cond.wait = interrupted
+    with pytest.raises(KeyboardInterrupt):
+        p.acquire(1) if take == "acquire" else p.acquire_all(1, 1)
+    assert len(p._waiting) == 0
+    p.release(held)
+    got = []
+    waiter = threading.Thread(target=lambda: got.append(p.acquire(1)), daemon=True)
+    waiter.start()
+    waiter.join(10)
+    assert got, "the next call waited with a slot free"
+    p.release(got[0])
+    p.free()
+
+
+def test_groups_of_segments_take_other_slots_than_the_group_before():
+    # The native engine streams an input larger than its slots in groups of half the slots.
+    # The group after took the slots the group before had just returned (the most recently
+    # returned first), so it waited for their uploads and kernels and no two groups ever
+    # overlapped: 3 of the plan's 7 slots were ever made. It takes new slots first, then the
+    # longest idle.
+    kib = 1024
+
+    class Device(stream.SimulatedDevice):
+        def __init__(self):
+            super().__init__(engine="native")
+            self.used = []
+
+        def host_ready(self, slot):
+            super().host_ready(slot)
+            self.used.append(id(slot))
+
+    dev = Device()
+    x = np.arange(30 * kib, dtype=np.int32)  # 30 segments of 4 KiB
+    plan = stream.make_plan(x.nbytes, 4, budget=64 * kib, slot_bytes=4 * kib, threads=4)
+    assert plan.n_slots == 7
+    for _ in range(3):
+        got = stream.reduce(x, "sum", _device=dev, budget=64 * kib, slot_bytes=4 * kib, threads=4)
+        assert got == exact_int_sum(x, np.int64)
+    assert dev.slots_allocated == 7 and len(set(dev.used)) == 7
+    # Consecutive groups (3 segments each) share no slot.
+    groups = [set(dev.used[i : i + 3]) for i in range(0, 30, 3)]
+    assert all(not (a & b) for a, b in itertools.pairwise(groups)), groups
 
 
 def test_freeing_slots_in_use_is_refused():
