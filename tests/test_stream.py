@@ -1856,7 +1856,12 @@ def test_gpu_10000_calls_do_not_grow_memory():
         got = stream.reduce(x if i % 2 else h, "sum")
     assert got.tobytes() == want.tobytes()
     end = (pool.used_bytes(), pool.total_bytes(), pinned_pool.n_free_blocks(), stream.staging_info())
-    assert end == start
+    # Nothing in use grows: device memory held, pinned blocks, staging slots. CuPy's pool may
+    # cache a block or two more across 10,000 calls (+3 KiB in h200_1580de2, +2.5 KiB in
+    # h200_1249179, used bytes unchanged both times): bounded far below what any per-call
+    # leak would add (a pool block is at least 512 bytes: 5 MB over these calls).
+    assert (end[0], end[2], end[3]) == (start[0], start[2], start[3])
+    assert start[1] <= end[1] <= start[1] + (64 << 10), (start[1], end[1])
     freed = stream.free_staging()
     assert freed >= 2 and stream.staging_info() == []
 
