@@ -84,7 +84,7 @@ from typing import Any
 import numpy as np
 
 from . import _devices, _hostcopy, _partials, _settings, core
-from .ops import Op, get_op
+from .ops import OPS, Op, get_op
 
 __all__ = [
     "BYTES_PER_THREAD",
@@ -2014,7 +2014,8 @@ def reduce(
     op = get_op(op)
     if op.kind != "fold":
         raise NotImplementedError(
-            f"stream.reduce streams the fold ops, whose partial is one value; {op.name!r} has a state "
+            f"stream.reduce streams the fold ops, whose partial is one value "
+            f"({', '.join(repr(name) for name, o in OPS.items() if o.kind == 'fold')}); {op.name!r} has a state "
             "(multireduce._stats) that the pipeline does not merge. Use multireduce.reduce or multireduce.stats."
         )
     device = _check_device(device)
