@@ -386,13 +386,18 @@ def _pieces_of(a: np.ndarray, piece_bytes: int, ramp: int = 1) -> tuple[np.ndarr
     """Return (array to index, piece indexes, whether the pieces are contiguous) for ``a``.
 
     The pieces are 1-d slices of ``a``'s dense view if it has one (:func:`ramp_pieces` over
-    ``ramp`` pieces, uniform for ``ramp=1``), else uniform C-order blocks of ``a``.
+    ``ramp`` pieces, uniform for ``ramp=1``), else uniform C-order blocks of ``a`` with its
+    axes in the order of their strides (largest first), so that a block is read in memory
+    order: a strided view of a Fortran-order array was cut in C order, one element per cache
+    line (4096 x 4096 float32, max: 84.8 ms against 14.7 for its transpose on a 2-core VM).
+    A full reduction does not depend on the element order.
     """
     per_piece = max(1, piece_bytes // a.itemsize)
     flat = _dense_1d(a)
     if flat is not None:
         align = max(1, _PIECE_ALIGN // a.itemsize)
         return flat, ramp_pieces(flat.size, per_piece, ramp, align), True
+    a = a.transpose(sorted(range(a.ndim), key=lambda i: -abs(a.strides[i])))
     return a, plan_pieces(a.shape, per_piece), False
 
 

@@ -871,6 +871,23 @@ def test_groups_of_segments_take_other_slots_than_the_group_before():
     assert all(not (a & b) for a, b in itertools.pairwise(groups)), groups
 
 
+def test_strided_views_are_cut_in_memory_order():
+    # A view with no dense 1-d form is cut into C-order blocks of its axes sorted by stride:
+    # a strided view of a Fortran-order array was cut in C order, one element per cache line
+    # (84.8 ms against 14.7 ms for the same data transposed, a review's run).
+    x = np.asfortranarray(np.arange(64 * 48, dtype=np.float32).reshape(64, 48))
+    for view in (x[:-1, :], x[:-1, ::-2], x[::-1, :-1]):
+        src, pieces, contiguous = stream._pieces_of(view, 256)
+        assert not contiguous and src.size == view.size
+        strides = [abs(s) for s in src.strides]
+        assert strides == sorted(strides, reverse=True), (view.strides, src.strides)
+        got = sorted(np.concatenate([src[index].reshape(-1) for index in pieces]).tolist())
+        assert got == sorted(view.reshape(-1).tolist())  # every element once
+        dev = stream.SimulatedDevice()
+        assert stream.reduce(view, "sum", _device=dev, slot_bytes=1024) == view.astype(np.float64).sum()
+        assert stream.reduce(view, "max", _device=dev, slot_bytes=1024) == view.max()
+
+
 def test_freeing_slots_in_use_is_refused():
     dev = stream.SimulatedDevice()
     p = stream._Pipeline(dev, 1024)
