@@ -1518,12 +1518,16 @@ def _mpi_start_timeout() -> float:
         limit = float(raw) if raw else MPI_START_TIMEOUT
     except ValueError:
         limit = math.nan
-    if not (limit >= 0 and math.isfinite(limit)):
+    if not (0 <= limit <= _ALARM_MAX):
         raise UsageError(
             f"multireduce: error: MULTIREDUCE_MPI_START_TIMEOUT={raw!r}: expected seconds, "
-            "a finite number >= 0 (0 waits forever)"
+            f"a number from 0 to {_ALARM_MAX} (0 waits forever)"
         )
     return limit
+
+
+#: The longest alarm ``signal.alarm`` takes (a C unsigned int on some systems, an int on others).
+_ALARM_MAX = 2**31 - 1
 
 
 def _import_mpi(limit: float):
@@ -1538,18 +1542,24 @@ def _import_mpi(limit: float):
     forever.
     """
     import signal
+    import threading
 
-    if limit == 0 or _env_size() == 1 or not hasattr(signal, "alarm"):
+    main_thread = threading.current_thread() is threading.main_thread()  # signals need it
+    if limit == 0 or _env_size() == 1 or not hasattr(signal, "alarm") or not main_thread:
         from . import mpi
 
         return mpi
     previous = signal.signal(signal.SIGALRM, signal.SIG_DFL)
-    signal.alarm(max(1, math.ceil(limit)))
+    started = time.monotonic()
+    pending = 0  # an alarm the caller had set: put back afterwards, less the time taken
     try:
+        pending = signal.alarm(max(1, math.ceil(limit)))
         from . import mpi
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
+        if pending:
+            signal.alarm(max(1, pending - math.floor(time.monotonic() - started)))
     return mpi
 
 

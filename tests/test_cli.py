@@ -190,6 +190,37 @@ def test_a_process_that_fails_before_mpi_starts_ends_the_job(mpiexec):
     assert done.returncode == 0, done.output
 
 
+ALARM_AROUND_MPI_START = """
+import os, signal, threading
+from multireduce import _cli
+
+os.environ["PMI_SIZE"] = "2"  # as under a launcher: the alarm is armed
+handler = lambda *args: None
+signal.signal(signal.SIGALRM, handler)
+signal.alarm(100)
+_cli._import_mpi(5.0)
+restored = signal.getsignal(signal.SIGALRM) is handler
+pending = signal.alarm(0)
+done = []
+worker = threading.Thread(target=lambda: done.append(_cli._import_mpi(5.0)))  # signals: main thread only
+worker.start()
+worker.join()
+print("RESULT", restored, 90 <= pending <= 100, bool(done))
+"""
+
+
+def test_the_mpi_start_alarm_leaves_the_callers_alarm_and_handler_as_they_were():
+    # The caller's SIGALRM handler and pending alarm are put back; from another thread than
+    # the main one (where signals cannot be set) MPI starts without the alarm, as before it.
+    done = run(None, 1, ["-c", ALARM_AROUND_MPI_START], timeout=60)
+    assert done.returncode == 0, done.output
+    assert "RESULT True True True" in done.stdout, done.output
+    # A value past what signal.alarm takes is a usage error, as other bad values.
+    done = run(None, 1, [*CLI, "info"], extra_env={"MULTIREDUCE_MPI_START_TIMEOUT": "2147483648", "PMI_SIZE": "2"})
+    assert done.returncode == 2, done.output
+    assert "a number from 0 to 2147483647" in done.stderr and "Traceback" not in done.stderr, done.output
+
+
 # ------------------------------------------------------------------ run
 
 
