@@ -1470,13 +1470,12 @@ def _usage_error(exc: UsageError) -> int:
     return EXIT_USAGE
 
 
-def _join_first_agreement(exc: UsageError) -> tuple[dict[int, str], int, str] | None:
+def _join_first_agreement(exc: UsageError) -> tuple[dict[int, str], int] | None:
     """Under a launcher with other processes, join :func:`_setup`'s first agreement with ``exc``.
 
     For a rank that runs no job (a usage error, ``--help``, ``--version``): without it, ranks
     of an MPMD launch that run one waited in that agreement forever. Returns the agreed
-    failures, the rank count and their description (None where there is no launcher or no
-    MPI).
+    failures and the rank count (None where there is no launcher or no MPI).
     """
     if _env_size() > 1:
         try:
@@ -1494,7 +1493,7 @@ def _join_first_agreement(exc: UsageError) -> tuple[dict[int, str], int, str] | 
             failures = mpi.rank_failures(agreed)
             if failures is None:
                 raise
-            return failures, comm.Get_size(), mpi.describe_failures(failures, comm.Get_size())
+            return failures, comm.Get_size()
     return None
 
 
@@ -1511,7 +1510,7 @@ def _mpi_start_timeout() -> float:
     Raises
     ------
     UsageError
-        For anything but a finite number >= 0.
+        For anything but a number from 0 to :data:`_ALARM_MAX` (what ``signal.alarm`` takes).
     """
     raw = os.environ.get("MULTIREDUCE_MPI_START_TIMEOUT", "").strip()
     try:
@@ -1577,11 +1576,13 @@ def main(argv: list[str] | None = None) -> int:
         printed = f"python -m multireduce {' '.join(argv)} {_NO_JOB}"
         agreed = _join_first_agreement(UsageError(printed))
         if agreed is not None:
-            failures, size, described = agreed
+            failures, size = agreed
             if _env_rank() == 0 and (len(failures) < size or not all(m.endswith(_NO_JOB) for m in failures.values())):
                 # Other ranks meant to run a job, or had a bad command line: they exit 2 and
                 # print nothing (rank 0 reports an agreed failure), so rank 0 says why here.
-                print(f"multireduce: error: {described}", file=sys.stderr, flush=True)
+                from .mpi import describe_failures  # imported by the agreement already
+
+                print(f"multireduce: error: {describe_failures(failures, size)}", file=sys.stderr, flush=True)
         return int(exc.code or 0)
     try:
         limit = _mpi_start_timeout()

@@ -485,7 +485,7 @@ def _block_moments(
     # A float64 total is the sum of the float64 copy (float32 input: one pass fewer than
     # summing ``clean`` through NumPy's buffered cast, and pairwise over the whole block).
     # The total leaves NaN out (the count holds it). +inf with -inf: NaN, without NumPy's
-    # "invalid value" warning here; moments() decides it for the whole slice (_warn_invalid).
+    # "invalid value" warning here; finalize decides it for the whole slice (warn_invalid).
     with np.errstate(invalid="ignore"):
         total = np.add.reduce(f, axis=axis) if acc == np.float64 else np.add.reduce(clean, axis=axis, dtype=acc)
     ext = _extreme_acc(b.dtype)
@@ -499,7 +499,7 @@ def _block_moments(
         mean = (total if acc == np.float64 else np.add.reduce(f, axis=axis)) / n
         mean = np.where(n > 0, mean, 0.0)
     # An infinite element less an infinite mean: NaN, without NumPy's "invalid value
-    # encountered in subtract" here; moments() decides it for the whole slice (_warn_invalid).
+    # encountered in subtract" here; finalize decides it for the whole slice (warn_invalid).
     with np.errstate(invalid="ignore", **quiet):
         d = np.subtract(f, np.expand_dims(mean, axis), out=f)
     with np.errstate(invalid="ignore", divide="ignore", **quiet):
@@ -582,11 +582,7 @@ def _merged_blocks(blocks, work: tuple[np.ndarray, np.ndarray], axis: int = -1, 
                 base = np.where(found, later, base)
                 missing = none
         block = _block_moments(b, work, axis, quiet_m2, base)
-        if state is None:
-            state = block
-        else:
-            with np.errstate(invalid="ignore"):  # +inf and -inf totals: decided by _warn_invalid
-                state = merge(state, block, low_parts=False)
+        state = block if state is None else merge(state, block, low_parts=False)
     return _from_base(state, base)
 
 

@@ -151,18 +151,26 @@ def _default_split_every(split_every: Any, x: da.Array, axes: tuple[int, ...]) -
     else:
         value = _check_split_every(dask.config.get("split_every", None), x.ndim, "the dask.config key 'split_every'")
     if isinstance(value, dict):
-        # Dask reads ``split_every or config.get("split_every", 4)``: an empty dict would
-        # read the config key, unchecked (a fan-in of 1 there left partials uncombined).
-        return value or ({a: 2 for a in axes} if axes else 2)
+        # A reduced axis the dict leaves out takes 2 (the empty dict too: _dask_fan_in).
+        return _dask_fan_in(value or {a: 2 for a in axes})
     if value is None:
         value = FULL_SPLIT_EVERY if len(axes) == x.ndim else DASK_SPLIT_EVERY
     blocks = x.numblocks
     if math.prod(blocks[a] for a in axes) <= value:
         # One aggregate: a fan-in of at least the block count along every reduced axis (at
-        # least 2, the smallest fan-in Dask's depth rule takes). No reduced axis: an int, as
-        # Dask reads an empty dict as "the config key" (which may be None: a ValueError).
-        return {a: max(blocks[a], 2) for a in axes} if axes else 2
+        # least 2, the smallest fan-in Dask's depth rule takes).
+        return _dask_fan_in({a: max(blocks[a], 2) for a in axes})
     return value
+
+
+def _dask_fan_in(fan_in: dict[int, int]) -> dict[int, int] | int:
+    """``fan_in`` as given to Dask: an empty dict (no reduced axis) as the int 2.
+
+    Dask reads ``split_every or config.get("split_every", 4)``: an empty dict read the config
+    key, unchecked (a fan-in of 1 there left partials uncombined: sum 30.0 for 66.0), or
+    failed where it is None ("split_every must be a int or a dict").
+    """
+    return fan_in or 2
 
 
 def _check_chunk(x, expected: np.dtype):

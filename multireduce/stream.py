@@ -75,7 +75,7 @@ import queue
 import sys
 import threading
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -885,6 +885,28 @@ class _Pipeline:
             self._waiting.remove(ticket)
             self._cond.notify_all()
 
+    def _wait_turn(self, ready: Callable[[], bool], cancel: threading.Event | None = None) -> bool:
+        """Under ``_cond``: wait until ``ready()`` holds and no thread waited longer; False if cancelled.
+
+        Waiting threads are served in the order they came (one ticket each in ``_waiting``).
+        The ticket leaves the queue however the wait ends, also where it raised (Ctrl-C): a
+        ticket left at the head of the queue kept every later call on these slots waiting
+        forever, with slots free.
+        """
+        ticket = None
+        try:
+            while True:
+                if cancel is not None and cancel.is_set():
+                    return False
+                if ready() and (not self._waiting or self._waiting[0] is ticket):
+                    return True
+                if ticket is None:
+                    ticket = object()
+                    self._waiting.append(ticket)
+                self._cond.wait()
+        finally:
+            self._leave(ticket)
+
     def acquire(self, limit: int, cancel: threading.Event | None = None) -> _Slot | None:
         """Take a slot: a free one, oldest first (most likely idle), else a new one.
 
@@ -893,22 +915,8 @@ class _Pipeline:
         ``None``; :meth:`wake` makes waiting threads look at it).
         """
         with self._cond:
-            ticket = None
-            try:
-                while True:
-                    if cancel is not None and cancel.is_set():
-                        return None
-                    ready = self._free or self.allocated < limit
-                    if ready and (not self._waiting or self._waiting[0] is ticket):
-                        break
-                    if ticket is None:
-                        ticket = object()
-                        self._waiting.append(ticket)
-                    self._cond.wait()
-            finally:
-                # Also where the wait raised (Ctrl-C): a ticket left at the head of the queue
-                # kept every later call on these slots waiting forever, with slots free.
-                self._leave(ticket)
+            if not self._wait_turn(lambda: bool(self._free) or self.allocated < limit, cancel):
+                return None
             self.in_use += 1
             if self._free:
                 return self._free.popleft()
@@ -930,18 +938,7 @@ class _Pipeline:
         if count > limit:
             raise ValueError(f"cannot take {count} staging slots at once with a limit of {limit}")
         with self._cond:
-            ticket = None
-            try:
-                while True:
-                    ready = len(self._free) + max(0, limit - self.allocated) >= count
-                    if ready and (not self._waiting or self._waiting[0] is ticket):
-                        break
-                    if ticket is None:
-                        ticket = object()
-                        self._waiting.append(ticket)
-                    self._cond.wait()
-            finally:
-                self._leave(ticket)  # also where the wait raised (see acquire)
+            self._wait_turn(lambda: len(self._free) + max(0, limit - self.allocated) >= count)
             if spread:
                 fresh = min(count, max(0, limit - self.allocated))
                 taken = [self._free.popleft() for _ in range(count - fresh)]
