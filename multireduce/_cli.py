@@ -1446,10 +1446,13 @@ def guarded(job, comm, mpi) -> int:
 
 
 def _env_size() -> int:
-    # The process count that mpiexec (Open MPI's, or MPICH's and Intel MPI's Hydra) gives each
-    # process it starts, known before MPI starts; 1 otherwise. (SLURM_NTASKS is also set in a
-    # batch script outside any launch: not used.)
-    for name in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
+    # The process count that the launcher gives each process it starts, known before MPI
+    # starts: mpiexec (Open MPI's, or MPICH's and Intel MPI's Hydra), or Slurm's srun, which
+    # sets SLURM_STEP_NUM_TASKS in each task of a step (PMIx launches set neither of the
+    # others). 1 otherwise. SLURM_NTASKS is also set in a batch script outside any step: not
+    # used. Counting a launch that is not one costs only an MPI start; missing one left a
+    # rank with a usage error out of the first agreement, and the others waited forever.
+    for name in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS"):
         value = os.environ.get(name, "").strip()
         if value.isdigit():
             return int(value)

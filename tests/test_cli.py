@@ -221,6 +221,31 @@ def test_the_mpi_start_alarm_leaves_the_callers_alarm_and_handler_as_they_were()
     assert "a number from 0 to 2147483647" in done.stderr and "Traceback" not in done.stderr, done.output
 
 
+@pytest.mark.parametrize(
+    ("environment", "size"),
+    [
+        ({}, 1),
+        ({"OMPI_COMM_WORLD_SIZE": "4"}, 4),
+        ({"PMI_SIZE": "3"}, 3),
+        # srun sets SLURM_STEP_NUM_TASKS in each task of a step, and neither of the others
+        # under PMIx: such a rank with a usage error left the others in the first agreement.
+        ({"SLURM_STEP_NUM_TASKS": "2"}, 2),
+        # A batch script outside any step has SLURM_NTASKS: that is no launch.
+        ({"SLURM_NTASKS": "8"}, 1),
+        ({"OMPI_COMM_WORLD_SIZE": "4", "SLURM_STEP_NUM_TASKS": "2"}, 4),
+        ({"PMI_SIZE": " ", "SLURM_STEP_NUM_TASKS": "x"}, 1),
+    ],
+)
+def test_the_launchers_process_count_before_mpi_starts(monkeypatch, environment, size):
+    from multireduce import _cli
+
+    for name in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    assert _cli._env_size() == size
+
+
 # ------------------------------------------------------------------ run
 
 
