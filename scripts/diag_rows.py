@@ -1,0 +1,164 @@
+"""Row kernel occupancy experiment: ``reduce_rows_kernel`` with other minimum-blocks launch bounds.
+
+The shipped row kernel is declared ``__launch_bounds__(BLOCK, 1)``, which lets ptxas use up
+to 65536 / BLOCK registers per thread, and so decides how many blocks share an SM. For the
+issue's row case (2^15 x 2^15 float32 -> 2^15, one block per row, each block four loop trips
+of 512 x 4 16-byte loads) a block's end (its block reduction and the next block's start)
+leaves the SM's loads to the other resident blocks. This script compiles the kernel from
+the shipped headers with the bound's second argument replaced (``BLOCKxUNROLLmMINB``
+variants), prints each one's registers and resident blocks per SM, and times it
+interleaved with the shipped ``multireduce.sum(x, axis=-1)`` and ``cupy.sum(x, axis=-1)``
+(CUDA events, ``--inner`` launches per sample, rounds alternating over the variants).
+Every variant's result is compared with the shipped one (bit for bit where only the bound
+differs, else to 1e-6 relative).
+
+    python scripts/diag_rows.py --variants 512x4m1,512x4m2,512x4m3,512x4m4,256x8m4 --rounds 15
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--side", type=int, default=1 << 15)
+    p.add_argument("--variants", default="512x4m1,512x4m2,512x4m3,512x4m4,256x4m4,256x8m4,256x8m2,1024x4m2")
+    p.add_argument("--rounds", type=int, default=15)
+    p.add_argument("--inner", type=int, default=10)
+    p.add_argument("--out", default="")
+    return p.parse_args(argv)
+
+
+BOUND = "__global__ void __launch_bounds__(BLOCK, 1)\nreduce_rows_kernel("
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    import cupy as cp
+    import numpy as np
+
+    import multireduce as mr
+    from multireduce import _kernels, _provenance
+    from multireduce.ops import get_op
+
+    source = _kernels.read_source()
+    if source.count(BOUND) != 1:
+        raise SystemExit("reduce_rows_kernel's declaration changed: update BOUND")
+    side = args.side
+    x = cp.random.default_rng(0).random((side, side), dtype=cp.float32) * 2 - 1
+    shipped = mr.sum(x, axis=-1)
+    sums = get_op("sum")
+    props = cp.cuda.runtime.getDeviceProperties(0)
+    sms = props["multiProcessorCount"]
+    load = _kernels.rows_config()[3]
+    runs = {}
+    info = {}
+    outs = {}
+    for text in filter(None, args.variants.split(",")):
+        m = re.fullmatch(r"(\d+)x(\d+)m(\d+)", text)
+        if m is None:
+            raise SystemExit(f"bad variant {text!r}: expected BLOCKxUNROLLmMINB")
+        block, unroll, minb = (int(g) for g in m.groups())
+        code = source.replace(BOUND, f"__global__ void __launch_bounds__(BLOCK, {minb})\nreduce_rows_kernel(")
+        name = _kernels.kernel_name(
+            sums,
+            np.dtype(np.float32),
+            np.dtype(np.float64),
+            np.dtype(np.float32),
+            block,
+            unroll,
+            load,
+            kernel="reduce_rows_kernel",
+        )
+        module = cp.RawModule(code=code, options=("--std=c++17",), name_expressions=(name,))
+        kernel = module.get_function(name)
+        per_sm = cp.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.kernel.ptr, block, 0)
+        out = cp.empty(side, dtype=cp.float32)
+        partials = cp.empty(side, dtype=cp.float64)
+        counters = cp.zeros(1024, dtype=cp.uint32)
+
+        def launch(k=kernel, b=block, o=out, p=partials, c=counters):
+            k((1, side), (b,), (x, np.int64(side), np.int64(side), np.float64(0.0), p, c, o))
+
+        launch()
+        same_shape = (block, unroll) == _kernels.rows_config()[:2]
+        ok = bool(cp.array_equal(out, shipped)) if same_shape else bool(cp.allclose(out, shipped, rtol=1e-6, atol=1e-5))
+        info[text] = {
+            "regs": kernel.num_regs,
+            "blocks_per_sm": per_sm,
+            "resident_threads": per_sm * block,
+            "matches_shipped": ok,
+        }
+        outs[text] = out
+        runs[text] = launch
+    runs["shipped"] = lambda: mr.sum(x, axis=-1)
+    runs["cupy"] = lambda: cp.sum(x, axis=-1)
+    samples = {k: [] for k in runs}
+    start, end = cp.cuda.Event(), cp.cuda.Event()
+    for fn in runs.values():  # warm-up
+        fn()
+    cp.cuda.runtime.deviceSynchronize()
+    for r in range(args.rounds):
+        order = list(runs) if r % 2 == 0 else list(reversed(runs))
+        for k in order:
+            fn = runs[k]
+            start.record()
+            for _ in range(args.inner):
+                fn()
+            end.record()
+            end.synchronize()
+            samples[k].append(cp.cuda.get_elapsed_time(start, end) * 1000 / args.inner)
+    cupy_us = statistics.median(samples["cupy"])
+    shipped_us = statistics.median(samples["shipped"])
+    print(
+        f"diag_rows: {props['name'].decode()}, {sms} SMs, {side} x {side} float32 sum over the last axis, "
+        f"{args.rounds} rounds x {args.inner} launches"
+    )
+    print(
+        f"{'variant':<12} {'regs':>5} {'blk/SM':>7} {'median us':>10} {'p10':>8} {'p90':>8} "
+        f"{'vs cupy':>8} {'vs shipped':>10}  match"
+    )
+    records = []
+    for k, s in samples.items():
+        s_sorted = sorted(s)
+        med = statistics.median(s)
+        p10 = s_sorted[len(s) // 10]
+        p90 = s_sorted[(9 * len(s)) // 10]
+        i = info.get(k, {})
+        print(
+            f"{k:<12} {i.get('regs', ''):>5} {i.get('blocks_per_sm', ''):>7} {med:10.1f} {p10:8.1f} {p90:8.1f} "
+            f"{cupy_us / med:8.4f} {shipped_us / med:10.4f}  {i.get('matches_shipped', '')}"
+        )
+        records.append(
+            {
+                "variant": k,
+                "median_us": med,
+                "p10_us": p10,
+                "p90_us": p90,
+                "vs_cupy": cupy_us / med,
+                "vs_shipped": shipped_us / med,
+                "samples_us": s,
+                **i,
+            }
+        )
+    if args.out:
+        result = {
+            "benchmark": "diag_rows",
+            "git": _provenance.git_state(),
+            "device": props["name"].decode(),
+            "side": side,
+            "records": records,
+        }
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+        print(f"wrote {args.out}")
+    return 0 if all(i["matches_shipped"] for i in info.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
