@@ -8,7 +8,8 @@ leaves the SM's loads to the other resident blocks. This script compiles the ker
 the shipped headers with the bound's second argument replaced (``BLOCKxUNROLLmMINB``
 variants), prints each one's registers and resident blocks per SM, and times it
 interleaved with the shipped ``multireduce.sum(x, axis=-1)`` and ``cupy.sum(x, axis=-1)``
-(CUDA events, ``--inner`` launches per sample, rounds alternating over the variants).
+(CUDA events around ``--inner`` launches queued behind ``bench_kernel``'s spin kernel, so
+that the host's launch latency is hidden; rounds alternate over the variants).
 Every variant's result is compared with the shipped one (bit for bit where only the bound
 differs, else to 1e-6 relative).
 
@@ -22,14 +23,20 @@ import json
 import re
 import statistics
 import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_kernel as bk  # noqa: E402  (the spin kernel that hides the host's launch latency)
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--side", type=int, default=1 << 15)
+    p.add_argument("--op", choices=("sum", "max"), default="sum")
     p.add_argument("--variants", default="512x4m1,512x4m2,512x4m3,512x4m4,256x4m4,256x8m4,256x8m2,1024x4m2")
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--inner", type=int, default=10)
+    p.add_argument("--spin-us", type=float, default=3000.0, help="spin queued before each batch")
     p.add_argument("--out", default="")
     return p.parse_args(argv)
 
@@ -51,8 +58,10 @@ def main(argv=None) -> int:
         raise SystemExit("reduce_rows_kernel's declaration changed: update BOUND")
     side = args.side
     x = cp.random.default_rng(0).random((side, side), dtype=cp.float32) * 2 - 1
-    shipped = mr.sum(x, axis=-1)
-    sums = get_op("sum")
+    shipped = mr.reduce(x, args.op, axis=-1)
+    op = get_op(args.op)
+    acc = op.accumulator_dtype(np.dtype(np.float32))
+    identity = op.identity(acc)
     props = cp.cuda.runtime.getDeviceProperties(0)
     sms = props["multiProcessorCount"]
     load = _kernels.rows_config()[3]
@@ -66,9 +75,9 @@ def main(argv=None) -> int:
         block, unroll, minb = (int(g) for g in m.groups())
         code = source.replace(BOUND, f"__global__ void __launch_bounds__(BLOCK, {minb})\nreduce_rows_kernel(")
         name = _kernels.kernel_name(
-            sums,
+            op,
             np.dtype(np.float32),
-            np.dtype(np.float64),
+            acc,
             np.dtype(np.float32),
             block,
             unroll,
@@ -79,11 +88,11 @@ def main(argv=None) -> int:
         kernel = module.get_function(name)
         per_sm = cp.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.kernel.ptr, block, 0)
         out = cp.empty(side, dtype=cp.float32)
-        partials = cp.empty(side, dtype=cp.float64)
+        partials = cp.empty(side, dtype=acc)
         counters = cp.zeros(1024, dtype=cp.uint32)
 
         def launch(k=kernel, b=block, o=out, p=partials, c=counters):
-            k((1, side), (b,), (x, np.int64(side), np.int64(side), np.float64(0.0), p, c, o))
+            k((1, side), (b,), (x, np.int64(side), np.int64(side), identity, p, c, o))
 
         launch()
         same_shape = (block, unroll) == _kernels.rows_config()[:2]
@@ -96,28 +105,26 @@ def main(argv=None) -> int:
         }
         outs[text] = out
         runs[text] = launch
-    runs["shipped"] = lambda: mr.sum(x, axis=-1)
-    runs["cupy"] = lambda: cp.sum(x, axis=-1)
+    runs["shipped"] = lambda: mr.reduce(x, args.op, axis=-1)
+    runs["cupy"] = lambda: getattr(cp, args.op)(x, axis=-1)
     samples = {k: [] for k in runs}
-    start, end = cp.cuda.Event(), cp.cuda.Event()
+    timer = bk.DeviceTimer(cp, bk.compile_seed_module(cp).get_function("spin_kernel"))
+    timer.calibrate()
     for fn in runs.values():  # warm-up
         fn()
     cp.cuda.runtime.deviceSynchronize()
+    late = 0
     for r in range(args.rounds):
         order = list(runs) if r % 2 == 0 else list(reversed(runs))
         for k in order:
-            fn = runs[k]
-            start.record()
-            for _ in range(args.inner):
-                fn()
-            end.record()
-            end.synchronize()
-            samples[k].append(cp.cuda.get_elapsed_time(start, end) * 1000 / args.inner)
+            us, enqueue_us = timer.batch(runs[k], args.inner, args.spin_us)
+            late += enqueue_us > 0.8 * args.spin_us
+            samples[k].append(us)
     cupy_us = statistics.median(samples["cupy"])
     shipped_us = statistics.median(samples["shipped"])
     print(
-        f"diag_rows: {props['name'].decode()}, {sms} SMs, {side} x {side} float32 sum over the last axis, "
-        f"{args.rounds} rounds x {args.inner} launches"
+        f"diag_rows: {props['name'].decode()}, {sms} SMs, {side} x {side} float32 {args.op} over the last axis, "
+        f"{args.rounds} rounds x {args.inner} launches; batches queued after their spin ended: {late}"
     )
     print(
         f"{'variant':<12} {'regs':>5} {'blk/SM':>7} {'median us':>10} {'p10':>8} {'p90':>8} "
