@@ -13,7 +13,7 @@ that the host's launch latency is hidden; rounds alternate over the variants).
 Every variant's result is compared with the shipped one (bit for bit where only the bound
 differs, else to 1e-6 relative).
 
-    python scripts/diag_rows.py --variants 512x4m1,512x4m2,512x4m3,512x4m4,256x8m4 --rounds 15
+    python scripts/diag_rows.py --variants 512x4m1,512x4m2,512x4m3,512x4m4,256x8m4,512x4m1a32 --rounds 15
 """
 
 from __future__ import annotations
@@ -61,7 +61,6 @@ def main(argv=None) -> int:
     shipped = mr.reduce(x, args.op, axis=-1)
     op = get_op(args.op)
     acc = op.accumulator_dtype(np.dtype(np.float32))
-    identity = op.identity(acc)
     props = cp.cuda.runtime.getDeviceProperties(0)
     sms = props["multiProcessorCount"]
     load = _kernels.rows_config()[3]
@@ -69,15 +68,19 @@ def main(argv=None) -> int:
     info = {}
     outs = {}
     for text in filter(None, args.variants.split(",")):
-        m = re.fullmatch(r"(\d+)x(\d+)m(\d+)", text)
+        m = re.fullmatch(r"(\d+)x(\d+)m(\d+)(a32)?", text)
         if m is None:
-            raise SystemExit(f"bad variant {text!r}: expected BLOCKxUNROLLmMINB")
-        block, unroll, minb = (int(g) for g in m.groups())
+            raise SystemExit(f"bad variant {text!r}: expected BLOCKxUNROLLmMINB[a32]")
+        block, unroll, minb = (int(g) for g in m.groups()[:3])
+        # a32: a float32 accumulator (cupy's for float32 input), to measure what the shipped
+        # float64 accumulation of sums costs; never shipped (its error grows with the row).
+        v_acc = np.dtype(np.float32) if m.group(4) else acc
+        v_identity = op.identity(v_acc)
         code = source.replace(BOUND, f"__global__ void __launch_bounds__(BLOCK, {minb})\nreduce_rows_kernel(")
         name = _kernels.kernel_name(
             op,
             np.dtype(np.float32),
-            acc,
+            v_acc,
             np.dtype(np.float32),
             block,
             unroll,
@@ -88,14 +91,14 @@ def main(argv=None) -> int:
         kernel = module.get_function(name)
         per_sm = cp.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.kernel.ptr, block, 0)
         out = cp.empty(side, dtype=cp.float32)
-        partials = cp.empty(side, dtype=acc)
+        partials = cp.empty(side, dtype=v_acc)
         counters = cp.zeros(1024, dtype=cp.uint32)
 
-        def launch(k=kernel, b=block, o=out, p=partials, c=counters):
-            k((1, side), (b,), (x, np.int64(side), np.int64(side), identity, p, c, o))
+        def launch(k=kernel, b=block, o=out, p=partials, c=counters, i=v_identity):
+            k((1, side), (b,), (x, np.int64(side), np.int64(side), i, p, c, o))
 
         launch()
-        same_shape = (block, unroll) == _kernels.rows_config()[:2]
+        same_shape = (block, unroll) == _kernels.rows_config()[:2] and v_acc == acc
         ok = bool(cp.array_equal(out, shipped)) if same_shape else bool(cp.allclose(out, shipped, rtol=1e-6, atol=1e-5))
         info[text] = {
             "regs": kernel.num_regs,
