@@ -427,6 +427,14 @@ def _setup(args, comm, mpi) -> _Context:
                     f"--device {args.device} asks for a GPU, but this rank runs on the CPU ({reason}); "
                     "drop --device to run on the CPU, or run where CuPy sees a CUDA device"
                 )
+            # An exported MULTIREDUCE_DEVICE is not used here, but a malformed one is an error
+            # as on a GPU (it passed unread).
+            text = os.environ.get(mpi.DEVICE_ENV, "").strip()
+            if text and not _is_int(text):
+                raise ValueError(
+                    f"{mpi.DEVICE_ENV}={os.environ[mpi.DEVICE_ENV]!r}: it must be an integer device ordinal "
+                    "(the CPU backend does not use a valid one)"
+                )
         mpi.cuda_aware()  # a bad MULTIREDUCE_CUDA_AWARE fails here, agreed, not later on one rank
     except Exception as exc:  # agreed below, then reported by rank 0
         if mpi.rank_failures(exc) is not None:
@@ -434,6 +442,15 @@ def _setup(args, comm, mpi) -> _Context:
         error = exc
     mpi.agree(error, comm)
     return ctx
+
+
+def _is_int(text: str) -> bool:
+    # As select_device reads MULTIREDUCE_DEVICE: Python's int().
+    try:
+        int(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _emit(ctx: _Context, text: str) -> None:
@@ -484,8 +501,11 @@ class _Pattern:
         return _Pattern(2 * half + 1, -half)
 
     def values(self, start: int, stop: int, dt: np.dtype, xp):
-        i = xp.arange(start, stop, dtype=np.int64)
-        if i.size != stop - start:  # NumPy's arange(0, 2**63 - 1) is empty, not an error
+        # Past what an array's bytes can count, NumPy's arange raised "array is too big" (the
+        # tool's message was given only for arange(0, 2**63 - 1), which is empty, no error).
+        too_many = 8 * (stop - start) > np.iinfo(np.intp).max
+        i = None if too_many else xp.arange(start, stop, dtype=np.int64)
+        if i is None or i.size != stop - start:
             raise MemoryError(
                 f"cannot make {stop - start:,} elements of synthetic data on one rank (its int64 indices "
                 f"alone would take {8 * (stop - start):,} bytes); give a smaller length (--n, --per-rank, "

@@ -131,14 +131,33 @@ def _npy_header(fh) -> tuple[tuple[int, ...], np.dtype, int]:
     if version == (1, 0):
         shape, _, dtype = np.lib.format.read_array_header_1_0(fh)
     elif version == (2, 0):
-        shape, _, dtype = np.lib.format.read_array_header_2_0(fh)
+        _check_header_length(fh, _MAX_HEADER_CHARS)  # Latin-1: a byte per character
+        shape, _, dtype = np.lib.format.read_array_header_2_0(fh, max_header_size=_MAX_HEADER_CHARS)
     elif version == (3, 0):
+        _check_header_length(fh, 4 * _MAX_HEADER_CHARS)  # UTF-8: up to 4 bytes per character
         shape, dtype = _npy_header_3_0(fh)
     else:
         raise ValueError(
             f"unsupported .npy format version {version} (1.0, 2.0 and 3.0 are; save the array again with numpy.save)"
         )
     return shape, dtype, fh.tell()
+
+
+def _check_header_length(fh, limit: int) -> None:
+    """Refuse a 2.0 or 3.0 header whose 4-byte length is past ``limit`` bytes, before reading it.
+
+    NumPy reads the whole header (up to 4 GiB) before its own limit refuses it, and the 3.0
+    path read it twice: a corrupt length made each rank hold the rest of the file.
+    """
+    start = fh.tell()
+    size = fh.read(4)
+    fh.seek(start)
+    length = int.from_bytes(size, "little")
+    if len(size) == 4 and length > limit:
+        raise ValueError(
+            f"its header says it is {length:,} bytes long, past the {limit:,} bytes of the longest header "
+            f"read ({_MAX_HEADER_CHARS:,} characters; numpy.save writes a few hundred)"
+        )
 
 
 def _npy_header_3_0(fh) -> tuple[tuple[int, ...], np.dtype]:

@@ -69,7 +69,7 @@ __all__ = [
     "merge_records",
     "merge_stacked",
     "moments",
-    "warn_invalid",
+    "warn_arithmetic",
     "warn_moments",
 ]
 
@@ -210,7 +210,7 @@ def merge(a: Moments, b: Moments, low_parts: bool = True) -> Moments:
     lo = _ieee_pair(a.lo, b.lo, largest=False)
     hi = _ieee_pair(a.hi, b.hi, largest=True)
     total = _add_totals(a.total, b.total)
-    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore", under="ignore"):
         nf = n.astype(np.float64)
         wa = a.n.astype(np.float64)
         wb = b.n.astype(np.float64)
@@ -249,28 +249,13 @@ def merge(a: Moments, b: Moments, low_parts: bool = True) -> Moments:
 
 
 def _add_totals(a: Any, b: Any) -> Any:
-    """Two states' totals added: a float addition warns of overflow as NumPy's does, under ``np.errstate``.
+    """Two states' totals added, silently: integer totals wrap, as NumPy's integer sums.
 
-    So a total that overflows only where parts merge (Dask chunks, MPI ranks) warns
-    "overflow encountered in add", as NumPy's sum of the elements warns; integer totals wrap
-    silently, as NumPy's integer sums. +inf and -inf totals make NaN silently: that warning
-    is decided for the whole slice at finalize (:func:`warn_invalid`).
+    A float total that overflows where parts merge (Dask chunks, MPI ranks), and +inf with
+    -inf, are warned of for the whole slice at finalize (:func:`warn_arithmetic`).
     """
-    if np.asarray(a).dtype.kind != "f":
-        with np.errstate(over="ignore"):
-            return a + b
-    with np.errstate(invalid="ignore"):
+    with np.errstate(invalid="ignore", over="ignore"):
         return a + b
-
-
-def _python_float_total(a: float, b: float, add: Callable[[Any, Any], Any], dtype: np.dtype) -> Any:
-    # _add_totals for Python floats, which overflow silently: where the sum of two finite
-    # totals is not finite, NumPy's addition in the total's dtype is made again for its
-    # warning (under np.errstate). inf + -inf stays silent, as in _add_totals.
-    total = add(a, b)
-    if not math.isfinite(total) and math.isfinite(a) and math.isfinite(b):
-        dtype.type(a) + dtype.type(b)  # noqa: B018  NumPy's RuntimeWarning or FloatingPointError
-    return total
 
 
 def _pick_value(a: Any, b: Any, largest: bool) -> Any:
@@ -294,7 +279,7 @@ def _adder(dtype: np.dtype) -> Callable[[Any, Any], Any]:
         round_to = dtype.type
 
         def add_rounded(a: float, b: float) -> float:
-            with np.errstate(over="ignore"):  # past float32's range: inf (the warning: _python_float_total)
+            with np.errstate(over="ignore"):  # past float32's range: inf (warned at finalize)
                 return float(round_to(a + b))
 
         return add_rounded
@@ -306,7 +291,7 @@ def _adder(dtype: np.dtype) -> Callable[[Any, Any], Any]:
     return lambda a, b: ((a + b + half) & mask) - half  # two's-complement wrap-around
 
 
-def _merge_values(a: tuple, b: tuple, add: Callable[[Any, Any], Any], total_dtype: np.dtype) -> tuple:
+def _merge_values(a: tuple, b: tuple, add: Callable[[Any, Any], Any]) -> tuple:
     # merge() of two 0-d states given as tuples of Python values in _MOMENTS_FIELDS order, with
     # the same IEEE float64 operations in the same order (Python floats are IEEE doubles) and
     # the total added as in its dtype, without the per-call cost of NumPy's array functions:
@@ -343,11 +328,7 @@ def _merge_values(a: tuple, b: tuple, add: Callable[[Any, Any], Any], total_dtyp
         else:
             mean = (wa * mean_a + wb * mean_b) / nf
             m2 = math.inf if math.isfinite(lo) and math.isfinite(hi) else math.nan
-    if isinstance(total_a, float):
-        total = _python_float_total(total_a, total_b, add, total_dtype)
-    else:
-        total = add(total_a, total_b)
-    return (na + nb, nan_a + nan_b, total, mean, m2, lo, hi, low)
+    return (na + nb, nan_a + nan_b, add(total_a, total_b), mean, m2, lo, hi, low)
 
 
 def _merge_tree_values(rows: list[tuple], total: np.dtype, extreme: np.dtype) -> Moments:
@@ -355,7 +336,7 @@ def _merge_tree_values(rows: list[tuple], total: np.dtype, extreme: np.dtype) ->
     # the result as NumPy scalars of the state's dtypes.
     add = _adder(total)
     while len(rows) > 1:
-        paired = [_merge_values(rows[i], rows[i + 1], add, total) for i in range(0, len(rows) - 1, 2)]
+        paired = [_merge_values(rows[i], rows[i + 1], add) for i in range(0, len(rows) - 1, 2)]
         rows = paired + rows[len(paired) * 2 :]
     n, nan, t, mean, m2, lo, hi, low = rows[0]
     return Moments(
@@ -448,7 +429,6 @@ def _block_moments(
     b: np.ndarray,
     work: tuple[np.ndarray, np.ndarray],
     axis: int = -1,
-    quiet_m2: bool = False,
     base: Any = 0.0,
 ) -> Moments:
     """The moments state of the block ``b`` over its axis ``axis``, its mean less ``base``.
@@ -462,9 +442,11 @@ def _block_moments(
     every block of one :func:`moments` call: a new 1 MiB temporary per block went back to the
     system when freed (glibc returns large blocks at once) and came back as fresh pages, whose
     faults took 6x the arithmetic (float32 var of 2**22 elements: 41 ms, 6.5 ms with reuse).
-    The values are those of the temporaries they replace. ``quiet_m2``: the deviations and
-    their squares overflow without NumPy's warning (a mean's state: the mean does not use M2,
-    and NumPy's mean does not square anything); the total's own overflow still warns.
+    The values are those of the temporaries they replace. The arithmetic is silent about
+    floating-point errors: NumPy's overflow and invalid-value warnings are decided for each
+    whole slice at finalize (:func:`warn_arithmetic`), and the underflows of these internal
+    steps are none of NumPy's (``errstate(under="raise")`` raised for float64 data holding
+    a subnormal, where NumPy's var does not).
     """
     m = b.shape[axis]
     f = _like(work[0], b)
@@ -484,9 +466,8 @@ def _block_moments(
     acc = _sum_acc(b.dtype)
     # A float64 total is the sum of the float64 copy (float32 input: one pass fewer than
     # summing ``clean`` through NumPy's buffered cast, and pairwise over the whole block).
-    # The total leaves NaN out (the count holds it). +inf with -inf: NaN, without NumPy's
-    # "invalid value" warning here; finalize decides it for the whole slice (warn_invalid).
-    with np.errstate(invalid="ignore"):
+    # The total leaves NaN out (the count holds it). +inf with -inf: NaN; an overflow: inf.
+    with np.errstate(all="ignore"):
         total = np.add.reduce(f, axis=axis) if acc == np.float64 else np.add.reduce(clean, axis=axis, dtype=acc)
     ext = _extreme_acc(b.dtype)
     # NumPy's float16 min and max run without SIMD (about 10x float64's time): without NaN,
@@ -494,15 +475,13 @@ def _block_moments(
     src = f if b.dtype == np.float16 and nanmask is None else b
     lo = OPS["nanmin"].host_reduce(src, ext, (axis % b.ndim,))
     hi = OPS["nanmax"].host_reduce(src, ext, (axis % b.ndim,))
-    quiet = {"over": "ignore"} if quiet_m2 else {}
-    with np.errstate(invalid="ignore", divide="ignore", **quiet):
+    with np.errstate(all="ignore"):
         mean = (total if acc == np.float64 else np.add.reduce(f, axis=axis)) / n
         mean = np.where(n > 0, mean, 0.0)
-    # An infinite element less an infinite mean: NaN, without NumPy's "invalid value
-    # encountered in subtract" here; finalize decides it for the whole slice (warn_invalid).
-    with np.errstate(invalid="ignore", **quiet):
+    # An infinite element less an infinite mean: NaN.
+    with np.errstate(all="ignore"):
         d = np.subtract(f, np.expand_dims(mean, axis), out=f)
-    with np.errstate(invalid="ignore", divide="ignore", **quiet):
+    with np.errstate(all="ignore"):
         if nanmask is not None:
             d[nanmask] = 0.0
         residual = np.add.reduce(d, axis=axis) / np.where(n > 0, n, 1)
@@ -519,8 +498,7 @@ def _block_moments(
         m2 = np.add.reduce(np.multiply(d, d, out=d), axis=axis)
         # Deviations from the rounded mean: their squares exceed those from the exact mean
         # by n * residual**2 (float64 totals of int64 near 1e12 are off by about 1e-4).
-        with np.errstate(over="ignore"):  # residuals of elements near the float64 limit
-            excess = n * (residual * residual)
+        excess = n * (residual * residual)
         m2 = np.where(np.isfinite(excess), np.maximum(m2 - excess, 0.0), m2)
     if b.dtype == np.float64:  # narrower floats cannot overflow their float64 sums
         # A float64 sum that overflowed to NaN (inf - inf) makes a NaN mean and M2 of finite
@@ -557,7 +535,7 @@ def _work_buffers(size: int) -> tuple[np.ndarray, np.ndarray]:
     return np.empty(size, np.float64), np.empty(size, np.bool_)
 
 
-def _merged_blocks(blocks, work: tuple[np.ndarray, np.ndarray], axis: int = -1, quiet_m2: bool = False) -> Moments:
+def _merged_blocks(blocks, work: tuple[np.ndarray, np.ndarray], axis: int = -1) -> Moments:
     """The merged moments state of ``blocks`` (consecutive pieces along the reduced axis ``axis``).
 
     Every block's mean is taken less its slice's base (:func:`_shift_base`): the first
@@ -581,7 +559,7 @@ def _merged_blocks(blocks, work: tuple[np.ndarray, np.ndarray], axis: int = -1, 
                 state = replace(state, mean=moved)
                 base = np.where(found, later, base)
                 missing = none
-        block = _block_moments(b, work, axis, quiet_m2, base)
+        block = _block_moments(b, work, axis, base)
         state = block if state is None else merge(state, block, low_parts=False)
     return _from_base(state, base)
 
@@ -601,7 +579,7 @@ def _from_base(state: Moments, base: np.ndarray) -> Moments:
     ``R`` of the elements' distance from the base; the state's M2 is then at least ``R**2 /
     2``, so the merges' ``d`` errs by float64's precision relative to it, as before.)
     """
-    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore", under="ignore"):
         shifted = state.mean
         high = shifted + base
         back = high - shifted  # TwoSum(shifted, base): high + rounding == shifted + base
@@ -713,7 +691,7 @@ _COLUMN_BLOCK_ROWS = 1024
 _COLUMN_BLOCK_COLS = 4096
 
 
-def _column_moments(y: np.ndarray, quiet_m2: bool = False) -> Moments:
+def _column_moments(y: np.ndarray) -> Moments:
     """The moments state of the C-contiguous ``(outer, reduced, inner)`` array ``y`` over axis 1.
 
     Blocks of up to :data:`_COLUMN_BLOCK_ROWS` reduced positions by whole runs of the inner
@@ -735,7 +713,7 @@ def _column_moments(y: np.ndarray, quiet_m2: bool = False) -> Moments:
         for c0 in range(0, inner, cols):
             tile = y[o0 : o0 + depth, :, c0 : c0 + cols]
             blocks = (tile[:, r0 : r0 + rows] for r0 in range(0, reduced, rows))
-            state = _merged_blocks(blocks, work, axis=1, quiet_m2=quiet_m2)
+            state = _merged_blocks(blocks, work, axis=1)
             for name in _MOMENTS_FIELDS:
                 getattr(out, name)[o0 : o0 + depth, c0 : c0 + cols] = getattr(state, name)
     return out
@@ -747,51 +725,69 @@ def _column_moments(y: np.ndarray, quiet_m2: bool = False) -> Moments:
 _COLUMN_MIN_INNER_BYTES = 64
 
 
-def warn_invalid(state: Moments, quiet_m2: bool, skips_nan: bool) -> None:
-    """NumPy's invalid-value warnings of the slices whose moments are ``state``, under the caller's errstate.
+#: Whether NumPy's var squares the deviations with ``square`` (from NumPy 2.4; ``multiply``
+#: before, and in its nan functions): the ufunc its overflow warning names.
+_VAR_SQUARES_WITH_SQUARE = np.lib.NumpyVersion(np.__version__) >= "2.4.0"
+
+
+def warn_arithmetic(state: Moments, quiet_m2: bool, skips_nan: bool) -> None:
+    """NumPy's overflow and invalid-value warnings of the slices of ``state``, under the caller's errstate.
 
     Decided from the merged state of each whole slice, wherever its parts were reduced
-    (blocks of one call, Dask chunks, MPI ranks), as NumPy decides them for the slice:
-    :func:`moments` and :func:`merge` themselves are silent about them. Called by
+    (blocks of one call, Dask chunks, MPI ranks), as NumPy's var and mean decide them for the
+    slice: :func:`moments` and :func:`merge` themselves are silent. Called by
     :func:`finalize_moments` and :func:`finalize_stats` for data reduced on the CPU (the GPU
     kernels do not warn).
 
-    NumPy's mean sums the slice: +inf and -inf give "invalid value encountered in reduce" (so
-    do finite float64 elements whose sum overflows both ways: the state's total is NaN). Its
-    var then subtracts that mean: an infinity of one sign makes it infinite, and the infinite
-    elements less it give "invalid value encountered in subtract". A NaN in the slice makes
-    the sum NaN: var and mean (``skips_nan`` false) are then silent, unless the two
-    infinities meet before the NaN in NumPy's order of additions (not followed: silent).
-    nanvar, nanstd and nanmean leave the NaN out. ``quiet_m2``: a mean, which subtracts
-    nothing. The warnings come from NumPy's own operations on the values that raise them, so
-    that ``numpy.errstate`` (``ignore``, ``raise``, ``call``) applies as to NumPy's.
+    NumPy's mean sums the slice: finite elements whose sum overflows one way give "overflow
+    encountered in reduce" (the state's total is inf); +inf and -inf give "invalid value
+    encountered in reduce" (so do finite float64 elements whose sum overflows both ways: the
+    total is NaN). Its var then subtracts that mean: an infinity of one sign makes it
+    infinite, and the infinite elements less it give "invalid value encountered in
+    subtract"; finite elements whose squared deviations overflow (M2 inf, the sum finite)
+    give "overflow encountered in square" (NumPy 2.4 on; "in multiply" before it, and in
+    the nan functions), wherever the overflow happened here (a block's squares, or Chan's
+    update of two parts). A NaN in the slice makes the sum NaN: var and
+    mean (``skips_nan`` false) are then silent, unless an overflow or two infinities meet
+    before the NaN in NumPy's order of additions (not followed: silent). nanvar, nanstd and
+    nanmean leave the NaN out. ``quiet_m2``: a mean, which subtracts and squares nothing.
+    The warnings come from NumPy's own operations on values that raise them, in NumPy's
+    order (each operation's overflow before its invalid value), so that ``numpy.errstate``
+    (``ignore``, ``raise``, ``call``) applies as to NumPy's.
     """
     if state.lo.dtype.kind != "f":
-        return
-    # The total (NaN left out) is NaN where the sum met +inf and -inf: infinite elements of
-    # both signs, or finite float64 ones whose sum overflowed both ways (NumPy's sum warns
-    # there too: [1e308] * 4 + [-1e308] * 4); an infinite element with an infinite total of
-    # the same sign makes an infinite mean.
-    undefined = np.isnan(np.asarray(state.total, dtype=np.float64))
+        return  # integer totals wrap silently, as NumPy's integer sums; nothing else overflows
+    total = np.asarray(state.total, dtype=np.float64)
+    undefined = np.isnan(total)
+    overflowed = np.isinf(total)
     infinite = (np.asarray(state.hi) == np.inf) | (np.asarray(state.lo) == -np.inf)
-    if not (undefined.any() or infinite.any()):
+    squares = np.zeros((), bool) if quiet_m2 else np.isinf(np.asarray(state.m2))
+    if not (undefined.any() or overflowed.any() or infinite.any() or squares.any()):
         return  # the common case
     clean = True if skips_nan else np.asarray(state.nan) == 0
+    # An infinite element makes the total infinite, or NaN with one of the other sign: no
+    # overflow of finite values then (NumPy's inf + x raises no flag).
+    finite = ~infinite & clean
+    if np.any(overflowed & finite):
+        np.add.reduce(np.array([np.finfo(np.float64).max] * 2))
     if np.any(undefined & clean):
         np.add.reduce(np.array([np.inf, -np.inf]))
-    if not quiet_m2 and np.any(infinite & ~undefined & clean):
-        np.subtract(np.array([np.inf]), np.array([np.inf]))
+    if not quiet_m2:
+        if np.any(infinite & ~undefined & clean):
+            np.subtract(np.array([np.inf]), np.array([np.inf]))
+        if np.any(squares & np.isfinite(total) & finite):
+            big = np.array([1e200])
+            np.square(big) if _VAR_SQUARES_WITH_SQUARE and not skips_nan else np.multiply(big, big)
 
 
-def moments(x: np.ndarray, axes: tuple[int, ...], quiet_m2: bool = False) -> Moments:
+def moments(x: np.ndarray, axes: tuple[int, ...]) -> Moments:
     """The moments state of the NumPy array ``x`` over ``axes`` (normalized, non-negative).
 
-    Without NumPy's invalid-value warnings (an infinity less an infinite mean, +inf plus
-    -inf): they are decided for each whole slice from its merged state when it is finalized
-    (:func:`warn_invalid`), so that a NaN in one block, chunk or rank and an infinity in
-    another warn as NumPy's var of the whole slice does (per part, "in subtract" where NumPy
-    is silent). ``quiet_m2``: for a mean, whose M2 is not used: its deviations and squares overflow
-    without NumPy's warning, while the total's overflow (NumPy's mean's) still warns.
+    Without NumPy's overflow and invalid-value warnings: they are decided for each whole
+    slice from its merged state when it is finalized (:func:`warn_arithmetic`), so that a
+    NaN in one block, chunk or rank and an overflow or an infinity in another warn as
+    NumPy's var of the whole slice does (per part, "overflow encountered in multiply" and
+    "invalid value encountered in subtract" where NumPy is silent).
 
     One pass over ``x``: blocks of about :data:`BLOCK_BYTES` of float64 work are reduced in
     cache and merged. Reduced axes that are adjacent in a C-contiguous array and followed by
@@ -805,12 +801,12 @@ def moments(x: np.ndarray, axes: tuple[int, ...], quiet_m2: bool = False) -> Mom
         # end), then put the kept axes back in order. Reducing the last axis of a Fortran-order
         # matrix read it a cache line per element (float32 var over axis 1 of 8192 x 1024:
         # 99 ms, NumPy 7.4).
-        state = moments(x.T, tuple(sorted(x.ndim - 1 - a for a in axes)), quiet_m2)
+        state = moments(x.T, tuple(sorted(x.ndim - 1 - a for a in axes)))
         return state.map(lambda a: np.asarray(a).T)
     layout = _axes.axis_layout(x.shape, axes) if x.flags.c_contiguous and x.size else None
     if layout is not None and layout[2] > 1 and layout[2] * x.itemsize >= _COLUMN_MIN_INNER_BYTES:
         kshape = tuple(n for i, n in enumerate(x.shape) if i not in axes)
-        return _column_moments(x.reshape(layout), quiet_m2).map(lambda a: a.reshape(kshape))
+        return _column_moments(x.reshape(layout)).map(lambda a: a.reshape(kshape))
     y, kshape = _split_axes(x, axes)
     kept = math.prod(kshape)
     reduced = y.shape[-1]
@@ -826,7 +822,7 @@ def moments(x: np.ndarray, axes: tuple[int, ...], quiet_m2: bool = False) -> Mom
     for r0 in range(0, kept, rows):
         r1 = min(kept, r0 + rows)
         blocks = (y[r0:r1, c0 : c0 + cols] for c0 in range(0, reduced, cols))
-        state = _merged_blocks(blocks, work, quiet_m2=quiet_m2)
+        state = _merged_blocks(blocks, work)
         if out is None:  # one tile holds every row
             return state.map(lambda a: np.asarray(a).reshape(kshape))
         for name in _MOMENTS_FIELDS:
@@ -1011,7 +1007,12 @@ def _state_m2_scalar(state: Moments) -> float:
 
 
 def finalize_moments(
-    state: Moments, op: Op, result: np.dtype, correction: float = 0.0, invalid_warnings: bool = False
+    state: Moments,
+    op: Op,
+    result: np.dtype,
+    correction: float = 0.0,
+    value_warnings: bool = False,
+    count_warnings: bool = True,
 ) -> Any:
     """The value of the moments op ``op`` (mean, nanmean, var, std, nanvar, nanstd) from a state.
 
@@ -1024,16 +1025,18 @@ def finalize_moments(
     are never NaN: they are inf where the float64 squares overflowed (M2 inf, or NaN from
     inf - inf), as NumPy's var; with an infinite element they are NaN, as NumPy's.
 
-    ``invalid_warnings``: the state's elements were reduced on the CPU, and NumPy's
-    invalid-value warnings are decided here for each whole slice (:func:`warn_invalid`), in
-    NumPy's order: var and std warn "Degrees of freedom" first, the nan functions last.
+    ``value_warnings``: the state's elements were reduced on the CPU, and NumPy's overflow
+    and invalid-value warnings are decided here for each whole slice
+    (:func:`warn_arithmetic`), in NumPy's order: var and std warn "Degrees of freedom" first,
+    the nan functions last. ``count_warnings``: :func:`warn_moments`' (``stats()``' var has
+    none: NaN where ``N - correction <= 0``, silently).
     """
     if state.n.ndim == 0:
-        return _finalize_moments_scalar(state, op, result, correction, invalid_warnings)
+        return _finalize_moments_scalar(state, op, result, correction, value_warnings, count_warnings)
     skipna = op.skips_nan
     n = state.n
     nan = state.nan
-    _warn_finalize(state, op, n if skipna else n + nan, correction, invalid_warnings)
+    _warn_finalize(state, op, n if skipna else n + nan, correction, value_warnings, count_warnings)
     if op.statistic == "mean":
         value = np.where(n > 0, state_mean(state), np.float64(np.nan))
         if not skipna:
@@ -1049,26 +1052,29 @@ def finalize_moments(
     return _as_result(value, result)
 
 
-def _warn_finalize(state: Moments, op: Op, count: Any, correction: float, invalid_warnings: bool) -> None:
+def _warn_finalize(
+    state: Moments, op: Op, count: Any, correction: float, value_warnings: bool, count_warnings: bool
+) -> None:
     # finalize_moments' warnings, in NumPy's order: np.var warns "Degrees of freedom" before
     # it sums, np.nanvar and np.nanmean warn about the count after theirs.
     quiet_m2 = op.statistic == "mean"
-    if invalid_warnings and op.skips_nan:
-        warn_invalid(state, quiet_m2, True)
-    warn_moments(op, count, correction, inexact=state.total.dtype.kind == "f")
-    if invalid_warnings and not op.skips_nan:
-        warn_invalid(state, quiet_m2, False)
+    if value_warnings and op.skips_nan:
+        warn_arithmetic(state, quiet_m2, True)
+    if count_warnings:
+        warn_moments(op, count, correction, inexact=state.total.dtype.kind == "f")
+    if value_warnings and not op.skips_nan:
+        warn_arithmetic(state, quiet_m2, False)
 
 
 def _finalize_moments_scalar(
-    state: Moments, op: Op, result: np.dtype, correction: float, invalid_warnings: bool
+    state: Moments, op: Op, result: np.dtype, correction: float, value_warnings: bool, count_warnings: bool = True
 ) -> np.generic:
     # finalize_moments for a 0-d state, in Python floats: the same IEEE operations (float64
     # division, sqrt) as the array code, without its per-call NumPy overhead, which is what a
     # full GPU reduction would otherwise pay on the host after its kernel.
     n, nan = int(state.n), int(state.nan)
     skipna = op.skips_nan
-    _warn_finalize(state, op, n if skipna else n + nan, correction, invalid_warnings)
+    _warn_finalize(state, op, n if skipna else n + nan, correction, value_warnings, count_warnings)
     if op.statistic == "mean":
         value = _state_mean_scalar(state) if n > 0 and (nan == 0 or skipna) else math.nan
         return result.type(value)
@@ -1122,12 +1128,12 @@ def empty_stats_error() -> ValueError:
     return ValueError("zero-size array to stats: min and max of zero elements are undefined (as numpy.min/max)")
 
 
-def finalize_stats(state: Moments, dtype: np.dtype, correction: float = 0.0, invalid_warnings: bool = False) -> Stats:
+def finalize_stats(state: Moments, dtype: np.dtype, correction: float = 0.0, value_warnings: bool = False) -> Stats:
     """A :class:`Stats` from a moments state of input dtype ``dtype``.
 
-    ``invalid_warnings``: the state's elements were reduced on the CPU; NumPy's invalid-value
-    warnings of var (the NaN left out, as nanvar's) are decided for each whole slice
-    (:func:`warn_invalid`).
+    ``value_warnings``: the state's elements were reduced on the CPU; NumPy's overflow and
+    invalid-value warnings of var are decided for each whole slice (:func:`warn_arithmetic`):
+    as var's, none where the slice holds a NaN (its fields are NaN there).
 
     Raises
     ------
@@ -1136,12 +1142,12 @@ def finalize_stats(state: Moments, dtype: np.dtype, correction: float = 0.0, inv
     """
     dtype = np.dtype(dtype)
     if state.n.ndim == 0:
-        return _finalize_stats_scalar(state, dtype, correction, invalid_warnings)
+        return _finalize_stats_scalar(state, dtype, correction, value_warnings)
     count = state.n + state.nan
     if np.any(count == 0):
         raise empty_stats_error()
-    if invalid_warnings:
-        warn_invalid(state, quiet_m2=False, skips_nan=True)
+    if value_warnings:
+        warn_arithmetic(state, quiet_m2=False, skips_nan=False)
     nan = state.nan > 0
     total = state.total
     if total.dtype.kind == "f":
@@ -1150,9 +1156,9 @@ def finalize_stats(state: Moments, dtype: np.dtype, correction: float = 0.0, inv
     if dtype.kind == "f":
         lo, hi = _nan_where(nan, lo), _nan_where(nan, hi)
     mean_dt = OPS["mean"].result_dtype(dtype)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # NaN where N - correction <= 0, as var
-        var = finalize_moments(state, OPS["var"], mean_dt, correction)
+    # NaN where N - correction <= 0, as var's, without its warning (only that one: a
+    # warnings filter here hid the cast's overflow too, and in every thread).
+    var = finalize_moments(state, OPS["var"], mean_dt, correction, count_warnings=False)
     return Stats(
         count=_as_result(count, np.int64),
         nan_count=_as_result(state.nan, np.int64),
@@ -1164,14 +1170,14 @@ def finalize_stats(state: Moments, dtype: np.dtype, correction: float = 0.0, inv
     )
 
 
-def _finalize_stats_scalar(state: Moments, dtype: np.dtype, correction: float, invalid_warnings: bool) -> Stats:
+def _finalize_stats_scalar(state: Moments, dtype: np.dtype, correction: float, value_warnings: bool) -> Stats:
     # finalize_stats for a 0-d state (a full reduction), in Python scalars; see
     # _finalize_moments_scalar.
     n, nan = int(state.n), int(state.nan)
     if n + nan == 0:
         raise empty_stats_error()
-    if invalid_warnings:
-        warn_invalid(state, quiet_m2=False, skips_nan=True)
+    if value_warnings:
+        warn_arithmetic(state, quiet_m2=False, skips_nan=False)
     total, lo, hi = state.total[()], state.lo[()], state.hi[()]
     if total.dtype.kind == "f":
         total = total.dtype.type(math.nan) if nan else total + total.dtype.type(0)  # sums of zeros are +0.0

@@ -336,9 +336,10 @@ def reduce(
     Returns
     -------
     numpy.generic, numpy.ndarray or cupy.ndarray
-        For NumPy input a NumPy scalar when every axis is reduced without ``keepdims``, else
-        an ndarray; for CuPy input a CuPy array. Result dtypes: sum, prod, nansum, nanprod: int64 for
-        bool and signed integers, uint64 for unsigned integers, the input's dtype for floats;
+        For NumPy input a NumPy scalar when every axis is reduced without ``keepdims`` (and
+        for a 0-d input, as NumPy), else an ndarray; for CuPy input a CuPy array. Result
+        dtypes: sum, prod, nansum, nanprod: int64 for bool and signed integers, uint64 for
+        unsigned integers, the input's dtype for floats;
         max, min, nanmax, nanmin: the input's; mean, var, std, nanmean, nanvar, nanstd: the
         input's float dtype, float64 for bool and integers; any, all: bool; count_nonzero,
         argmin, argmax, nanargmin, nanargmax: int64.
@@ -367,8 +368,8 @@ def reduce(
     (+0.0 is larger than -0.0), so that the result does not depend on element order; nanmax
     and nanmin ignore NaN and return NaN only where every element is NaN. Sums of zeros are
     +0.0. mean, var and std accumulate in float64 from one pass (Chan et al.'s update; a GPU
-    mean, and a CPU mean along the trailing axes of a C-contiguous array, is the float64 sum
-    over the count; the mean of integers is their exact total over the count wherever the
+    mean, and a CPU mean over axes adjacent in a C- or Fortran-contiguous array, is the
+    float64 sum over the count; the mean of integers is their exact total over the count wherever the
     total cannot wrap, on every path); the mean of zero elements is NaN, and var/std
     are NaN where ``N - correction <= 0`` (the standard's rule; NumPy gives inf there).
     argmin/argmax return the first index of the extreme in the same order as min/max, NaN
@@ -453,13 +454,13 @@ def _reduce(x: Any, op: str | Op, axis: Any, keepdims: bool, dtype: Any, correct
             # elements (their states come to the host, below).
             _stats.warn_moments(op, math.prod(arr.shape[a] for a in axes), corr)
             value = backend.moments_result(arr, axes, op, result, corr)
-        elif backend is not _cupy_backend and op.name == "mean" and arr.size and backend.sums_pairwise(arr, axes):
+        elif backend is not _cupy_backend and op.name == "mean" and arr.size and backend.mean_by_sum(arr, axes):
             # The CPU's mean, as the GPU's: the float64 sum over the count (no warning: every
             # reduced slice has elements).
             value = backend.mean_result(arr, axes, result)
         else:
             on_cpu = backend is not _cupy_backend  # the GPU kernels do not warn
-            value = _stats.finalize_moments(backend.moments(arr, axes, op), op, result, corr, invalid_warnings=on_cpu)
+            value = _stats.finalize_moments(backend.moments(arr, axes, op), op, result, corr, value_warnings=on_cpu)
             if not on_cpu:  # the state came to the host; the result lives on the device
                 value = backend.from_host(value, result)
     else:

@@ -150,12 +150,14 @@ def _default_split_every(split_every: Any, x: da.Array, axes: tuple[int, ...]) -
         value = _check_split_every(split_every, x.ndim)
     else:
         value = _check_split_every(dask.config.get("split_every", None), x.ndim, "the dask.config key 'split_every'")
+    blocks = x.numblocks
     if isinstance(value, dict):
-        # A reduced axis the dict leaves out takes 2 (the empty dict too: _dask_fan_in).
-        return _dask_fan_in(value or {a: 2 for a in axes})
+        # A reduced axis the dict leaves out takes 2 (the empty dict too: _dask_fan_in). A
+        # fan-in past an axis's block count is one step along it, as an int's: Dask's
+        # partition_all made a list of that many entries (split_every={0: 10**8}: 3.2 GB).
+        return _dask_fan_in({a: min(n, max(blocks[a], 2)) for a, n in value.items()} or {a: 2 for a in axes})
     if value is None:
         value = FULL_SPLIT_EVERY if len(axes) == x.ndim else DASK_SPLIT_EVERY
-    blocks = x.numblocks
     if math.prod(blocks[a] for a in axes) <= value:
         # One aggregate: a fan-in of at least the block count along every reduced axis (at
         # least 2, the smallest fan-in Dask's depth rule takes).
@@ -224,12 +226,15 @@ def _normalized_axes(axis: Any, ndim: int) -> tuple[int, ...]:
     return core.normalize_axes(axis, ndim)  # the core's rule, errors and messages
 
 
-def _check_array(x: Any) -> None:
-    """Raise unless ``x`` is a Dask array whose chunks (as its ``_meta`` says) multireduce reduces."""
+def _check_array(x: Any, function: str = "treereduce", core_function: str = "reduce") -> None:
+    """Raise unless ``x`` is a Dask array whose chunks (as its ``_meta`` says) multireduce reduces.
+
+    ``function`` and ``core_function`` name the caller and what it is for NumPy and CuPy arrays.
+    """
     if not isinstance(x, da.Array):
         raise TypeError(
-            f"treereduce takes a dask.array.Array, not {type(x).__module__}.{type(x).__qualname__}; "
-            "use multireduce.reduce for NumPy and CuPy arrays"
+            f"{function} takes a dask.array.Array, not {type(x).__module__}.{type(x).__qualname__}; "
+            f"use multireduce.{core_function} for NumPy and CuPy arrays"
         )
     # Masked chunks would be reduced with their masks ignored (the core refuses them too, when
     # computed; from the meta it is known at once).
@@ -505,14 +510,14 @@ def _moments_aggregate(
     if computing_meta:
         return parts
     merged, device, reduced = _moments_merged(parts)
-    # NumPy chunks: NumPy's invalid-value warnings of each whole slice, from its merged
-    # state (the chunks' own states are silent about them; the GPU kernels do not warn).
+    # NumPy chunks: NumPy's overflow and invalid-value warnings of each whole slice, from its
+    # merged state (the chunks' own states are silent about them; the GPU kernels do not warn).
     on_cpu = device is None
     if op is None:  # stats: the merged state itself (host values), finalized by stats()
         if reduced == 0:  # a reduced axis of unknown size turned out empty (the core raises)
             raise _stats.empty_stats_error()
         if on_cpu:
-            _stats.warn_invalid(merged, quiet_m2=False, skips_nan=True)
+            _stats.warn_arithmetic(merged, quiet_m2=False, skips_nan=False)
         return _stats.to_structured(merged)
     if merged.n.size == 0 and not (op.skips_nan and merged.total.dtype.kind == "f"):
         # An empty result has no state to warn from; NumPy warns by the reduced count (as the core).
@@ -521,7 +526,7 @@ def _moments_aggregate(
         refused = core._integer_mean_error(integer_mean, merged.n, merged.lo, merged.hi)
         if refused is not None:
             raise refused
-    value = _stats.finalize_moments(merged, op, result, correction, invalid_warnings=on_cpu)
+    value = _stats.finalize_moments(merged, op, result, correction, value_warnings=on_cpu)
     kshape = tuple(n for i, n in enumerate(merged.shape) if i not in axis)
     return _to_chunks_device(_kept(value, kshape, keepdims), device, result)
 
@@ -896,7 +901,7 @@ def stats(x: da.Array, *, axis: Any = None, correction: float = 0.0, split_every
     """
     import dask
 
-    _check_array(x)
+    _check_array(x, "multireduce.dask.stats", "stats")
     x = _without_data_in_meta(x)
     dtype = check_dtype(x.dtype)
     correction = core._check_correction(get_op("var"), correction)

@@ -154,10 +154,15 @@ def _comm(comm):
         return MPI.COMM_WORLD
     # A communicator's interface (mpi4py's Comm, or a wrapper of one); checked here, the same
     # on every rank, so that a wrong object fails with its name before any collective.
-    if not all(hasattr(comm, name) for name in ("Allreduce", "Get_rank", "Get_size")):
+    # An intercommunicator is one on every rank of it (both groups see it so): refused alike,
+    # where MPI's in-place Allreduce failed with "sendbuf cannot be MPI_IN_PLACE".
+    is_inter = getattr(comm, "Is_inter", None)
+    inter = is_inter is not None and is_inter()
+    if inter or not all(hasattr(comm, name) for name in ("Allreduce", "Get_rank", "Get_size")):
+        kind = "an intercommunicator" if inter else f"{comm!r} of type {type(comm).__name__}"
         raise TypeError(
             f"comm must be an mpi4py.MPI.Comm (an intracommunicator such as MPI.COMM_WORLD), or None for "
-            f"MPI.COMM_WORLD; got {comm!r} of type {type(comm).__name__}"
+            f"MPI.COMM_WORLD; got {kind}"
         )
     return comm
 
@@ -678,11 +683,11 @@ def _combine_states(comm, plan: _Plan, state, correction: float, *, stats: bool 
             if refused is not None:
                 _raise_everywhere(comm, refused)
         if stats:
-            result = _stats.finalize_stats(merged, st.in_dtype, correction, invalid_warnings=not plan.on_gpu)
+            result = _stats.finalize_stats(merged, st.in_dtype, correction, value_warnings=not plan.on_gpu)
             if reserved is None:
                 return result
             return _stats.Stats(*_store(reserved, [getattr(result, name) for name in _STATS_FIELDS]))
-        value = _stats.finalize_moments(merged, st.op, st.result, correction, invalid_warnings=not plan.on_gpu)
+        value = _stats.finalize_moments(merged, st.op, st.result, correction, value_warnings=not plan.on_gpu)
     else:
         # argmin/argmax: a rank's indices are into its own shard; the global index adds the
         # number of elements on the ranks before it (shards concatenate in rank order).

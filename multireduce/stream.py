@@ -2097,7 +2097,8 @@ def _reduce_dask(x, op: Op, dtype, device, budget, slot_bytes, threads, split_ev
 
     op, result, acc = mdask._plan(x, op, dtype)
     _check_streamable(op, x.dtype, result, acc)
-    mdask._check_split_every(split_every, x.ndim)  # before the device, as every setting
+    # Before the device, as every setting: the argument, or the dask.config key it falls back to.
+    mdask._default_split_every(split_every, x, tuple(range(x.ndim)))
     nbytes = 0 if math.isnan(x.nbytes) else int(x.nbytes)
     plan = make_plan(nbytes, x.dtype.itemsize, budget=budget, slot_bytes=slot_bytes, threads=threads)
     staging = _staging_for(device, simulated)

@@ -289,3 +289,17 @@ def run_in_threads(calls, timeout: float = 60.0) -> None:
         )
     if errors:
         raise errors[0]
+
+
+def numpy_var_warnings(values) -> list[str]:
+    """The messages of the RuntimeWarnings that NumPy's var of the float64 ``values`` gives.
+
+    The word of an overflow of the squares is NumPy's: "in square" from NumPy 2.4, "in
+    multiply" before.
+    """
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        np.var(np.asarray(values, dtype=np.float64))
+    return [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]

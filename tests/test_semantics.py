@@ -760,6 +760,99 @@ def test_invalid_value_warnings_are_decided_per_slice_as_numpy(name):
         call(x)
 
 
+@pytest.mark.parametrize("name", ["var", "std", "nanvar", "nanstd", "mean", "nanmean", "stats"])
+def test_overflow_warnings_are_decided_per_slice_as_numpy(name):
+    # The CPU's moments decide NumPy's overflow warnings from each slice's merged state too,
+    # not per block with whatever overflowed there: var([1.0, nan, 1e200]) warned "overflow
+    # encountered in multiply" where NumPy's var is NaN and silent (its deviations from a
+    # NaN mean are NaN), and mean over axis 0 of [[1.7e308, nan, 1.7e308]].T warned "in
+    # reduce" where the same data over axis 1 (NumPy's sum) did not. An overflow in Chan's
+    # update of two blocks' states warned nothing. stats warns as var (its var is NaN where
+    # a NaN is); its reference is var's warnings and value. (A NaN or an infinity with a
+    # one-way overflow of the finite elements' sum is left out: NumPy's warning depends on
+    # its order of additions there, and the state's total holds the infinity.)
+    n = 262144 + 7  # two CPU blocks and a bit
+    patterns = {
+        "squares past the range in two blocks": {5: 1e200, 200_000: -1e200},
+        "squares past the range in one block": {5: 1e200, 6: -1e200},
+        "squares past the range, NaN in the next block": {5: 1e200, 6: -1e200, 200_000: np.nan},
+        "squares past the range, NaN before them": {3: np.nan, 5: 1e200, 6: -1e200},
+        "the sum past the range one way": {5: 1.7e308, 6: 1.7e308},
+        "the sum past the range, NaN in the next block (nan ops)": {5: 1.7e308, 6: 1.7e308, 200_000: np.nan},
+        "finite": {5: 1e150, 200_000: -1e150},
+    }
+    ours = (lambda v, axis: multireduce.stats(v, axis=axis).var) if name == "stats" else getattr(multireduce, name)
+    theirs = np.var if name == "stats" else getattr(np, name)
+    checked = 0
+    for pattern, values in patterns.items():
+        if "nan ops" in pattern and not name.startswith("nan"):
+            continue
+        x = np.ones(n)
+        for i, v in values.items():
+            x[i] = v
+        for axis, view in (
+            (None, x),
+            (0, x[:262144].reshape(-1, 64)),
+            (1, x[:262144].reshape(64, -1)),
+            (0, x[:, None]),
+        ):
+            found = []
+            for call in (ours, theirs):
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    value = call(view, axis=axis)
+                found.append(
+                    (np.isnan(value).tolist(), np.isinf(value).tolist(), sorted({str(w.message) for w in caught}))
+                )
+            assert found[0] == found[1], (pattern, axis, found)
+            checked += any("overflow" in m for m in found[1][2])
+    assert checked >= (3 if name in ("mean", "nanmean") else 10)
+    # NumPy's errstate applies to them as to NumPy's own.
+    x = np.ones(n)
+    x[5], x[200_000] = 1e200, -1e200
+    call = (lambda v: multireduce.stats(v).var) if name == "stats" else getattr(multireduce, name)
+    with np.errstate(over="raise"):
+        if name in ("mean", "nanmean"):
+            assert np.isfinite(call(x))  # squares nothing: nothing raised
+        else:
+            with pytest.raises(FloatingPointError, match="overflow encountered in"):
+                call(x)
+    with np.errstate(over="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        call(x)
+
+
+@pytest.mark.parametrize("name", ["var", "std", "nanvar", "nanstd", "mean", "nanmean", "stats"])
+def test_no_underflow_of_the_moments_own_steps(name):
+    # Under errstate(under="raise") (or all="raise"), float64 data holding a subnormal raised
+    # "underflow encountered in divide" from an internal test of the block's mean, where
+    # NumPy's var and mean give their values.
+    y = np.array([1e-310, 3.0, 3.0, 1.0])
+    ours = (lambda v, axis: multireduce.stats(v, axis=axis).var) if name == "stats" else getattr(multireduce, name)
+    theirs = np.var if name == "stats" else getattr(np, name)
+    with np.errstate(all="raise"):
+        for view, axis in ((y, None), (y[:, None], 0), (np.stack([y, y]), 1)):
+            np.testing.assert_allclose(ours(view, axis=axis), theirs(view, axis=axis), rtol=1e-15)
+
+
+def test_stats_keeps_the_cast_overflow_of_its_var():
+    # stats over an axis silenced every RuntimeWarning of its var with a warnings filter (to
+    # drop "Degrees of freedom", which stats does not give), the cast's overflow too, which
+    # the full reduction and var warn; and the filter was process-wide, not this call's.
+    z = np.array([[3e38, -3e38]], np.float32)
+    for axis in (1, None):
+        found = []
+        for call in (lambda a=axis: multireduce.stats(z, axis=a).var, lambda a=axis: multireduce.var(z, axis=a)):
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                value = call()
+            found.append((np.isinf(value).tolist(), [str(w.message) for w in caught]))
+        assert found[0] == found[1] and found[0][1] == ["overflow encountered in cast"], (axis, found)
+    with warnings.catch_warnings():  # N - correction <= 0: NaN, silently, as before
+        warnings.simplefilter("error")
+        assert np.isnan(multireduce.stats(np.ones((2, 1)), axis=1, correction=1).var).all()
+
+
 @pytest.mark.parametrize("name", ["var", "std", "nanvar", "nanstd"])
 @pytest.mark.parametrize("axis", [None, 1])
 def test_degrees_of_freedom_and_invalid_value_warnings_in_numpys_order(name, axis):
@@ -1250,55 +1343,91 @@ def test_float16_stats_extremes_over_many_blocks(case, shape, axis):
 
 @pytest.mark.parametrize("dtype", ["float16", "float32", "float64", "int32", "uint8", "bool"])
 @pytest.mark.parametrize(
-    "shape, axis", [((1,), None), ((1001,), None), ((5, 333), 1), ((2, 3, 400), (1, 2)), ((4, 7), 0)]
+    "shape, axis",
+    [
+        ((1,), None),
+        ((1001,), None),
+        ((5, 333), 1),
+        ((2, 3, 400), (1, 2)),
+        ((4, 7), 0),
+        ((3000, 5), 0),  # three blocks of rows
+        ((2, 2100, 3), 1),
+        ((2100, 2, 3), (0, 1)),
+    ],
 )
 def test_cpu_mean_is_the_float64_sum_over_the_count(monkeypatch, dtype, shape, axis):
-    # Along the trailing axes of a C-contiguous array the CPU's mean is the GPU's: the float64
-    # sum (NumPy's pairwise sum there) over the count, rounded once. Elsewhere NumPy would add
-    # sequentially, and the mean comes from the blocked moments (more accurate), as before.
+    # The CPU's mean is the GPU's wherever the reduced axes are adjacent in memory: the
+    # float64 sum over the count, rounded once, in one pass (no moments state, no M2). Along
+    # trailing axes the sum is NumPy's pairwise one; along leading or middle axes, blocks of
+    # 1024 rows summed in turn (the moments state took 22x NumPy's time there). A Fortran-order
+    # array and a transposed view are the same reductions of its C-order transpose.
     rng = np.random.default_rng(sum(shape))
     x = (rng.standard_normal(shape) * 100 + 3).astype(dtype) if dtype != "bool" else rng.random(shape) < 0.3
     axes = _norm_axes(axis, x.ndim)
     count = math.prod(x.shape[a] for a in axes)
     result = np.dtype(OPS["mean"].result_dtype(x.dtype))
-    if axes == tuple(range(x.ndim - len(axes), x.ndim)):
-        want = np.asarray(np.add.reduce(x, axis=axes, dtype=np.float64) / count).astype(result)
+    # The reference: each mean from the exact sum (math.fsum of the float64 values), rounded
+    # to the result dtype; the float64 sums here err by far less than float32's half ulp,
+    # and by at most a few float64 ulps.
+    moved = np.moveaxis(x.astype(np.float64), axes, tuple(range(-len(axes), 0)))
+    rows = moved.reshape(-1, count)
+    exact = np.array([math.fsum(row) / count for row in rows]).reshape(moved.shape[: moved.ndim - len(axes)])
+    want = np.asarray(exact).astype(result)
+    transposed = x.T
+    for view, view_axis in ((x, axis), (np.asfortranarray(x), axis), (transposed, tuple(x.ndim - 1 - a for a in axes))):
         with monkeypatch.context() as m:  # one pass of the sum: no moments state (M2) made
             m.setattr(_stats, "moments", lambda *args: pytest.fail("the mean made a moments state"))
-            got = np.asarray(multireduce.mean(x, axis=axis))
-    else:
-        got = np.asarray(multireduce.mean(x, axis=axis))
-        want = np.asarray(_stats.finalize_moments(_stats.moments(x, axes), OPS["mean"], result))
-    _bits_equal(got, want)
-    # A transposed view takes the moments: the same values, within the float64 sums' rounding.
-    close(multireduce.mean(x.T, axis=tuple(x.ndim - 1 - a for a in axes)), want, result, atol=0, rtol=4e-15)
+            got = np.asarray(multireduce.mean(view, axis=view_axis))
+        if view is transposed:
+            got = got.T
+        if result == np.float64:  # sums that cancel err relative to the elements' magnitude
+            close(got, want, result, atol=1e-14 * float(np.abs(moved).max()), rtol=4e-15)
+        else:
+            _bits_equal(got, want)
 
 
-def test_a_float_total_that_overflows_only_in_a_merge_warns():
-    # Parts whose own float64 sums are finite, whose sum is not: NumPy's mean of the elements
-    # warns; the merge of the parts' states (Dask chunks, MPI ranks) added them silenced.
+def test_a_float_total_that_overflows_only_in_a_merge_warns_at_finalize():
+    # Parts whose own float64 sums are finite, whose sum is not: the merge of the parts'
+    # states (Dask chunks, MPI ranks) is silent, as every state's arithmetic; the finalize of
+    # the merged state warns as NumPy's mean and var of the elements: "overflow encountered
+    # in reduce", under np.errstate. (The merge warned "in add" or "in scalar add" before.)
     x = np.array([1e308, 1e308])
     scalar_parts = [_stats.moments(x[i : i + 1], (0,)) for i in range(2)]
     column_parts = [_stats.moments(x[i : i + 1].reshape(1, 1), (0,)) for i in range(2)]
     for merge in (lambda: _stats.merge_all(scalar_parts), lambda: _stats.merge(*column_parts)):
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            merged = merge()
-        words = [str(w.message) for w in caught]
-        assert words in (["overflow encountered in add"], ["overflow encountered in scalar add"]), words
-        assert np.all(np.isinf(merged.total)) and np.all(np.isinf(_stats.state_mean(merged)))
-        # NumPy's own warning: np.errstate governs it, as any of NumPy's.
-        with np.errstate(over="raise"), pytest.raises(FloatingPointError):
-            merge()
-        with np.errstate(over="ignore"), warnings.catch_warnings():
+        with warnings.catch_warnings():
             warnings.simplefilter("error")
-            merge()
+            merged = merge()
+        assert np.all(np.isinf(merged.total)) and np.all(np.isinf(_stats.state_mean(merged)))
+        for name in ("mean", "var", "nanvar", "nanmean"):
+            found = []
+            for call in (
+                lambda m=merged, n=name: _stats.finalize_moments(m, OPS[n], np.dtype(np.float64), value_warnings=True),
+                lambda n=name: getattr(np, n)(x),
+            ):
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    value = call()
+                found.append((np.isinf(value).all(), [str(w.message) for w in caught]))
+            assert found[0] == found[1] == (True, ["overflow encountered in reduce"]), (name, found)
+            # NumPy's own warning: np.errstate governs it, as any of NumPy's.
+            finalize = lambda m=merged, n=name: _stats.finalize_moments(  # noqa: E731
+                m, OPS[n], np.dtype(np.float64), value_warnings=True
+            )
+            with np.errstate(over="raise"), pytest.raises(FloatingPointError, match="overflow encountered in reduce"):
+                finalize()
+            with np.errstate(over="ignore"), warnings.catch_warnings():
+                warnings.simplefilter("error")
+                finalize()
     with warnings.catch_warnings():  # finite totals, and integer totals (which wrap as NumPy's), are silent
         warnings.simplefilter("error")
-        _stats.merge_all([_stats.moments(np.array([1e307]), (0,))] * 2)
+        _stats.finalize_moments(
+            _stats.merge_all([_stats.moments(np.array([1e307]), (0,))] * 2), OPS["var"], np.dtype(np.float64), 0.0, True
+        )
         big = np.array([2**62], np.int64)
-        _stats.merge_all([_stats.moments(big, (0,))] * 4)
-        _stats.merge(*[_stats.moments(np.full((2, 1), 2**62, np.int64), (0,))] * 2)
+        _stats.finalize_moments(
+            _stats.merge_all([_stats.moments(big, (0,))] * 4), OPS["var"], np.dtype(np.float64), 0.0, True
+        )
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered in subtract:RuntimeWarning")  # inf - inf, as NumPy

@@ -8,9 +8,12 @@ ValueError that names the file, never NumPy's or the tokenizer's bare exception.
 
 from __future__ import annotations
 
+import io
 import os
 import random
 import re
+from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -140,6 +143,35 @@ def test_overwritten_header_bytes(tmp_path):
     for inspect in (inspect_file, inspect_npy):
         with pytest.raises(ValueError, match=r"corrupt_header\.npy: not a valid \.npy file .*TokenError"):
             inspect(path)
+
+
+@pytest.mark.parametrize("version", [2, 3])
+def test_a_header_length_past_the_limit_is_refused_before_it_is_read(tmp_path, version):
+    # A corrupt 4-byte length made the 3.0 path read the rest of the file twice (NumPy's
+    # reader once more), so each rank of a job held up to 8 GiB before the error.
+    path = tmp_path / f"long_header_v{version}.npy"
+    path.write_bytes(b"\x93NUMPY" + bytes([version, 0]) + (0xFFFFFFF0).to_bytes(4, "little") + bytes(64))
+    reads = []
+    real_open = open
+
+    class Counting(io.FileIO):
+        def read(self, size=-1):
+            reads.append(size)
+            return super().read(size)
+
+    def counting_open(file, mode="r", *args, **kwargs):
+        return Counting(file, "rb") if Path(file) == path and "b" in mode else real_open(file, mode, *args, **kwargs)
+
+    for inspect in (inspect_file, inspect_npy):
+        reads.clear()
+        with mock.patch("builtins.open", counting_open), pytest.raises(ValueError) as caught:
+            inspect(path)
+        assert f"{path}: {CORRUPT}: " in str(caught.value), caught.value
+        assert "its header says it is 4,294,967,280 bytes long" in str(caught.value), caught.value
+        assert all(0 <= size <= 64 for size in reads), reads
+    # An ordinary file is still read.
+    np.save(tmp_path / "good.npy", np.arange(3.0))
+    assert inspect_file(tmp_path / "good.npy").n == 3
 
 
 # Damaged headers make NumPy warn (Python 2 header filter) and the parser (escape sequences).

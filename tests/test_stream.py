@@ -1591,6 +1591,11 @@ def test_without_cupy_nothing_falls_back():
     da = pytest.importorskip("dask.array")
     with pytest.raises(ModuleNotFoundError):
         stream.reduce(da.ones(0, chunks=1), "sum")
+    # The dask.config key that split_every=None falls back to is a setting too, checked
+    # first (it met the device's ModuleNotFoundError before).
+    dask = pytest.importorskip("dask")
+    with dask.config.set(split_every=1), pytest.raises(ValueError, match="the dask.config key 'split_every'"):
+        stream.reduce(da.arange(10, chunks=3), "sum")
     assert stream.free_staging() == 0 and stream.staging_info() == []
 
 
