@@ -287,16 +287,17 @@ def _attach_negative_corrections(argv: list[str]) -> list[str]:
             value = next(rest, None)
             if value is None:
                 break
-            if value.startswith("-") and _is_number(value):
+            if value.startswith("-") and _parses(value):
                 out[-1] = f"{arg}={value}"
             else:
                 out.append(value)
     return out
 
 
-def _is_number(text: str) -> bool:
+def _parses(text: str, kind: type = float) -> bool:
+    """Whether ``kind(text)`` (Python's ``float`` or ``int``) takes ``text``."""
     try:
-        float(text)
+        kind(text)
     except ValueError:
         return False
     return True
@@ -430,7 +431,7 @@ def _setup(args, comm, mpi) -> _Context:
             # An exported MULTIREDUCE_DEVICE is not used here, but a malformed one is an error
             # as on a GPU (it passed unread).
             text = os.environ.get(mpi.DEVICE_ENV, "").strip()
-            if text and not _is_int(text):
+            if text and not _parses(text, int):  # as select_device reads it
                 raise ValueError(
                     f"{mpi.DEVICE_ENV}={os.environ[mpi.DEVICE_ENV]!r}: it must be an integer device ordinal "
                     "(the CPU backend does not use a valid one)"
@@ -442,15 +443,6 @@ def _setup(args, comm, mpi) -> _Context:
         error = exc
     mpi.agree(error, comm)
     return ctx
-
-
-def _is_int(text: str) -> bool:
-    # As select_device reads MULTIREDUCE_DEVICE: Python's int().
-    try:
-        int(text)
-    except ValueError:
-        return False
-    return True
 
 
 def _emit(ctx: _Context, text: str) -> None:
@@ -1456,8 +1448,14 @@ def guarded(job, comm, mpi) -> int:
             if all(message.startswith(f"{UsageError.__name__}: ") for message in messages):
                 return EXIT_USAGE
             return EXIT_ERROR
-        print(f"multireduce: rank {rank} of {size} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
-        traceback.print_exc(file=sys.stderr)
+        if isinstance(exc, BrokenPipeError):
+            # The reader of rank 0's output went away (``| head``): one line, no traceback,
+            # and no second BrokenPipeError from the interpreter's last flush of stdout.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            print(f"multireduce: rank {rank} of {size}: standard output was closed; output stopped", file=sys.stderr)
+        else:
+            print(f"multireduce: rank {rank} of {size} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+            traceback.print_exc(file=sys.stderr)
         sys.stderr.flush()
         status = EXIT_INTERRUPTED if isinstance(exc, KeyboardInterrupt) else EXIT_ERROR
         if size > 1:

@@ -113,6 +113,24 @@ def test_a_malformed_device_variable_is_an_error_on_the_cpu_too():
     assert done.returncode == 0 and "backend cpu" in done.stdout, done.output
 
 
+def test_a_closed_standard_output_ends_the_job_with_one_line():
+    # `python -m multireduce | head -1`: the report's print raised BrokenPipeError, printed
+    # with a full traceback as a failure of rank 0.
+    import subprocess
+
+    proc = subprocess.Popen(
+        [sys.executable, *CLI, "--cpu", "--n", "1000", "--op", "sum", "--op", "mean"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=launch.REPO,
+        env=launch.env(),
+    )
+    proc.stdout.close()  # the reader is gone before the report is written
+    stderr = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 1, stderr
+    assert stderr == "multireduce: rank 0 of 1: standard output was closed; output stopped\n", stderr
+
+
 def test_help_and_accepted_lengths(capsys):
     assert main(["--help"]) == 0
     assert "run" in capsys.readouterr().out
