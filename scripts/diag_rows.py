@@ -99,7 +99,11 @@ def main(argv=None) -> int:
 
         launch()
         same_shape = (block, unroll) == _kernels.rows_config()[:2] and v_acc == acc
-        ok = bool(cp.array_equal(out, shipped)) if same_shape else bool(cp.allclose(out, shipped, rtol=1e-6, atol=1e-5))
+        if same_shape:
+            ok = bool(cp.array_equal(out, shipped))
+        else:  # another order of float64 adds; float32 adds (a32) round at float32's ulp of the running sum
+            tol = (1e-4, 1e-3) if m.group(4) else (1e-6, 1e-5)
+            ok = bool(cp.allclose(out, shipped, rtol=tol[0], atol=tol[1]))
         info[text] = {
             "regs": kernel.num_regs,
             "blocks_per_sm": per_sm,
