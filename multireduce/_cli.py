@@ -431,10 +431,10 @@ def _setup(args, comm, mpi) -> _Context:
             # An exported MULTIREDUCE_DEVICE is not used here, but a malformed one is an error
             # as on a GPU (it passed unread).
             text = os.environ.get(mpi.DEVICE_ENV, "").strip()
-            if text and not _parses(text, int):  # as select_device reads it
+            if text and not (_parses(text, int) and int(text) >= 0):  # as select_device reads it
                 raise ValueError(
-                    f"{mpi.DEVICE_ENV}={os.environ[mpi.DEVICE_ENV]!r}: it must be an integer device ordinal "
-                    "(the CPU backend does not use a valid one)"
+                    f"{mpi.DEVICE_ENV}={os.environ[mpi.DEVICE_ENV]!r}: it must be a non-negative integer device "
+                    "ordinal (the CPU backend does not use a valid one)"
                 )
         mpi.cuda_aware()  # a bad MULTIREDUCE_CUDA_AWARE fails here, agreed, not later on one rank
     except Exception as exc:  # agreed below, then reported by rank 0
@@ -495,7 +495,7 @@ class _Pattern:
     def values(self, start: int, stop: int, dt: np.dtype, xp):
         # Past what an array's bytes can count, NumPy's arange raised "array is too big" (the
         # tool's message was given only for arange(0, 2**63 - 1), which is empty, no error).
-        too_many = 8 * (stop - start) > np.iinfo(np.intp).max
+        too_many = 16 * (stop - start) > np.iinfo(np.intp).max  # NumPy's own limit is below intp's
         i = None if too_many else xp.arange(start, stop, dtype=np.int64)
         if i is None or i.size != stop - start:
             raise MemoryError(

@@ -705,7 +705,7 @@ def _column_moments(y: np.ndarray) -> Moments:
     # than the blocks (2**25 float32 as a 1024 x 32768 column reduction: 126 ms in blocks of 4
     # rows). Shorter runs than that read memory in pieces too short for the prefetchers.
     cols = min(inner, _COLUMN_BLOCK_COLS)
-    rows = min(reduced, _COLUMN_BLOCK_ROWS, max(1, _BLOCK_ELEMENTS // cols))
+    rows = column_block_rows(reduced, inner)
     depth = min(outer, max(1, _BLOCK_ELEMENTS // (rows * cols)))
     work = _work_buffers(depth * rows * cols)  # the largest block
     out = empty_moments(y.dtype, (outer, inner))
@@ -719,10 +719,22 @@ def _column_moments(y: np.ndarray) -> Moments:
     return out
 
 
+def column_block_rows(reduced: int, inner: int) -> int:
+    """Reduced positions per block of the column path (:func:`_column_moments`).
+
+    At most 1,024, and a block of about :data:`BLOCK_BYTES` of float64 work by runs of up to
+    :data:`_COLUMN_BLOCK_COLS` kept positions. NumPy adds a block's rows one after another:
+    this bounds that sequential part of each column's sum (131 rows for 1,000 columns),
+    which the CPU mean's column sums (``_backend.numpy._column_total``) share, with the
+    same bits as these states' totals.
+    """
+    return min(reduced, _COLUMN_BLOCK_ROWS, max(1, _BLOCK_ELEMENTS // min(inner, _COLUMN_BLOCK_COLS)))
+
+
 #: The column path takes reductions whose inner axis holds at least this many bytes (a cache
 #: line): below it, moving the reduced axis last reads memory nearly in order, and the row
 #: blocks' pairwise sums are the more accurate.
-_COLUMN_MIN_INNER_BYTES = 64
+COLUMN_MIN_INNER_BYTES = 64
 
 
 #: Whether NumPy's var squares the deviations with ``square`` (from NumPy 2.4; ``multiply``
@@ -746,11 +758,14 @@ def warn_arithmetic(state: Moments, quiet_m2: bool, skips_nan: bool) -> None:
     infinite, and the infinite elements less it give "invalid value encountered in
     subtract"; finite elements whose squared deviations overflow (M2 inf, the sum finite)
     give "overflow encountered in square" (NumPy 2.4 on; "in multiply" before it, and in
-    the nan functions), wherever the overflow happened here (a block's squares, or Chan's
-    update of two parts). A NaN in the slice makes the sum NaN: var and
-    mean (``skips_nan`` false) are then silent, unless an overflow or two infinities meet
-    before the NaN in NumPy's order of additions (not followed: silent). nanvar, nanstd and
-    nanmean leave the NaN out. ``quiet_m2``: a mean, which subtracts and squares nothing.
+    the nan functions) where the largest deviation's square overflows, else "in reduce"
+    (their sum does), wherever the overflow happened here (a block's squares, or Chan's
+    update of two parts). A NaN in the slice makes the sum NaN: its deviations are NaN, so
+    var (``skips_nan`` false) is silent about squares and infinities, unless two infinities
+    meet before the NaN in NumPy's order of additions (not followed: silent); the finite
+    elements' sum overflows in NumPy's lanes without the NaN, and warns here whatever NaN
+    the slice holds. nanvar, nanstd and nanmean leave the NaN out. ``quiet_m2``: a mean,
+    which subtracts and squares nothing.
     The warnings come from NumPy's own operations on values that raise them, in NumPy's
     order (each operation's overflow before its invalid value), so that ``numpy.errstate``
     (``ignore``, ``raise``, ``call``) applies as to NumPy's.
@@ -765,19 +780,34 @@ def warn_arithmetic(state: Moments, quiet_m2: bool, skips_nan: bool) -> None:
     if not (undefined.any() or overflowed.any() or infinite.any() or squares.any()):
         return  # the common case
     clean = True if skips_nan else np.asarray(state.nan) == 0
-    # An infinite element makes the total infinite, or NaN with one of the other sign: no
-    # overflow of finite values then (NumPy's inf + x raises no flag).
-    finite = ~infinite & clean
-    if np.any(overflowed & finite):
+    # The total leaves NaN out: where it overflowed with no infinite element, the finite
+    # elements' sum did, which NumPy's pairwise sum does in the lanes without the NaN too
+    # (all but the smallest arrays with the NaN first). An infinite element makes the total
+    # infinite, or NaN with one of the other sign: no overflow of finite values is told then
+    # (NumPy's inf + x raises no flag; its finite lanes' overflow is not in the state).
+    if np.any(overflowed & ~infinite):
         np.add.reduce(np.array([np.finfo(np.float64).max] * 2))
     if np.any(undefined & clean):
         np.add.reduce(np.array([np.inf, -np.inf]))
-    if not quiet_m2:
-        if np.any(infinite & ~undefined & clean):
-            np.subtract(np.array([np.inf]), np.array([np.inf]))
-        if np.any(squares & np.isfinite(total) & finite):
-            big = np.array([1e200])
+    if quiet_m2:
+        return
+    if np.any(infinite & ~undefined & clean):
+        np.subtract(np.array([np.inf]), np.array([np.inf]))
+    # Squared deviations of finite elements that overflow (the deviations from a NaN mean are
+    # NaN, and square silently): NumPy's square (or multiply) where the largest deviation's
+    # square does, else its sum of the squares ("in reduce").
+    squared = squares & np.isfinite(total) & ~infinite & clean
+    if np.any(squared):
+        mean = state_mean(state).astype(np.float64)
+        with np.errstate(all="ignore"):
+            lo, hi = np.asarray(state.lo, np.float64), np.asarray(state.hi, np.float64)
+            largest = np.maximum(hi - mean, mean - lo)
+            square = squared & ~np.isfinite(largest * largest)
+        big = np.array([1e200])
+        if np.any(square):
             np.square(big) if _VAR_SQUARES_WITH_SQUARE and not skips_nan else np.multiply(big, big)
+        if np.any(squared & ~square):
+            np.add.reduce(np.array([np.finfo(np.float64).max] * 2))
 
 
 def moments(x: np.ndarray, axes: tuple[int, ...]) -> Moments:
@@ -804,7 +834,7 @@ def moments(x: np.ndarray, axes: tuple[int, ...]) -> Moments:
         state = moments(x.T, tuple(sorted(x.ndim - 1 - a for a in axes)))
         return state.map(lambda a: np.asarray(a).T)
     layout = _axes.axis_layout(x.shape, axes) if x.flags.c_contiguous and x.size else None
-    if layout is not None and layout[2] > 1 and layout[2] * x.itemsize >= _COLUMN_MIN_INNER_BYTES:
+    if layout is not None and layout[2] > 1 and layout[2] * x.itemsize >= COLUMN_MIN_INNER_BYTES:
         kshape = tuple(n for i, n in enumerate(x.shape) if i not in axes)
         return _column_moments(x.reshape(layout)).map(lambda a: a.reshape(kshape))
     y, kshape = _split_axes(x, axes)

@@ -107,7 +107,9 @@ def test_a_malformed_device_variable_is_an_error_on_the_cpu_too():
     # The CPU backend did not read MULTIREDUCE_DEVICE at all: "abc" passed without a word.
     done = run(None, 1, [*CLI, "--cpu", "--n", "10", "--op", "sum"], extra_env={"MULTIREDUCE_DEVICE": "abc"})
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.output
-    assert "MULTIREDUCE_DEVICE='abc': it must be an integer device ordinal" in done.stderr, done.output
+    assert "MULTIREDUCE_DEVICE='abc': it must be a non-negative integer device ordinal" in done.stderr, done.output
+    done = run(None, 1, [*CLI, "--cpu", "--n", "10", "--op", "sum"], extra_env={"MULTIREDUCE_DEVICE": "-3"})
+    assert done.returncode == 1 and "MULTIREDUCE_DEVICE='-3': it must be a non-negative" in done.stderr, done.output
     # A valid ordinal is not used there (an exported setting), and is no error.
     done = run(None, 1, [*CLI, "--cpu", "--n", "10", "--op", "sum"], extra_env={"MULTIREDUCE_DEVICE": " 1 "})
     assert done.returncode == 0 and "backend cpu" in done.stdout, done.output
@@ -308,10 +310,10 @@ def test_synthetic_length_too_large_for_one_rank(command, tmp_path):
     assert done.stderr.count(message) == 1, done.output
     # Other lengths past what an array's bytes can count got NumPy's "array is too big"
     # ValueError, which names neither the option nor the remedy.
-    for option, value in (("--n", "4e18"), ("--per-rank", "2e18")):
+    for option, value in (("--n", "4e18"), ("--per-rank", "2e18"), ("--n", str(2**60 - 1))):
         done = run(None, 1, [*CLI, "run", "--cpu", "--repeat", "1", option, value, "--op", "sum", "--dtype", "int8"])
         assert done.returncode == 1 and "Traceback" not in done.stderr, done.output
-        elements = f"{int(float(value)):,}"
+        elements = f"{int(value) if value.isdigit() else int(float(value)):,}"
         message = f"MemoryError: cannot make {elements} elements of synthetic data"
         assert done.stderr.count(message) == 1 and "give a smaller length" in done.stderr, done.output
 

@@ -1444,6 +1444,38 @@ def test_invalid_value_warnings_across_chunks_are_numpys_of_the_whole_array(op):
         assert [str(w.message) for w in ours] == [str(w.message) for w in numpys]
 
 
+@pytest.mark.parametrize("op", ["var", "std", "nanvar", "nanstd", "mean", "nanmean"])
+def test_overflow_warnings_across_chunks_are_numpys_of_the_whole_array(op):
+    # Decided from each slice's merged state at the aggregate: an overflow only in the merge
+    # of two chunks (Chan's update) warned nothing; a NaN in another chunk silenced the sum's
+    # overflow, which NumPy's pairwise sum gives; squares that fit, whose sum overflows,
+    # said "in square" where NumPy says "in reduce".
+    import warnings
+
+    patterns = [
+        [1e200, 1.0, -1e200, 2.0, 3.0, 4.0],  # squares past the range
+        [1.2e154, 1.0, -1.2e154, 2.0, 3.0, 4.0],  # squares that fit, their sum past it
+        [1.0, np.nan] + [1e308] * 6,  # the sum past the range, and a NaN
+        [1.0, np.nan, 1e200, 2.0, 3.0, 4.0],  # squares past the range, and a NaN: var is silent
+    ]
+    checked = 0
+    for pattern in patterns:
+        x = np.array(pattern)
+        for chunks in (1, 2, 3, len(pattern)):
+            found = []
+            for call in (
+                lambda c=chunks, x=x: da.from_array(x, chunks=c).treereduce(op).compute(scheduler="sync"),
+                lambda x=x: getattr(np, op)(x),
+            ):
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    value = call()
+                found.append((bool(np.isnan(value)), bool(np.isinf(value)), [str(w.message) for w in caught]))
+            assert found[0] == found[1], (pattern, chunks, found)
+            checked += bool(found[1][2])
+    assert checked >= (4 if op in ("mean", "nanmean") else 12)
+
+
 def test_stats_warns_where_a_chunks_squares_overflow_as_the_core():
     # multireduce.dask.stats took mean's chunk states, which leave the squares' overflow
     # warning out: np.errstate(over="raise") raised in multireduce.stats, not here.

@@ -768,9 +768,9 @@ def test_overflow_warnings_are_decided_per_slice_as_numpy(name):
     # NaN mean are NaN), and mean over axis 0 of [[1.7e308, nan, 1.7e308]].T warned "in
     # reduce" where the same data over axis 1 (NumPy's sum) did not. An overflow in Chan's
     # update of two blocks' states warned nothing. stats warns as var (its var is NaN where
-    # a NaN is); its reference is var's warnings and value. (A NaN or an infinity with a
-    # one-way overflow of the finite elements' sum is left out: NumPy's warning depends on
-    # its order of additions there, and the state's total holds the infinity.)
+    # a NaN is); its reference is var's warnings and value. (An infinity with a one-way
+    # overflow of the finite elements' sum is left out: the state's total holds the
+    # infinity, and NumPy's warning depends on its order of additions there.)
     n = 262144 + 7  # two CPU blocks and a bit
     patterns = {
         "squares past the range in two blocks": {5: 1e200, 200_000: -1e200},
@@ -778,15 +778,16 @@ def test_overflow_warnings_are_decided_per_slice_as_numpy(name):
         "squares past the range, NaN in the next block": {5: 1e200, 6: -1e200, 200_000: np.nan},
         "squares past the range, NaN before them": {3: np.nan, 5: 1e200, 6: -1e200},
         "the sum past the range one way": {5: 1.7e308, 6: 1.7e308},
-        "the sum past the range, NaN in the next block (nan ops)": {5: 1.7e308, 6: 1.7e308, 200_000: np.nan},
+        # NumPy's pairwise sum overflows in the lanes without the NaN: every op warns
+        "the sum past the range, NaN in the next block": {5: 1.7e308, 6: 1.7e308, 200_000: np.nan},
+        # squares that fit, whose sum does not: NumPy's "in reduce", not "in square"
+        "squares that fit, their sum past the range": {5: 1.2e154, 200_000: -1.2e154},
         "finite": {5: 1e150, 200_000: -1e150},
     }
     ours = (lambda v, axis: multireduce.stats(v, axis=axis).var) if name == "stats" else getattr(multireduce, name)
     theirs = np.var if name == "stats" else getattr(np, name)
     checked = 0
     for pattern, values in patterns.items():
-        if "nan ops" in pattern and not name.startswith("nan"):
-            continue
         x = np.ones(n)
         for i, v in values.items():
             x[i] = v
@@ -820,6 +821,29 @@ def test_overflow_warnings_are_decided_per_slice_as_numpy(name):
     with np.errstate(over="ignore"), warnings.catch_warnings():
         warnings.simplefilter("error")
         call(x)
+
+
+def test_column_means_give_numpys_sum_warnings_once():
+    # The column mean's block sums ran under errstate(all="call"), and NumPy names the
+    # invalid flag "invalid value": +inf with -inf in a column gave NaN without the warning,
+    # and errstate(invalid="raise") did not raise.
+    x = np.array([[1.0, 1.0], [np.inf, 1.0], [-np.inf, 1.0]] * 700)  # two blocks of rows
+    for view, axis in ((x, 0), (np.asfortranarray(x.T), 1), (x.reshape(3, 700, 2), 1)):
+        found = []
+        for call in (multireduce.mean, np.mean):
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                value = call(view, axis=axis)
+            found.append((np.isnan(value).tolist(), [str(w.message) for w in caught]))
+        assert found[0] == found[1], found
+        assert found[0][1] == ["invalid value encountered in reduce"]
+        with np.errstate(invalid="raise"), pytest.raises(FloatingPointError, match="invalid value"):
+            multireduce.mean(view, axis=axis)
+    y = np.full((3000, 4), 1e308)  # one way, over several blocks: once, as NumPy's one reduction
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert np.isinf(multireduce.mean(y, axis=0)).all()
+    assert [str(w.message) for w in caught] == ["overflow encountered in reduce"]
 
 
 @pytest.mark.parametrize("name", ["var", "std", "nanvar", "nanstd", "mean", "nanmean", "stats"])
@@ -1349,18 +1373,20 @@ def test_float16_stats_extremes_over_many_blocks(case, shape, axis):
         ((1001,), None),
         ((5, 333), 1),
         ((2, 3, 400), (1, 2)),
-        ((4, 7), 0),
-        ((3000, 5), 0),  # three blocks of rows
-        ((2, 2100, 3), 1),
-        ((2100, 2, 3), (0, 1)),
+        ((40, 70), 0),
+        ((3000, 40), 0),  # several blocks of rows
+        ((2, 2100, 40), 1),
+        ((2100, 2, 40), (0, 1)),
     ],
 )
 def test_cpu_mean_is_the_float64_sum_over_the_count(monkeypatch, dtype, shape, axis):
-    # The CPU's mean is the GPU's wherever the reduced axes are adjacent in memory: the
-    # float64 sum over the count, rounded once, in one pass (no moments state, no M2). Along
-    # trailing axes the sum is NumPy's pairwise one; along leading or middle axes, blocks of
-    # 1024 rows summed in turn (the moments state took 22x NumPy's time there). A Fortran-order
-    # array and a transposed view are the same reductions of its C-order transpose.
+    # The CPU's mean is the GPU's wherever the reduced axes are adjacent in memory (and, over
+    # leading or middle axes, the kept run holds a cache line): the float64 sum over the
+    # count, rounded once, in one pass (no moments state, no M2). Along trailing axes the sum
+    # is NumPy's pairwise one; along leading or middle axes, the moments' column blocks of
+    # rows summed in turn (the moments state took 12-40x NumPy's time there). A Fortran-order
+    # array and a transposed view are reductions of the C-order transpose (either path: the
+    # values are checked).
     rng = np.random.default_rng(sum(shape))
     x = (rng.standard_normal(shape) * 100 + 3).astype(dtype) if dtype != "bool" else rng.random(shape) < 0.3
     axes = _norm_axes(axis, x.ndim)
@@ -1376,7 +1402,8 @@ def test_cpu_mean_is_the_float64_sum_over_the_count(monkeypatch, dtype, shape, a
     transposed = x.T
     for view, view_axis in ((x, axis), (np.asfortranarray(x), axis), (transposed, tuple(x.ndim - 1 - a for a in axes))):
         with monkeypatch.context() as m:  # one pass of the sum: no moments state (M2) made
-            m.setattr(_stats, "moments", lambda *args: pytest.fail("the mean made a moments state"))
+            if view is x:
+                m.setattr(_stats, "moments", lambda *args: pytest.fail("the mean made a moments state"))
             got = np.asarray(multireduce.mean(view, axis=view_axis))
         if view is transposed:
             got = got.T

@@ -54,16 +54,18 @@ def mean_by_sum(x: np.ndarray, axes: tuple[int, ...]) -> bool:
     """Whether :func:`mean_result` takes the mean of ``x`` over ``axes`` (else :func:`moments` does).
 
     Integer and bool input: always (the exact total). Float input: where the reduced axes
-    are adjacent in a C- or Fortran-contiguous array, which makes the float64 sum one pass
-    in memory order: pairwise along trailing axes (NumPy's), else in blocks of rows
-    (:func:`_column_total`). Other views (non-adjacent axes of a strided array) take the
-    blocked moments, whose sums are pairwise.
+    are adjacent in a C- or Fortran-contiguous array and the moments would take the same
+    one pass in memory order: trailing axes (NumPy's pairwise sum), or leading and middle
+    ones whose kept run holds a cache line (:func:`_column_total`, the moments' column
+    blocks). Elsewhere (narrower columns, non-adjacent axes of a strided array) the blocked
+    moments, whose sums are pairwise along rows moved last.
     """
     if x.dtype.kind in "biu":
         return True
     if x.ndim > 1 and x.flags.f_contiguous and not x.flags.c_contiguous:
         x, axes = x.T, tuple(x.ndim - 1 - a for a in axes)
-    return x.flags.c_contiguous and _axes.axis_layout(x.shape, axes) is not None
+    layout = _axes.axis_layout(x.shape, axes) if x.flags.c_contiguous else None
+    return layout is not None and (layout[2] == 1 or layout[2] * x.itemsize >= _stats.COLUMN_MIN_INNER_BYTES)
 
 
 def mean_result(x: np.ndarray, axes: tuple[int, ...], result: np.dtype):
@@ -73,7 +75,8 @@ def mean_result(x: np.ndarray, axes: tuple[int, ...], result: np.dtype):
     of the sum, without the M2 that a moments state costs (three more passes over float64
     copies: float32 input took 5.7 ms against 1.2 ms for 2**22 elements). For the reductions
     that :func:`mean_by_sum` names; the others, and var and std, are finalized from
-    :func:`moments`.
+    :func:`moments`. The sums are those of the moments' totals, in the same order, so the
+    mean has the bits that the state's total over the count gave before.
 
     Integer and bool input: the exact integer total over the count, ``float64(total) / n``,
     as a moments state's mean (:func:`multireduce._stats.state_mean`), wherever its bound
@@ -98,32 +101,30 @@ def mean_result(x: np.ndarray, axes: tuple[int, ...], result: np.dtype):
     return _as_result(total / count, result)
 
 
-#: Rows of a block of :func:`_column_total`: the sequential part of each column's sum (the
-#: moments' column blocks, :data:`multireduce._stats._COLUMN_BLOCK_ROWS`, have as many).
-COLUMN_SUM_ROWS = 1024
-
-
 def _column_total(y: np.ndarray) -> np.ndarray:
     """The float64 sums over axis 1 of the C-contiguous ``(outer, reduced, inner)`` array ``y``.
 
     NumPy adds the rows of a column reduction one after another (its error grows with the
     row count, and a float32 mean accumulates in float32); here blocks of
-    :data:`COLUMN_SUM_ROWS` rows are summed in float64 and the block sums added in turn, in
-    memory order. NumPy's warnings of a sum (overflow, +inf with -inf: "... encountered in
-    reduce") are given once, as its one reduction gives them, under the caller's
-    ``numpy.errstate``. The moments state did the same sums with the squares and extremes
-    besides: 22x NumPy's time for ``mean(x, axis=0)`` of 4096 x 512 float64.
+    :func:`multireduce._stats.column_block_rows` rows are summed in float64 and the block
+    sums added in turn, in memory order: the moments' column totals, the same bits. NumPy's
+    warnings of a sum (overflow; +inf with -inf: "... encountered in reduce") are given once,
+    as its one reduction gives them, under the caller's ``numpy.errstate``. The moments
+    state did these sums with the squares and extremes besides: 12-40x NumPy's time for
+    ``mean(x, axis=0)`` of 4096 x 512 float64 and other shapes.
     """
     outer, reduced, inner = y.shape
+    rows = _stats.column_block_rows(reduced, inner)
     flags: set[str] = set()
     total = None
     with np.errstate(all="call", call=lambda kind, flag: flags.add(kind)):
-        for r0 in range(0, reduced, COLUMN_SUM_ROWS):
-            part = np.add.reduce(y[:, r0 : r0 + COLUMN_SUM_ROWS], axis=1, dtype=np.float64)
+        for r0 in range(0, reduced, rows):
+            part = np.add.reduce(y[:, r0 : r0 + rows], axis=1, dtype=np.float64)
             total = part if total is None else np.add(total, part, out=total)
-    if "overflow" in flags:
-        np.add.reduce(np.array([np.finfo(np.float64).max] * 2))  # NumPy's warning, under errstate
-    if "invalid" in flags:
+    # NumPy's callback names them "overflow" and "invalid value"; its warnings, under errstate:
+    if any(kind.startswith("overflow") for kind in flags):
+        np.add.reduce(np.array([np.finfo(np.float64).max] * 2))
+    if any(kind.startswith("invalid") for kind in flags):
         np.add.reduce(np.array([np.inf, -np.inf]))
     return total
 
