@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["axis_layout"]
+__all__ = ["axis_layout", "fortran_as_c"]
 
 
 def axis_layout(shape: tuple[int, ...], axes: tuple[int, ...]) -> tuple[int, int, int] | None:
@@ -39,3 +39,15 @@ def axis_layout(shape: tuple[int, ...], axes: tuple[int, ...]) -> tuple[int, int
     reduced = math.prod(n for _, n in significant[first : last + 1])
     inner = math.prod(n for _, n in significant[last + 1 :])
     return (outer, reduced, inner)
+
+
+def fortran_as_c(x, axes: tuple[int, ...]) -> tuple[object, tuple[int, ...]] | None:
+    """The C-contiguous transpose of a Fortran-order ``x`` and ``axes`` numbered from its other end.
+
+    ``None`` where ``x`` is not Fortran-order only (C-contiguous, 1-d or 0-d, or neither):
+    reducing the transpose over the returned axes, then transposing the result, reduces
+    ``x`` in memory order.
+    """
+    if x.ndim > 1 and x.flags.f_contiguous and not x.flags.c_contiguous:
+        return x.T, tuple(sorted(x.ndim - 1 - a for a in axes))
+    return None

@@ -287,17 +287,16 @@ def _attach_negative_corrections(argv: list[str]) -> list[str]:
             value = next(rest, None)
             if value is None:
                 break
-            if value.startswith("-") and _parses(value):
+            if value.startswith("-") and _is_number(value):
                 out[-1] = f"{arg}={value}"
             else:
                 out.append(value)
     return out
 
 
-def _parses(text: str, kind: type = float) -> bool:
-    """Whether ``kind(text)`` (Python's ``float`` or ``int``) takes ``text``."""
+def _is_number(text: str) -> bool:
     try:
-        kind(text)
+        float(text)
     except ValueError:
         return False
     return True
@@ -430,12 +429,9 @@ def _setup(args, comm, mpi) -> _Context:
                 )
             # An exported MULTIREDUCE_DEVICE is not used here, but a malformed one is an error
             # as on a GPU (it passed unread).
-            text = os.environ.get(mpi.DEVICE_ENV, "").strip()
-            if text and not (_parses(text, int) and int(text) >= 0):  # as select_device reads it
-                raise ValueError(
-                    f"{mpi.DEVICE_ENV}={os.environ[mpi.DEVICE_ENV]!r}: it must be a non-negative integer device "
-                    "ordinal (the CPU backend does not use a valid one)"
-                )
+            valid = "a non-negative integer device ordinal (the CPU backend does not use a valid one)"
+            if (mpi._env_device(os.environ, valid) or 0) < 0:
+                raise ValueError(f"{mpi.DEVICE_ENV}={os.environ[mpi.DEVICE_ENV]!r}: it must be {valid}")
         mpi.cuda_aware()  # a bad MULTIREDUCE_CUDA_AWARE fails here, agreed, not later on one rank
     except Exception as exc:  # agreed below, then reported by rank 0
         if mpi.rank_failures(exc) is not None:

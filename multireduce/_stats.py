@@ -826,13 +826,13 @@ def moments(x: np.ndarray, axes: tuple[int, ...]) -> Moments:
     is copied first) and each row is read in blocks. A Fortran-order array is reduced as its
     (C-order) transpose.
     """
-    if x.ndim > 1 and x.flags.f_contiguous and not x.flags.c_contiguous:
+    transposed = _axes.fortran_as_c(x, axes)
+    if transposed is not None:
         # The transpose is C-contiguous: reduce it over the same axes (numbered from the other
         # end), then put the kept axes back in order. Reducing the last axis of a Fortran-order
         # matrix read it a cache line per element (float32 var over axis 1 of 8192 x 1024:
         # 99 ms, NumPy 7.4).
-        state = moments(x.T, tuple(sorted(x.ndim - 1 - a for a in axes)))
-        return state.map(lambda a: np.asarray(a).T)
+        return moments(*transposed).map(lambda a: np.asarray(a).T)
     layout = _axes.axis_layout(x.shape, axes) if x.flags.c_contiguous and x.size else None
     if layout is not None and layout[2] > 1 and layout[2] * x.itemsize >= COLUMN_MIN_INNER_BYTES:
         kshape = tuple(n for i, n in enumerate(x.shape) if i not in axes)

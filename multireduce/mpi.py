@@ -1430,15 +1430,26 @@ def _requested_device(device: Any, count: int, environ) -> int | None:
         _settings.integer(device, "select_device: device=", valid)  # the TypeError; the range below
         source = "select_device: device="
     else:
-        text = environ.get(DEVICE_ENV, "").strip()
-        if not text:
+        device = _env_device(environ, valid)
+        if device is None:
             return None
-        try:
-            device = int(text)
-        except ValueError:
-            raise ValueError(f"{DEVICE_ENV}={environ[DEVICE_ENV]!r}: it must be {valid}") from None
         source = f"{DEVICE_ENV}="
     return _devices.ordinal_in_range(device, count, source)
+
+
+def _env_device(environ, valid: str) -> int | None:
+    """``MULTIREDUCE_DEVICE`` in ``environ`` as an int, None where it is unset or blank.
+
+    Raises a ValueError naming the variable and ``valid`` (what it accepts) for a value that
+    is not an integer.
+    """
+    text = environ.get(DEVICE_ENV, "").strip()
+    if not text:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"{DEVICE_ENV}={environ[DEVICE_ENV]!r}: it must be {valid}") from None
 
 
 def shard(n: int, comm=None) -> slice:

@@ -62,8 +62,7 @@ def mean_by_sum(x: np.ndarray, axes: tuple[int, ...]) -> bool:
     """
     if x.dtype.kind in "biu":
         return True
-    if x.ndim > 1 and x.flags.f_contiguous and not x.flags.c_contiguous:
-        x, axes = x.T, tuple(x.ndim - 1 - a for a in axes)
+    x, axes = _axes.fortran_as_c(x, axes) or (x, axes)
     layout = _axes.axis_layout(x.shape, axes) if x.flags.c_contiguous else None
     return layout is not None and (layout[2] == 1 or layout[2] * x.itemsize >= _stats.COLUMN_MIN_INNER_BYTES)
 
@@ -90,8 +89,9 @@ def mean_result(x: np.ndarray, axes: tuple[int, ...], result: np.dtype):
             return _stats.finalize_moments(_stats.moments(x, axes), OPS["mean"], result, value_warnings=True)
         total = np.add.reduce(x, axis=axes, dtype=OPS["sum"].accumulator_dtype(OPS["sum"].result_dtype(x.dtype)))
         return _as_result(np.asarray(total).astype(np.float64) / np.float64(count), result)
-    if x.ndim > 1 and x.flags.f_contiguous and not x.flags.c_contiguous:  # the C-order transpose's
-        return _as_result(np.asarray(mean_result(x.T, tuple(x.ndim - 1 - a for a in axes), np.dtype(result))).T, result)
+    transposed = _axes.fortran_as_c(x, axes)
+    if transposed is not None:  # the C-order transpose's
+        return _as_result(np.asarray(mean_result(*transposed, np.dtype(result))).T, result)
     outer, reduced, inner = _axes.axis_layout(x.shape, axes)
     if inner == 1:  # the trailing axes: NumPy's pairwise sum
         total = OPS["sum"].host_reduce(x, np.dtype(np.float64), axes)
