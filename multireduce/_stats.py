@@ -450,8 +450,30 @@ def _block_moments(
     """
     m = b.shape[axis]
     f = _like(work[0], b)
-    nanmask = None
-    if b.dtype.kind == "f":
+    acc = _sum_acc(b.dtype)
+    # A float64 total is the sum of the float64 values: ``b`` itself for float64 input, else
+    # its float64 copy ``f`` (float32 input: one pass fewer than summing through NumPy's
+    # buffered cast, and pairwise over the whole block). ``f`` is laid out as ``b``
+    # (:func:`_like`), so NumPy adds in the same order. The total leaves NaN out (the count
+    # holds it); +inf with -inf: NaN; an overflow: inf. A slice holding a NaN has a NaN sum,
+    # so the NaN are looked for only where a sum is NaN (two passes fewer for every block
+    # without one), and the sums are then taken again without them.
+    nanmask = total = None
+    copied = False  # whether ``f`` holds the float64 values of ``clean``
+    if acc == np.float64:
+        if b.dtype != np.float64:
+            np.copyto(f, b, casting="safe")
+            copied = True
+        with np.errstate(all="ignore"):
+            total = np.add.reduce(f if copied else b, axis=axis)
+        if b.dtype.kind == "f" and np.isnan(total).any():
+            nanmask = np.isnan(b, out=_like(work[1], b))
+            if nanmask.any():
+                total = None
+                copied = False
+            else:
+                nanmask = None  # +inf with -inf, or sums that overflowed both ways
+    elif b.dtype.kind == "f":  # float16 (a float32 total)
         nanmask = np.isnan(b, out=_like(work[1], b))
         if not nanmask.any():
             nanmask = None
@@ -462,13 +484,16 @@ def _block_moments(
         nan = np.zeros(np.delete(b.shape, axis), np.int64)
         clean = b
     n = m - nan
-    np.copyto(f, clean, casting="safe")  # the float64 values (clean.astype(np.float64))
-    acc = _sum_acc(b.dtype)
-    # A float64 total is the sum of the float64 copy (float32 input: one pass fewer than
-    # summing ``clean`` through NumPy's buffered cast, and pairwise over the whole block).
-    # The total leaves NaN out (the count holds it). +inf with -inf: NaN; an overflow: inf.
-    with np.errstate(all="ignore"):
-        total = np.add.reduce(f, axis=axis) if acc == np.float64 else np.add.reduce(clean, axis=axis, dtype=acc)
+    if not copied and b.dtype != np.float64:
+        np.copyto(f, clean, casting="safe")  # the float64 values (clean.astype(np.float64))
+        copied = True
+    values = f if copied else clean  # the float64 values; float64 input is not copied
+    if total is None:
+        with np.errstate(all="ignore"):
+            if acc == np.float64:
+                total = np.add.reduce(values, axis=axis)
+            else:
+                total = np.add.reduce(clean, axis=axis, dtype=acc)
     ext = _extreme_acc(b.dtype)
     # NumPy's float16 min and max run without SIMD (about 10x float64's time): without NaN,
     # the extremes of the exact float64 copy are the same values, -0.0 and +0.0 included.
@@ -480,7 +505,7 @@ def _block_moments(
         mean = np.where(n > 0, mean, 0.0)
     # An infinite element less an infinite mean: NaN.
     with np.errstate(all="ignore"):
-        d = np.subtract(f, np.expand_dims(mean, axis), out=f)
+        d = np.subtract(values, np.expand_dims(mean, axis), out=f)
     with np.errstate(all="ignore"):
         if nanmask is not None:
             d[nanmask] = 0.0
@@ -706,6 +731,11 @@ def _column_moments(y: np.ndarray) -> Moments:
     # rows). Shorter runs than that read memory in pieces too short for the prefetchers.
     cols = min(inner, _COLUMN_BLOCK_COLS)
     rows = column_block_rows(reduced, inner)
+    if rows == reduced:
+        # One block holds the whole reduced axis: no merges, so the runs fill the block (8 x
+        # 262144 float64 over axis 0 took 64 blocks of a quarter of it). Each column's values
+        # do not depend on the runs' length.
+        cols = min(inner, max(cols, _BLOCK_ELEMENTS // rows))
     depth = min(outer, max(1, _BLOCK_ELEMENTS // (rows * cols)))
     work = _work_buffers(depth * rows * cols)  # the largest block
     out = empty_moments(y.dtype, (outer, inner))

@@ -1275,7 +1275,16 @@ def test_moments_over_many_blocks_along_any_axis(shape, axis):
 @pytest.mark.filterwarnings("ignore:invalid value encountered in subtract:RuntimeWarning")  # inf - inf, as NumPy
 @pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "int16", "bool"])
 @pytest.mark.parametrize(
-    ("shape", "axis"), [((3000, 70), 0), ((2, 2500, 66), 1), ((5, 300, 70), (0, 1)), ((1100, 1, 80), 0)]
+    ("shape", "axis"),
+    [
+        ((3000, 70), 0),
+        ((2, 2500, 66), 1),
+        ((5, 300, 70), (0, 1)),
+        ((1100, 1, 80), 0),
+        # A short reduced axis under a long kept run: one block's rows, runs past 4096 columns.
+        ((3, 9000), 0),
+        ((4, 2, 17000), (0, 1)),
+    ],
 )
 def test_moments_over_leading_axes_read_in_memory_order(monkeypatch, dtype, shape, axis):
     # A C-contiguous array reduced over adjacent axes followed by a kept run of at least 64
@@ -1287,7 +1296,7 @@ def test_moments_over_leading_axes_read_in_memory_order(monkeypatch, dtype, shap
     axes = _norm_axes(axis, x.ndim)
     flat = x.reshape(-1)
     if dtype.startswith("float"):
-        flat[[0, 1025 * shape[-1], flat.size - 1]] = [-0.0, np.inf, np.nan]
+        flat[[0, (1025 * shape[-1]) % flat.size, flat.size - 1]] = [-0.0, np.inf, np.nan]
     monkeypatch.setattr(_stats, "_split_axes", lambda *a: pytest.fail("took the row path"))
     s = multireduce.stats(x, axis=axis, correction=1)
     monkeypatch.undo()
