@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import hashlib
 import json
 import math
 import os
 import platform
 import socket
+import stat
 import sys
 import time
 import traceback
@@ -245,7 +247,12 @@ def _build_parser() -> argparse.ArgumentParser:
     info.set_defaults(func=_cmd_info)
 
     bench = sub.add_parser("bench", parents=[common], help="sweep sizes and ops, write JSON")
-    bench.add_argument("--sizes", type=_sizes, default=None, help="comma-separated global lengths")
+    bench.add_argument(
+        "--sizes",
+        type=_sizes,
+        default=None,
+        help="comma-separated global lengths (at 0, of the default ops only sum is timed)",
+    )
     bench.add_argument(
         "--op",
         dest="ops",
@@ -269,12 +276,27 @@ def _build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: The options that take a number (``--sizes``: a comma-separated list), each with the
+#: shortest abbreviation argparse takes for it (``--co`` for ``--correction``; ``--n`` only
+#: whole, as ``--no-check`` shares its start).
+_NUMBER_OPTIONS = {
+    "--correction": 4,
+    "--n": 3,
+    "--per-rank": 3,
+    "--sizes": 3,
+    "--warmup": 3,
+    "--repeat": 3,
+    "--device": 4,
+}
+
+
 def _attach_negative_corrections(argv: list[str]) -> list[str]:
-    """``--correction -1e+300`` as ``--correction=-1e+300``.
+    """``--correction -1e+300`` as ``--correction=-1e+300``, and so for every option that takes a number.
 
     argparse reads a value that starts with "-" as an option unless it looks like "-1" or
-    "-1.5", so a negative correction in exponent form ("-1e+300", "-2E3") would be "expected
-    one argument". A value that parses as a number is attached to the option here.
+    "-1.5", so a negative value in exponent form ("-1e+300", "-2E3") would be "expected one
+    argument", where "-1" gets the option's own message (a negative ``--n``, say). A value
+    that parses as a number (its first item, for ``--sizes``) is attached to the option here.
     """
     out: list[str] = []
     rest = iter(argv)
@@ -283,11 +305,11 @@ def _attach_negative_corrections(argv: list[str]) -> list[str]:
             out += [arg, *rest]
             break
         out.append(arg)
-        if arg.startswith("--co") and "--correction".startswith(arg):  # argparse takes --co, --corr too
+        if any(len(arg) >= k and name.startswith(arg) for name, k in _NUMBER_OPTIONS.items()):
             value = next(rest, None)
             if value is None:
                 break
-            if value.startswith("-") and _is_number(value):
+            if value.startswith("-") and _is_number(value.split(",")[0]):
                 out[-1] = f"{arg}={value}"
             else:
                 out.append(value)
@@ -805,8 +827,8 @@ def _cmd_run(args, comm, mpi) -> int:
     local_times = []
     for name in ops:
         corrected = {"correction": args.correction or 0.0} if name in _CORRECTED else {}
-        # NumPy's warnings (a sum past its dtype's range: "overflow encountered in cast", from
-        # the final cast that every rank makes alike) are recorded, and rank 0 reports each
+        # NumPy's warnings (a float16 sum past its dtype's range: "overflow encountered in
+        # reduce", from the final conversion that every rank makes alike) are recorded, and rank 0 reports each
         # once for all ranks (_report_warnings) instead of every rank printing its own.
         with _recorded_warnings(ctx) as caught:
             # The first call compiles the GPU kernel and sets up MPI's connections: not timed.
@@ -899,7 +921,9 @@ def _all_nan_error(exc: ValueError, name: str, mpi) -> ValueError:
 
 def _no_elements_error(ops: list[str], args) -> ValueError:
     """The error for ops that cannot reduce zero elements (max, min, the arg ops) when the input has none."""
-    if args.input is not None:
+    if getattr(args, "sizes", None) is not None:  # bench
+        where = "--sizes 0"
+    elif args.input is not None:
         where = "the input files hold no elements"
     else:
         where = "--per-rank 0" if args.per_rank is not None else "--n 0"
@@ -978,7 +1002,7 @@ def _gathered_warnings(ctx: _Context, per_item: list[list[str]]) -> list[list[di
 def _report_warnings(ctx: _Context, labelled: list[tuple[str, list[dict]]]) -> None:
     """Print each gathered warning once on stderr (rank 0), naming what it is about and its ranks.
 
-    ``multireduce: warning: sum: RuntimeWarning: overflow encountered in cast (ranks 0-3 of 4)``.
+    ``multireduce: warning: sum: RuntimeWarning: overflow encountered in reduce (ranks 0-3 of 4)``.
     """
     for label, items in labelled:
         for item in items:
@@ -994,8 +1018,8 @@ def _report_warnings(ctx: _Context, labelled: list[tuple[str, list[dict]]]) -> N
 _FINITE_CHUNK = 1 << 22
 
 
-def _all_finite(ctx: _Context, x, skip_nan: bool = False) -> bool:
-    """Whether every element of every rank's shard is finite (``skip_nan``: finite or NaN).
+def _all_finite(ctx: _Context, x, skip_nan: bool = False, only_nan: bool = False) -> bool:
+    """Whether every element of every rank's shard is finite (``skip_nan``: finite or NaN; ``only_nan``: NaN).
 
     Collective; failures agreed.
     """
@@ -1005,7 +1029,7 @@ def _all_finite(ctx: _Context, x, skip_nan: bool = False) -> bool:
         flat = x.reshape(-1)
         for start in range(0, flat.size, _FINITE_CHUNK):
             chunk = flat[start : start + _FINITE_CHUNK]
-            ok = ctx.xp.isfinite(chunk)
+            ok = ctx.xp.isnan(chunk) if only_nan else ctx.xp.isfinite(chunk)
             if skip_nan:
                 ok |= ctx.xp.isnan(chunk)
             if not bool(ok.all()):
@@ -1048,14 +1072,17 @@ def _mark_overflows(ctx: _Context, x, rows: list[dict], dt: np.dtype, n: int) ->
             row["overflow"] = False
         elif result_dt.kind == "f":
             value = float(row["result"])
-            # NaN of a statistic is no overflow: a NaN or infinite element's, or no element's
-            # (a mean's float64 sum that overflows both ways, inf - inf, is rare and not told).
-            if math.isfinite(value) or (op.statistic is not None and math.isnan(value)):
+            # NaN of a variance is no overflow (a NaN or infinite element's, or too few
+            # elements'); NaN of a mean of finite elements is a float64 sum that overflowed both
+            # ways (inf - inf), unless no element is counted (n = 0, or nanmean of NaN alone).
+            if math.isfinite(value) or (op.statistic in ("var", "std") and math.isnan(value)):
                 row["overflow"] = False
             else:
                 if op.skips_nan not in finite:
                     finite[op.skips_nan] = _all_finite(ctx, x, op.skips_nan)
                 row["overflow"] = finite[op.skips_nan]
+                if row["overflow"] and math.isnan(value) and op.statistic == "mean":
+                    row["overflow"] = n > 0 and (not op.skips_nan or not _all_finite(ctx, x, False, only_nan=True))
         elif "overflow" not in row:  # _reference_row sets it where the check ran
             low, high = (0, 1) if dt.kind == "b" else (int(np.iinfo(dt).min), int(np.iinfo(dt).max))
             out = np.iinfo(result_dt)
@@ -1293,6 +1320,9 @@ def _check_output(path: Path) -> None:
 
     Makes the missing parent directories (as the final write does), opens the file for
     appending (which changes nothing in an existing file) and removes it again if it was new.
+    A pipe (FIFO) or socket is refused before it is opened: the open waits for a reader (every
+    rank waited with it), and with one, this check's close ended the reader's input before
+    the results were written (the final write then waited for ever).
 
     Raises
     ------
@@ -1303,6 +1333,8 @@ def _check_output(path: Path) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         existed = path.exists()
+        if existed and (stat.S_ISFIFO(path.stat().st_mode) or stat.S_ISSOCK(path.stat().st_mode)):
+            raise OSError(errno.EINVAL, "a pipe (FIFO) or socket, not a file (write the JSON to a file)")
         with open(path, "a"):
             pass
         if not existed:
@@ -1320,18 +1352,21 @@ def _cmd_bench(args, comm, mpi) -> int:
     ctx = _setup(args, comm, mpi)
     # Rank 0 writes the results: check that it can before the benchmark runs, and agree, so
     # that a bad --output ends every rank now with one line instead of a traceback at the end.
-    error = None
-    if ctx.rank == 0:
+    # A size of 0 with ops named by --op that need an element is refused here too (they were
+    # left out of the records silently); of the default ops, max and min are not timed there.
+    ops = args.ops or list(DEFAULT_OPS)
+    sizes = args.sizes or (
+        [2**10, 2**16, 2**20, 2**24, 2**27] if ctx.backend == "gpu" else [2**10, 2**14, 2**18, 2**21]
+    )
+    empty = [name for name in args.ops if not get_op(name).empty_allowed] if args.ops and 0 in sizes else []
+    error = _no_elements_error(empty, args) if empty else None
+    if ctx.rank == 0 and error is None:
         try:
             _check_output(args.output)
         except Exception as exc:  # agreed below
             error = exc
     mpi.agree(error, comm)
-    ops = args.ops or list(DEFAULT_OPS)
     dt = args.dtype
-    sizes = args.sizes or (
-        [2**10, 2**16, 2**20, 2**24, 2**27] if ctx.backend == "gpu" else [2**10, 2**14, 2**18, 2**21]
-    )
     pattern = _Pattern.for_dtype(dt)
     records = []
     recorded = []  # per record, this rank's warnings (as _cmd_run's rows)
@@ -1345,7 +1380,7 @@ def _cmd_bench(args, comm, mpi) -> int:
             error = exc
         mpi.agree(error, comm)
         for name in ops:
-            if n == 0 and not get_op(name).empty_allowed:
+            if n == 0 and not get_op(name).empty_allowed:  # a default op (named ones: refused above)
                 continue
             with _recorded_warnings(ctx) as caught:  # reported once, by rank 0
                 for _ in range(args.warmup):
@@ -1480,10 +1515,19 @@ def _usage_error(exc: UsageError) -> int:
     (:func:`_setup`'s) with the error: ranks started with other, valid arguments (an MPMD
     launch, ``mpiexec -n 1 A : -n 1 B``) wait in it, and without this rank they waited
     forever. They raise the failure there (rank 0 prints it if its own arguments were valid).
+    Rank 0 with a usage error of its own prints it, then the other ranks' failures whose
+    message differs from its own (an MPMD launch whose other command lines are bad otherwise).
     """
-    _join_first_agreement(exc)
+    agreed = _join_first_agreement(exc)
     if _env_rank() == 0:
         print(exc, file=sys.stderr)
+        if agreed is not None:
+            failures, size = agreed
+            others = {r: m for r, m in failures.items() if r != 0 and m != failures.get(0)}
+            if others:
+                from .mpi import describe_failures  # imported by the agreement already
+
+                print(f"multireduce: error: {describe_failures(others, size)}", file=sys.stderr, flush=True)
     return EXIT_USAGE
 
 

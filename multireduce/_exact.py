@@ -251,15 +251,10 @@ def _overflow(dt: np.dtype, negative: bool) -> np.generic:
     caller's ``numpy.errstate`` and warning filters: by default ``RuntimeWarning: overflow
     encountered in <operation>``, ``FloatingPointError`` under ``over="raise"``, nothing under
     ``over="ignore"`` (and ``"call"``, ``"print"``, ``"log"`` as NumPy does them). So the
-    overflow is made by the operation in which the ordinary CPU sum overflows, rather than
-    imitated: float16 and float32 sums accumulate in a wider float and overflow in the final
-    cast to the result dtype (``overflow encountered in cast``; the value cast here,
-    ``+-2**maxexp``, is exact in float64 and past the range), float64 sums in the reduction
-    itself (``overflow encountered in reduce``; here the sum of the largest finite value
-    with itself). Either gives the correctly rounded result, +-inf.
+    overflow is made by a NumPy operation rather than imitated: a reduction, ``overflow
+    encountered in reduce`` (here the sum of float64's largest finite value with itself),
+    as NumPy's own sum of every float dtype, and the ordinary sum's
+    (:func:`multireduce.ops.cast_result`). It gives the correctly rounded result, +-inf.
     """
-    info = np.finfo(dt)
-    if dt.itemsize < 8:
-        beyond = np.array(-(2.0**info.maxexp) if negative else 2.0**info.maxexp, dtype=np.float64)
-        return beyond.astype(dt)[()]
-    return np.add.reduce(np.full(2, -info.max if negative else info.max, dtype=dt))
+    top = np.finfo(np.float64).max
+    return np.add.reduce(np.full(2, -top if negative else top)).astype(dt)[()]

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from . import core
-from .ops import Op
+from .ops import Op, cast_result
 
 __all__ = ["Partial", "combine", "finalize", "flatten", "of_array", "wrap"]
 
@@ -219,7 +219,7 @@ def combine(parts: Any, op: Op) -> Partial:
 
 def _as_dtype(value, dtype: np.dtype):
     # Only when needed: on the GPU every astype is a kernel launch.
-    return value if value.dtype == dtype else value.astype(dtype)
+    return value if value.dtype == dtype else cast_result(value, dtype)
 
 
 def finalize(parts: Any, op: Op, result: np.dtype, *, keepdims_ndim: int | None = None):

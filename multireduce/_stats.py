@@ -48,7 +48,7 @@ import numpy as np
 
 from . import _axes
 from ._transport import encode_extreme, encode_extreme_scalar
-from .ops import OPS, Op
+from .ops import OPS, Op, cast_result
 
 __all__ = [
     "BLOCK_BYTES",
@@ -1167,10 +1167,24 @@ def _finalize_moments_scalar(
         value = _state_mean_scalar(state) if n > 0 and (nan == 0 or skipna) else math.nan
         return result.type(value)
     dof = n - correction
-    value = _state_m2_scalar(state) / dof if dof > 0 and (nan == 0 or skipna) else math.nan
+    value = _divide_m2(_state_m2_scalar(state), dof) if dof > 0 and (nan == 0 or skipna) else math.nan
     if op.statistic == "std":
         value = math.sqrt(value) if value >= 0 else math.nan
     return result.type(value)
+
+
+def _divide_m2(m2: float, dof: float) -> float:
+    """``m2 / dof`` (``dof > 0``) in Python floats, with NumPy's warning where a finite M2 overflows.
+
+    A fractional ``correction`` just below N makes ``dof`` tiny: NumPy's var of a full
+    reduction divides a float64 scalar and warns "overflow encountered in scalar divide"
+    (or raises, under ``numpy.errstate``), as the array path's division does; Python's
+    division is silent.
+    """
+    value = m2 / dof
+    if math.isinf(value) and math.isfinite(m2):
+        _ = np.float64(m2) / np.float64(dof)  # NumPy's own warning, under the caller's errstate
+    return value
 
 
 @dataclass(frozen=True)
@@ -1192,6 +1206,10 @@ class Stats:
     mean : dtype of :func:`multireduce.mean`
     var : dtype of :func:`multireduce.var`
         With the ``correction`` given to :func:`multireduce.stats`.
+    std : dtype of :func:`multireduce.std`
+        :func:`multireduce.std`'s value: the square root of the float64 variance, rounded
+        once (not the square root of ``var``, which for float16 and float32 input is
+        rounded already, and is infinite or zero where the variance leaves their range).
 
     NaN propagates into sum, min, max, mean and var exactly as in the single ops; the counts
     say how many elements were NaN (``count - nan_count`` are numbers).
@@ -1204,11 +1222,7 @@ class Stats:
     max: Any
     mean: Any
     var: Any
-
-    @property
-    def std(self) -> Any:
-        """The standard deviation, ``sqrt(var)``."""
-        return np.sqrt(self.var)
+    std: Any
 
 
 def empty_stats_error() -> ValueError:
@@ -1246,15 +1260,16 @@ def finalize_stats(state: Moments, dtype: np.dtype, correction: float = 0.0, val
     mean_dt = OPS["mean"].result_dtype(dtype)
     # NaN where N - correction <= 0, as var's, without its warning (only that one: a
     # warnings filter here hid the cast's overflow too, and in every thread).
-    var = finalize_moments(state, OPS["var"], mean_dt, correction, count_warnings=False)
+    var = finalize_moments(state, OPS["var"], np.dtype(np.float64), correction, count_warnings=False)
     return Stats(
         count=_as_result(count, np.int64),
         nan_count=_as_result(state.nan, np.int64),
-        sum=_as_result(total, OPS["sum"].result_dtype(dtype)),
+        sum=cast_result(np.asarray(total), OPS["sum"].result_dtype(dtype))[()],
         min=_as_result(lo, dtype),
         max=_as_result(hi, dtype),
         mean=finalize_moments(state, OPS["mean"], mean_dt),
-        var=var,
+        var=_as_result(var, mean_dt),
+        std=_as_result(np.sqrt(var), mean_dt),  # std's value: the float64 root, rounded once
     )
 
 
@@ -1273,14 +1288,16 @@ def _finalize_stats_scalar(state: Moments, dtype: np.dtype, correction: float, v
         lo = hi = math.nan
     mean_dt = OPS["mean"].result_dtype(dtype)
     dof = n - correction
+    var = _divide_m2(_state_m2_scalar(state), dof) if dof > 0 and not nan else math.nan
     return Stats(
         count=np.int64(n + nan),
         nan_count=np.int64(nan),
-        sum=np.asarray(total).astype(OPS["sum"].result_dtype(dtype))[()],
+        sum=cast_result(np.asarray(total), OPS["sum"].result_dtype(dtype))[()],
         min=np.asarray(lo).astype(dtype)[()],
         max=np.asarray(hi).astype(dtype)[()],
         mean=mean_dt.type(_state_mean_scalar(state) if n > 0 and not nan else math.nan),
-        var=mean_dt.type(_state_m2_scalar(state) / dof if dof > 0 and not nan else math.nan),
+        var=mean_dt.type(var),
+        std=mean_dt.type(math.sqrt(var) if var >= 0 else math.nan),
     )
 
 

@@ -853,7 +853,7 @@ def nanstd(x: Any, *, axis: Any = None, correction: float = 0.0, keepdims: bool 
 
 
 def stats(x: Any, *, axis: Any = None, correction: float = 0.0) -> _stats.Stats:
-    """count, NaN count, sum, min, max, mean and variance of ``x`` over ``axis``, from one pass.
+    """count, NaN count, sum, min, max, mean, variance and standard deviation of ``x`` over ``axis``, from one pass.
 
     Parameters
     ----------
@@ -866,8 +866,8 @@ def stats(x: Any, *, axis: Any = None, correction: float = 0.0) -> _stats.Stats:
     Returns
     -------
     Stats
-        Fields ``count``, ``nan_count``, ``sum``, ``min``, ``max``, ``mean``, ``var`` (and the
-        property ``std``), each with the dtype of the single op of that name and its value up
+        Fields ``count``, ``nan_count``, ``sum``, ``min``, ``max``, ``mean``, ``var`` and
+        ``std``, each with the dtype of the single op of that name and its value up
         to the order of floating-point accumulation (integer sums, min and max are exact). NaN
         propagates into all but the counts. For NumPy input the fields are NumPy scalars
         (``axis=None``) or arrays; for CuPy input they are CuPy arrays (0-d for ``axis=None``)

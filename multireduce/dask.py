@@ -54,7 +54,7 @@ from dask.tokenize import normalize_token
 from numpy.lib.array_utils import normalize_axis_index
 
 from . import _exact, _partials, _stats, core
-from .ops import OPS, Op, check_dtype, get_op
+from .ops import OPS, Op, cast_result, check_dtype, get_op
 
 __all__ = ["stats", "treereduce"]
 
@@ -333,7 +333,7 @@ def _fold_aggregate(x, axis, keepdims, *, op: Op, result: np.dtype, computing_me
     value = core.reduce(x, op.combiner, axis=axis, keepdims=keepdims)
     if _partials._is_cupy(value):  # CuPy chunks: the result stays on their device
         return value.astype(result)
-    return np.asarray(value).astype(result)
+    return cast_result(np.asarray(value), result)
 
 
 # -- counted partial-axis fold ops: max/min-type ops over axes of unknown size ---------------

@@ -38,7 +38,7 @@ from ._transport import (
     openmpi_cvar_probe,
     sum_wire_dtype,
 )
-from .ops import OPS, SUPPORTED_DTYPES, Op, get_op
+from .ops import OPS, SUPPORTED_DTYPES, Op, cast_result, get_op
 
 __all__ = [
     "CUDA_AWARE_ENV",
@@ -1085,7 +1085,7 @@ def _combine(comm, plan: _Plan | None, partial, error):
         value = _combine_on_device(comm, plan, wire)
     else:
         value = _global_value(comm, st, host, meta)
-    result = value.astype(st.result)
+    result = cast_result(value, st.result)
     if reserved is not None:
         return _store(reserved, [result])[0]
     return result
@@ -1278,7 +1278,7 @@ def _fast_allreduce(comm, x: Any, f: _Fast):
     _agree(comm, st, meta, None)  # the shard is not empty: no empty-array error to agree on
     value = _global_value(comm, st, host, meta, f.wire)
     if f.stream is None:
-        return value.astype(st.result)
+        return cast_result(value, st.result)
     box[0] = value  # cast to the result dtype as value.astype would
     return out
 

@@ -21,8 +21,10 @@ them spells out an identity or an accumulator rule of its own.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -196,6 +198,32 @@ def _extreme(ufunc, largest: bool):
         return ieee_zero_fix(x, value, axes, largest, nan_free).astype(acc)
 
     return host
+
+
+_F64_MAX = float(np.finfo(np.float64).max)
+
+
+def cast_result(value: Any, result: np.dtype) -> Any:
+    """An accumulator's ``value`` (a NumPy or CuPy array or scalar) converted to the result dtype ``result``.
+
+    float16 and float32 sums and products accumulate in a wider float: a result past the
+    narrow dtype's range overflows in this last conversion, where NumPy's own reduction (in
+    the narrow dtype) overflows in its additions and warns "overflow encountered in reduce".
+    That is the warning given here (under the caller's ``numpy.errstate``), not "in cast".
+    CuPy values are converted on their device, silently, as every GPU operation.
+    """
+    narrows = result.kind == "f" and value.dtype.kind == "f" and value.dtype.itemsize > result.itemsize
+    if not narrows or type(value).__module__.startswith("cupy"):
+        return value.astype(result)
+    with np.errstate(over="ignore"):
+        out = value.astype(result)
+    if np.ndim(out) == 0:
+        overflowed = math.isinf(out) and not math.isinf(value)
+    else:
+        overflowed = bool(np.any(np.isinf(out) & np.isfinite(value)))
+    if overflowed:
+        np.add.reduce(np.array([_F64_MAX, _F64_MAX]))  # NumPy's warning of a sum that overflows
+    return out
 
 
 def _host_count_nonzero(x: np.ndarray, acc: np.dtype, axes: tuple[int, ...] | None = None) -> np.ndarray:

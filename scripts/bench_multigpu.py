@@ -52,7 +52,7 @@ import _mpiexec  # noqa: E402
 from multireduce._provenance import git_state  # noqa: E402
 
 OPS = ("sum", "max", "min", "sum_reproducible", "stats")
-STATS_FIELDS = ("count", "nan_count", "sum", "min", "max", "mean", "var")
+STATS_FIELDS = ("count", "nan_count", "sum", "min", "max", "mean", "var", "std")
 
 _GENERATE = r"""
 unsigned long long z = (unsigned long long)(base + i) * 0x9E3779B97F4A7C15ull + 0x632BE59BD9B4E019ull;

@@ -16,6 +16,7 @@ import shlex
 import sys
 import time
 from fractions import Fraction
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -170,6 +171,22 @@ def test_a_usage_error_on_one_rank_of_an_mpmd_launch_ends_the_job(mpiexec, bad_r
     assert stderr.count("unknown op 'median'") == 1, stdout + stderr
     if bad_rank == 1:
         assert "rank 1 of 2 failed: UsageError" in stderr, stderr
+
+
+@pytest.mark.mpi
+def test_rank_0s_usage_error_does_not_hide_the_other_ranks(mpiexec):
+    # An MPMD launch whose rank 0 and rank 1 have different bad command lines: rank 0 printed
+    # its own error only (rank 1's bad --dtype was never shown, nor that it failed).
+    extra = shlex.split(os.environ.get("MULTIREDUCE_MPIEXEC_ARGS", ""))
+    lines = [[*CLI, "--cpu", "--n", "-1"], [*CLI, "--cpu", "--dtype", "complex64"], [*CLI, "--cpu", "--n", "5"]]
+    cmd = [mpiexec, *extra]
+    for k, argv in enumerate(lines):
+        cmd += ([":"] if k else []) + ["-n", "1", sys.executable, *argv]
+    returncode, stdout, stderr = launch._mpiexec.run_group(cmd, cwd=launch.REPO, env=launch.env(), timeout=60)
+    assert returncode == 2, stdout + stderr
+    assert stderr.count("argument --n: must be a non-negative integer, got '-1' (negative)") == 1, stderr
+    assert stderr.count("multireduce: error: rank 1 of 3 failed: UsageError: ") == 1, stderr
+    assert "does not support input dtype complex64" in stderr and "rank 0 of 3" not in stderr, stderr
 
 
 @pytest.mark.mpi
@@ -647,7 +664,8 @@ def test_check_of_sums_past_the_range_warns_nothing(tmp_path, name):
 
 # ------------------------------------------------------------------ NumPy's warnings, once
 
-CAST_WARNING = "RuntimeWarning: overflow encountered in cast"
+#: A float16 sum past 65504: accumulated in float32, then converted, warning as NumPy's sum.
+CAST_WARNING = "RuntimeWarning: overflow encountered in reduce"
 
 
 @pytest.mark.mpi
@@ -733,7 +751,7 @@ def test_warning_filters_that_name_a_module_still_apply(tmp_path, action, return
     # The block's warnings meet the user's filters again at its end; without the module that
     # warnings.warn had named, "-W error::RuntimeWarning:multireduce.mpi" matched nothing.
     np.save(tmp_path / "x.npy", np.full(12, 60000.0, dtype=np.float16))
-    args = ["-W", f"{action}::RuntimeWarning:multireduce.mpi", *CLI, "--input", str(tmp_path / "x.npy"), "--cpu"]
+    args = ["-W", f"{action}::RuntimeWarning:multireduce.ops", *CLI, "--input", str(tmp_path / "x.npy"), "--cpu"]
     done = run(None, 1, [*args, "--op", "sum"])
     assert done.returncode == returncode, done.output
     assert ("multireduce: warning:" in done.stderr) is False, done.output
@@ -1104,6 +1122,89 @@ def test_bench_output_that_cannot_be_written(mpiexec, tmp_path):
     out = tmp_path / "new" / "b.json"
     done = run(mpiexec, 2, [*CLI, "bench", "--cpu", "--sizes", "100", "--repeat", "1", "--output", str(out)])
     assert done.returncode == 0 and json.loads(out.read_text())["ranks"] == 2, done.output
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_a_nan_mean_of_finite_elements_is_reported_as_an_overflow(mpiexec, tmp_path, ranks):
+    # The float64 sum overflows both ways (inf - inf): the mean is NaN, which the README says
+    # is reported as an overflow; NaN of a statistic was taken as "no overflow" throughout.
+    both = np.zeros(16)
+    if ranks == 1:  # NumPy's pairwise sum: lanes 0 and 1 (elements 0, 8 and 1, 9) reach inf and -inf
+        both[[0, 8, 1, 9]] = [1e308, 1e308, -1e308, -1e308]
+    else:  # each rank's own sum overflows, one each way
+        both[:4] = [1e308, 1e308, -1e308, -1e308]
+        both = both[[0, 1, 4, 5, 6, 7, 8, 9, 2, 3, 10, 11, 12, 13, 14, 15]]
+    cases = {
+        "both ways": (both, True),
+        "all NaN": (np.array([np.nan, np.nan]), False),  # no element counted: not an overflow
+    }
+    launcher = None if ranks == 1 else mpiexec
+    for name, (data, overflowed) in cases.items():
+        np.save(tmp_path / "x.npy", data)
+        args = [*CLI, "--input", str(tmp_path / "x.npy"), "--cpu", "--op", "mean", "--op", "nanmean", "--json"]
+        done = run(launcher, ranks, args)
+        assert done.returncode == 0, done.output
+        rows = {row["op"]: row for row in json.loads(done.stdout)["results"]}
+        assert rows["mean"]["result"] == rows["nanmean"]["result"] == "nan", (name, rows)
+        assert rows["mean"]["overflow"] is rows["nanmean"]["overflow"] is overflowed, (name, rows)
+    done = run(launcher, ranks, [*CLI, "--cpu", "--n", "0", "--op", "mean", "--json"])
+    assert done.returncode == 0 and json.loads(done.stdout)["results"][0]["overflow"] is False, done.output
+
+
+@pytest.mark.mpi
+def test_bench_output_that_is_a_pipe_is_refused_at_once(mpiexec, tmp_path):
+    # A FIFO: rank 0's check opened it and waited for a reader (every rank with it); with one,
+    # the check's close ended the reader's input and the final write waited for ever.
+    fifo = tmp_path / "out.fifo"
+    os.mkfifo(fifo)
+    message = f"OSError: --output must name a file that can be written; {fifo}: a pipe (FIFO) or socket"
+    for launcher, ranks in ((None, 1), (mpiexec, 2)):
+        done = run(launcher, ranks, [*CLI, "bench", "--cpu", "--sizes", "10", "--output", str(fifo)], timeout=60)
+        assert done.returncode == 1 and done.seconds < 30, done.output
+        assert done.stderr.count(f"rank 0 of {ranks} failed: {message}") == 1, done.output
+    from multireduce._cli import _check_output
+
+    _check_output(Path(os.devnull))  # a character device is written to as before
+
+
+@pytest.mark.mpi
+def test_bench_size_zero_with_ops_that_need_an_element_is_an_error(mpiexec, tmp_path):
+    # Named by --op, they were left out of the records silently: an empty table, exit status
+    # 0. (Of the default ops, max and min are left out at size 0: test_bench_writes_json.)
+    out = tmp_path / "b.json"
+    done = run(
+        mpiexec, 2, [*CLI, "bench", "--cpu", "--sizes", "0,10", "--op", "max", "--op", "argmin", "--output", str(out)]
+    )
+    assert done.returncode == 1 and not out.exists(), done.output
+    assert (
+        done.stderr.count("max and argmin need at least one element, as in NumPy, and there are none (--sizes 0)") == 1
+    )
+    done = run(
+        mpiexec, 2, [*CLI, "bench", "--cpu", "--sizes", "0,10", "--op", "sum", "--repeat", "1", "--output", str(out)]
+    )
+    assert done.returncode == 0, done.output
+    assert [(r["n"], r["op"]) for r in json.loads(out.read_text())["records"]] == [(0, "sum"), (10, "sum")]
+
+
+@pytest.mark.parametrize(
+    ("args", "option"),
+    [
+        (["--n", "-1e3"], "--n"),
+        (["--per-rank", "-2E3"], "--per-rank"),
+        (["--device", "-1e0"], "--device"),
+        (["bench", "--sizes", "-1e3,10"], "--sizes"),
+        (["bench", "--warmup", "-1e1"], "--warmup"),
+    ],
+)
+def test_negative_counts_in_exponent_form_get_the_options_message(args, option):
+    # argparse took "-1e3" for an option: "argument --n: expected one argument".
+    first = [] if args[0] != "bench" else ["bench"]
+    done = run(None, 1, [*CLI, *first, "--cpu", *args[len(first) :]])
+    assert done.returncode == 2, done.output
+    assert (
+        f"argument {option}: must be a non-negative integer, got '{args[-1].split(',')[0]}' (negative)" in done.stderr
+    )
 
 
 def test_output_check_leaves_no_file(tmp_path):

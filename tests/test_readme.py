@@ -211,7 +211,7 @@ def test_reductions_example_runs():
     x = scope["x"]
     assert mr.sum(x, axis=0).shape == (64,) and mr.sum(x, axis=0).dtype == np.float32  # "(64,) float32"
     s = scope["s"]
-    assert list(s.__dataclass_fields__) == ["count", "nan_count", "sum", "min", "max", "mean", "var"]
+    assert list(s.__dataclass_fields__) == ["count", "nan_count", "sum", "min", "max", "mean", "var", "std"]
     assert mr.argmax(x) == np.argmax(x)
 
 

@@ -205,11 +205,12 @@ def test_unsupported_requests_are_explicit():
 
 # -- a finite total past the result's range: NumPy's overflow, as the ordinary sum's ----------
 
-#: What the ordinary CPU sum reports (checked below against it): float16 and float32 sums
-#: accumulate in a wider float and overflow in the final cast, float64 sums in the reduction.
+#: What the ordinary CPU sum reports (checked below against it), as NumPy's sum: float16 and
+#: float32 sums accumulate in a wider float and overflow in the final conversion, which warns
+#: as NumPy's reduction in the narrow dtype does; float64 sums in the reduction itself.
 OVERFLOW_MESSAGE = {
-    "float16": "overflow encountered in cast",
-    "float32": "overflow encountered in cast",
+    "float16": "overflow encountered in reduce",
+    "float32": "overflow encountered in reduce",
     "float64": "overflow encountered in reduce",
 }
 #: (value, count) whose exact total is past the dtype's range.
@@ -391,8 +392,8 @@ from multireduce import mpi
 
 comm = mpi.MPI.COMM_WORLD
 for dtype, value, n, message in (
-    ("float16", 60000.0, 10, "overflow encountered in cast"),
-    ("float32", 3e38, 10, "overflow encountered in cast"),
+    ("float16", 60000.0, 10, "overflow encountered in reduce"),
+    ("float32", 3e38, 10, "overflow encountered in reduce"),
     ("float64", 1.7e308, 2, "overflow encountered in reduce"),  # an empty shard from 3 ranks on
 ):
     local = np.array_split(np.full(n, value, dtype=dtype), comm.size)[comm.rank]

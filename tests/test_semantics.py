@@ -1350,7 +1350,7 @@ def test_moments_of_fortran_order_arrays_reduce_the_transpose(monkeypatch, dtype
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered in (scalar )?(add|reduce):RuntimeWarning")  # inf + -inf
 @pytest.mark.filterwarnings("ignore:invalid value encountered in subtract:RuntimeWarning")  # inf - inf, as NumPy
-@pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")  # float16 sums, as NumPy's
+@pytest.mark.filterwarnings("ignore:overflow encountered in reduce:RuntimeWarning")  # float16 sums, as NumPy's
 @pytest.mark.parametrize("case", ["zeros", "infinities", "nan"])
 @pytest.mark.parametrize("shape, axis", [((300_001,), None), ((3, 100_003), 1), ((100_003, 3), 0)])
 def test_float16_stats_extremes_over_many_blocks(case, shape, axis):
@@ -2193,3 +2193,73 @@ def test_gpu_stats_matches_the_cpu_on_every_axis_set():
             _bits_equal(getattr(s, name).get(), np.asarray(getattr(ref, name)))
         for name in ("mean", "var"):
             assert np.allclose(getattr(s, name).get(), getattr(ref, name), rtol=1e-6), (axis, name)
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")  # var past float16/float32
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64", "int32"])
+@pytest.mark.parametrize("axis", [None, 1])
+def test_stats_std_is_stds_value(dtype, axis):
+    # Stats.std was sqrt(var) of the var already rounded to float16/float32: inf where the
+    # variance leaves the dtype's range ([0, 600] as float16: var 90000 -> inf, std 300), 0
+    # where it underflows ([0, 1e-4]: std 5e-05), and an ulp off std elsewhere.
+    rng = np.random.default_rng(7)
+    rows = [[0, 600], [0, 1e-4], [0, 3e38], [1, np.nan]] + (rng.standard_normal((300, 2)) * 3).tolist()
+    with np.errstate(over="ignore"):
+        x = np.array(rows).astype(dtype)
+    for correction in (0, 1, 2):
+        for case in [x[i] for i in range(len(x))] if axis is None else [x]:
+            s = multireduce.stats(case, axis=axis, correction=correction)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)  # std's "Degrees of freedom" (stats has none)
+                want = multireduce.std(case, axis=axis, correction=correction)
+            _bits_equal(s.std, want)
+    if dtype in ("float16", "float32"):  # the reviewer's cases: finite where var is not
+        s = multireduce.stats(x[:3], axis=1)
+        assert np.all(np.isfinite(s.std[:2])) and s.std[1] > 0, s.std
+
+
+@pytest.mark.parametrize("name", ["var", "std", "nanvar", "nanstd", "stats"])
+def test_a_full_variance_that_overflows_in_the_division_warns_as_numpy(name):
+    # M2 / (N - correction) with a fractional correction just below N: NumPy's full var
+    # divides a float64 scalar ("overflow encountered in scalar divide"); the 0-d finalize
+    # divided Python floats, silently, while the axis path warned.
+    x = np.array([0.0, 1e150, -1e150])
+    c = 3 - 2**-40
+    call = (
+        (lambda a: multireduce.stats(x if a is None else x[None], axis=a, correction=c).var)
+        if name == "stats"
+        else (lambda a: multireduce.reduce(x if a is None else x[None], name, axis=a, correction=c))
+    )
+    numpy_op = getattr(np, "var" if name == "stats" else name)
+    for axis, words in ((None, "overflow encountered in scalar divide"), (1, "overflow encountered in divide")):
+        with np.errstate(over="raise"):
+            with pytest.raises(FloatingPointError, match=words):
+                numpy_op(x if axis is None else x[None], axis=axis, ddof=c)  # NumPy's own, as asserted
+            with pytest.raises(FloatingPointError, match=words):
+                call(axis)
+        with np.errstate(over="ignore"):
+            assert np.all(np.isinf(call(axis)))
+
+
+@pytest.mark.parametrize("name", ["sum", "prod", "nansum", "nanprod"])
+@pytest.mark.parametrize(("dtype", "value"), [("float16", 60000.0), ("float32", 3e38)])
+def test_a_narrow_float_sum_past_its_range_warns_as_numpys(name, dtype, value):
+    # float16 and float32 sums and products accumulate in a wider float and overflow in the
+    # last conversion: that warned "overflow encountered in cast", where NumPy's (in the
+    # narrow dtype) warns "in reduce".
+    x = np.full((2, 3), value, dtype=dtype)
+    for axis in (None, 1):
+        found = []
+        for fn in (getattr(np, name), getattr(multireduce, name)):
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                got = fn(x, axis=axis)
+            found.append((np.isinf(got).tolist(), [str(w.message) for w in caught]))
+        assert found[0] == found[1], (axis, found)
+        with np.errstate(over="raise"), pytest.raises(FloatingPointError, match="overflow encountered in reduce"):
+            getattr(multireduce, name)(x, axis=axis)
+    with np.errstate(over="ignore"):
+        s = multireduce.stats(x)  # the sum field alike
+    with np.errstate(over="raise"), pytest.raises(FloatingPointError, match="overflow encountered in reduce"):
+        multireduce.stats(x)
+    assert np.isinf(s.sum)

@@ -1254,7 +1254,8 @@ template <class T, class S, class E, class SumOut, class MeanOut>
 __global__ void stats_finalize_kernel(const MomentRecord<S, E>* __restrict__ states, long long rows, double correction,
                                       long long* __restrict__ count, long long* __restrict__ nan_count,
                                       SumOut* __restrict__ sum, T* __restrict__ lo, T* __restrict__ hi,
-                                      MeanOut* __restrict__ mean, MeanOut* __restrict__ var) {
+                                      MeanOut* __restrict__ mean, MeanOut* __restrict__ var,
+                                      MeanOut* __restrict__ std) {
     const double qnan = __longlong_as_double(0x7ff8000000000000LL);
     for (long long r = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; r < rows;
          r += static_cast<long long>(gridDim.x) * blockDim.x) {
@@ -1277,7 +1278,9 @@ __global__ void stats_finalize_kernel(const MomentRecord<S, E>* __restrict__ sta
         }
         const double dof = static_cast<double>(st.n) - correction;
         mean[r] = Convert<MeanOut, double>::apply(st.n > 0 && !has_nan ? state_mean(st) : qnan);
-        var[r] = Convert<MeanOut, double>::apply(dof > 0.0 && !has_nan ? state_m2(st) / dof : qnan);
+        const double v = dof > 0.0 && !has_nan ? state_m2(st) / dof : qnan;
+        var[r] = Convert<MeanOut, double>::apply(v);
+        std[r] = Convert<MeanOut, double>::apply(sqrt(v));  // std's value: the float64 root, rounded once
     }
 }
 

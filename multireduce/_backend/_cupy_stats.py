@@ -250,7 +250,7 @@ def _stats_dtypes(dtype: np.dtype) -> tuple[np.dtype, ...]:
     """The dtypes of the fields of :class:`multireduce._stats.Stats` for ``dtype`` input."""
     mean = OPS["mean"].result_dtype(dtype)
     i8 = np.dtype(np.int64)
-    return (i8, i8, OPS["sum"].result_dtype(dtype), dtype, dtype, mean, mean)
+    return (i8, i8, OPS["sum"].result_dtype(dtype), dtype, dtype, mean, mean, mean)
 
 
 _FINALIZE_BLOCK = 128

@@ -10,7 +10,7 @@ import math
 import numpy as np
 
 from .. import _axes, _exact, _stats
-from ..ops import OPS, Op
+from ..ops import OPS, Op, cast_result
 
 
 def _as_result(value, result: np.dtype):
@@ -32,7 +32,8 @@ def reduce(x: np.ndarray, op: Op, acc: np.dtype, result: np.dtype, axes: tuple[i
         if op.skips_nan and x.dtype.kind == "f":
             x = np.where(np.isnan(x), op.identity(x.dtype), x)
         x = x.astype(result)
-    return _as_result(op.host_reduce(x, acc, axes), result)
+    out = cast_result(np.asarray(op.host_reduce(x, acc, axes)), result)
+    return out[()] if out.ndim == 0 else out
 
 
 def reduce_full(x: np.ndarray, op: Op, acc: np.dtype, result: np.dtype) -> np.generic:

@@ -286,7 +286,7 @@ def host_stats(s):
     return multireduce.Stats(*(to_host(getattr(s, f)) for f in STATS_FIELDS))
 
 
-STATS_FIELDS = ("count", "nan_count", "sum", "min", "max", "mean", "var")
+STATS_FIELDS = ("count", "nan_count", "sum", "min", "max", "mean", "var", "std")
 
 
 def check_stats() -> None:

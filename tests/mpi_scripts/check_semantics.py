@@ -54,7 +54,7 @@ EXACT_OPS = {
     "any",
     "all",
 }
-STATS_FIELDS = ("count", "nan_count", "sum", "min", "max", "mean", "var")
+STATS_FIELDS = ("count", "nan_count", "sum", "min", "max", "mean", "var", "std")
 
 
 def fail(text: str) -> None:
@@ -220,7 +220,7 @@ def compare(label: str, got, want, g: np.ndarray, op: str, kw: dict) -> None:
             if name in ("count", "nan_count", "min", "max") or g.dtype.kind in "biu" and name == "sum":
                 ok = gbits == wbits or (np.isnan(gv) and np.isnan(wv))
             else:
-                sub = {"sum": "sum", "mean": "mean", "var": "var"}[name]
+                sub = {"sum": "sum", "mean": "mean", "var": "var", "std": "std"}[name]
                 ok = close(gv, wv, tolerance(g, sub if name != "sum" else "nansum", wv, kw.get("correction", 0.0)))
                 if name == "sum" and not ok:
                     ok = close(gv, wv, tolerance(g, "sum", wv, 0))
