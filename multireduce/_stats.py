@@ -622,12 +622,14 @@ def _from_base(state: Moments, base: np.ndarray) -> Moments:
     return Moments(state.n, state.nan, state.total, mean, state.m2, state.lo, state.hi, mean_lo)
 
 
-#: Largest |base| of :func:`_shift_base`: far below half an ulp of float64's largest values
-#: (2**970), so that no ``x - base`` or ``mean + base`` of finite values overflows. (A base
-#: far from the mean rounds the means less it at the base's scale: harmless to M2; an
-#: integer mean past :data:`EXACT_TOTAL_BOUND` comes from the exact total, by
-#: :func:`_unwrapped_mean`, not from that mean.)
-_BASE_LIMIT = 2.0**500
+#: Largest |base| of :func:`_shift_base`: below half an ulp of float64's largest values
+#: (2**970), so that no ``x - base`` or ``mean + base`` of finite values overflows (it rounds
+#: to at most the largest float64). (A base far from the mean rounds the means less it at the
+#: base's scale: harmless to M2; an integer mean past :data:`EXACT_TOTAL_BOUND` comes from the
+#: exact total, by :func:`_unwrapped_mean`, not from that mean.) It was 2**500: data beyond
+#: 3.3e150 (1e153 plus normals times 1e143) had base 0, and its merged variance kept 8 to 10
+#: digits where NumPy's keeps 13; beyond 2**564 a variance of distinct values overflows anyway.
+_BASE_LIMIT = 2.0**960
 
 
 #: :func:`_shift_base` first looks for the base among this many first elements of a slice.

@@ -409,7 +409,9 @@ def _reduce(x: Any, op: str | Op, axis: Any, keepdims: bool, dtype: Any, correct
     op, result, acc = _plan(arr, op, dtype)
     keepdims = _checked_keepdims(keepdims)
     reproducible = _checked_reproducible(reproducible)
-    corr = _check_correction(op, correction) if correction or op.kind == "moments" else 0.0
+    # Checked unless it is the default (None, False or "" passed a truth test here and were
+    # taken for 0, where the MPI and Dask layers refuse them).
+    corr = _check_correction(op, correction) if correction is not _NO_CORRECTION or op.kind == "moments" else 0.0
     ndim = arr.ndim
     if op.kind == "arg":
         arg_axis = _arg_axis(axis, ndim, op)

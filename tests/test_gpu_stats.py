@@ -1011,6 +1011,23 @@ def test_float64_outlier_shift_keeps_a_finite_var(n, value):
     assert math.isclose(float(multireduce.std(dev, correction=1)), float(np.std(host, ddof=1)), rel_tol=1e-12)
 
 
+@pytest.mark.parametrize("center", [3.5e150, 1e153, 1e160])
+def test_variance_of_data_beyond_2_to_the_500_keeps_its_digits_on_the_gpu(center):
+    # Elements beyond 2**500 could not be a thread's shift or a row's base (the limit is now
+    # 2**960, as the host's): their sums were unshifted, and far from zero the variance kept
+    # 8-10 digits. Against the host's variance (tests/test_semantics.py checks it against
+    # exact Fractions), and the device stats against the host's finalize of the same state.
+    rng = np.random.default_rng(5)
+    for shape, axis in [(((1 << 20) + 3,), None), ((64, 40001), 1), ((40001, 64), 0)]:
+        host = center + rng.standard_normal(shape) * (center * 1e-10)
+        dev = cupy.asarray(host)
+        want = np.asarray(multireduce.var(host, axis=axis))
+        got = cupy.asnumpy(multireduce.var(dev, axis=axis))
+        np.testing.assert_allclose(got, want, rtol=1e-13)
+        np.testing.assert_allclose(cupy.asnumpy(multireduce.stats(dev, axis=axis).var), want, rtol=1e-13)
+        assert_device_stats_match_host_finalize(dev, axis, 0.0)
+
+
 @pytest.mark.parametrize("shape", [(6, 4099), (6, 2**17 + 1)])
 def test_float64_overflow_over_rows_leaves_the_other_rows_unchanged(shape):
     # Rows 1 and 4 overflow (alternating +-1e300; a +-1e308 pair among zeros): their var

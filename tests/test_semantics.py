@@ -1160,7 +1160,7 @@ def test_base_search_reaches_past_the_first_block():
     b[0, 50] = 7.0
     b[1, 0] = 2.0
     b[2, 10] = np.inf
-    b[2, 20] = 2.0**501
+    b[2, 20] = 2.0**961
     base, none = _stats._shift_base(b, 1)
     assert base.tolist() == [7.0, 2.0, 0.0] and none.tolist() == [False, False, True]
     base, none = _stats._shift_base(b, 1, only=np.array([True, False, False]))
@@ -1168,7 +1168,7 @@ def test_base_search_reaches_past_the_first_block():
     work = _stats._work_buffers(b.size)
     assert _stats._shift_base(b, 1, work=work)[0].tolist() == [7.0, 2.0, 0.0]
     c = np.ascontiguousarray(b.T)  # along a leading axis, and a huge first finite element
-    c[5, 2] = 2.0**600
+    c[5, 2] = 2.0**1000
     c[30, 2] = 3.0
     base, none = _stats._shift_base(c, 0, work=work)
     assert base.tolist() == [7.0, 2.0, 3.0] and none is None
@@ -2263,3 +2263,38 @@ def test_a_narrow_float_sum_past_its_range_warns_as_numpys(name, dtype, value):
     with np.errstate(over="raise"), pytest.raises(FloatingPointError, match="overflow encountered in reduce"):
         multireduce.stats(x)
     assert np.isinf(s.sum)
+
+
+def _exact_variance(x: np.ndarray, axis: int) -> np.ndarray:
+    # The exact variance of each slice (Fractions), rounded once.
+    rows = np.moveaxis(x, axis, -1).reshape(-1, x.shape[axis])
+    out = []
+    for r in rows.tolist():
+        values = [Fraction(v) for v in r]
+        m = sum(values) / len(values)
+        out.append(float(sum((v - m) ** 2 for v in values) / len(values)))
+    return np.array(out)
+
+
+@pytest.mark.parametrize("center", [3.5e150, 1e153, 1e160])
+def test_variance_of_data_beyond_2_to_the_500_keeps_its_digits(center):
+    # Elements beyond 2**500 could not be the base of the block means (the limit is now 2**960):
+    # merged unshifted, 1e153 plus normals times 1e143 kept 8-10 digits of its variance.
+    # Columns of 64 bytes: blocks of 1,024 rows, merged; the flat array: blocks of 131,072.
+    rng = np.random.default_rng(3)
+    x = center + rng.standard_normal((5000, 8)) * (center * 1e-10)
+    want = _exact_variance(x, 0)
+    np.testing.assert_allclose(multireduce.var(x, axis=0), want, rtol=1e-13)
+    np.testing.assert_allclose(multireduce.var(np.ascontiguousarray(x.T), axis=1), want, rtol=1e-13)
+    flat = center + rng.standard_normal(140_000) * (center * 1e-10)
+    np.testing.assert_allclose(multireduce.var(flat), _exact_variance(flat[:, None], 0)[0], rtol=1e-13)
+
+
+def test_a_correction_that_is_not_a_number_is_refused_for_fold_ops_as_in_the_other_layers():
+    # None or "" passed the core's truth test and were taken for 0, where the Dask and MPI
+    # layers (and var) raise TypeError.
+    x = np.arange(5.0)
+    for value in (None, ""):
+        with pytest.raises(TypeError, match="op 'sum' does not take correction="):
+            multireduce.reduce(x, "sum", correction=value)
+    assert multireduce.reduce(x, "sum", correction=0) == 10.0  # zero is no correction

@@ -16,7 +16,7 @@
  *      s1 += x - c and s2 += (x - c)**2 around a per-thread constant c (the thread's first
  *      element if finite; else, past its leading vectors that hold only NaN (counted, not
  *      read again: first_vector_with_a_value), its first element among the next four
- *      vectors (then its tail element) that is finite and at most 2**500 in magnitude,
+ *      vectors (then its tail element) that is finite and at most 2**960 in magnitude,
  *      else the row's base (see 3), else 0; NaN elements add 0) in float64, lo/hi with NaN ignored and
  *      -0.0 < +0.0, and for 4- and 8-byte integers the exact sum in the int64/uint64 sum
  *      accumulator (wrapping as NumPy's). 1- and 2-byte integers and bool instead take
@@ -47,7 +47,7 @@
  *      with shuffles, then warp 0 over the warps' states, then the last block of the row
  *      merges the blocks' states in block order. Every state merged here holds its mean
  *      less the row's base (shift_base: the first of the row's first 32 elements that is
- *      finite and at most 2**500 in magnitude), and the row's state is written with the
+ *      finite and at most 2**960 in magnitude), and the row's state is written with the
  *      base added back (from_base). Chan's update adds d**2 * na * nb / n for the
  *      difference d of two means: means rounded at their own magnitude (float64 near 1.7e9
  *      with a spread of 1: about 1e-7) made d wrong by that much, and the variance of the
@@ -648,13 +648,14 @@ __device__ __noinline__ MomentState<S, E> rescan_state(MomentState<S, E> v, cons
     return v;
 }
 
-// A value that may be a base of means or a thread's shift: finite and at most 2**500 in
+// A value that may be a base of means or a thread's shift: finite and at most 2**960 in
 // magnitude (shift_base says why).
-__device__ __forceinline__ bool base_candidate(double f) { return is_finite_value(f) && fabs(f) <= 0x1p500; }
+__device__ __forceinline__ bool base_candidate(double f) { return is_finite_value(f) && fabs(f) <= 0x1p960; }
 
 // The base of a row's means (ALGORITHM 3): the first of its first 32 elements that is finite
-// and at most 2**500 in magnitude (far below half an ulp of the largest float64s, 2**970, so
-// that no finite c - base or mean + base overflows), as float64; `found` says whether there
+// and at most 2**960 in magnitude (below half an ulp of the largest float64s, 2**970, so that
+// no finite c - base or mean + base overflows: it rounds to at most the largest float64), as
+// float64; `found` says whether there
 // is one (else 0: the blocks then take their own, block_base). As _stats._shift_base, which
 // looks through the whole slice. Every thread of the row finds the same; most read one
 // element. (A base far from the mean rounds the means less it at the base's scale: harmless
@@ -863,7 +864,7 @@ moments_rows_kernel(const T* __restrict__ in, long long rows, long long length, 
         if constexpr (IsFloatElement<T>::value) {
             // A NaN or infinite first element: the thread skips its leading vectors that
             // hold only NaN (first_vector_with_a_value), then takes its first element among
-            // the next four vectors that is finite and at most 2**500 in magnitude
+            // the next four vectors that is finite and at most 2**960 in magnitude
             // (shift_base's test: x - c of finite elements cannot overflow, and [inf, 1e308,
             // -1e308] keeps NumPy's inf mean), else the row's base (an element of the row, so
             // exact in T; 0 without one). With c = 0, a thread's s2 of timestamps near 1.7e9
