@@ -430,6 +430,7 @@ def _block_moments(
     work: tuple[np.ndarray, np.ndarray],
     axis: int = -1,
     base: Any = 0.0,
+    pairwise: bool = False,
 ) -> Moments:
     """The moments state of the block ``b`` over its axis ``axis``, its mean less ``base``.
 
@@ -447,8 +448,16 @@ def _block_moments(
     whole slice at finalize (:func:`warn_arithmetic`), and the underflows of these internal
     steps are none of NumPy's (``errstate(under="raise")`` raised for float64 data holding
     a subnormal, where NumPy's var does not).
+
+    ``pairwise``: ``b`` is the transpose of short rows (``axis`` 0), and its float64 sums
+    take NumPy's order along a row (:func:`_pairwise_sum0`), so that the state has the bits
+    of the rows reduced in place.
     """
     m = b.shape[axis]
+
+    def fsum(a: np.ndarray) -> np.ndarray:  # the float64 sums along the reduced axis
+        return _pairwise_sum0(a) if pairwise else np.add.reduce(a, axis=axis)
+
     f = _like(work[0], b)
     acc = _sum_acc(b.dtype)
     # A float64 total is the sum of the float64 values: ``b`` itself for float64 input, else
@@ -465,7 +474,7 @@ def _block_moments(
             np.copyto(f, b, casting="safe")
             copied = True
         with np.errstate(all="ignore"):
-            total = np.add.reduce(f if copied else b, axis=axis)
+            total = fsum(f if copied else b)
         if b.dtype.kind == "f" and np.isnan(total).any():
             nanmask = np.isnan(b, out=_like(work[1], b))
             if nanmask.any():
@@ -491,7 +500,7 @@ def _block_moments(
     if total is None:
         with np.errstate(all="ignore"):
             if acc == np.float64:
-                total = np.add.reduce(values, axis=axis)
+                total = fsum(values)
             else:
                 total = np.add.reduce(clean, axis=axis, dtype=acc)
     ext = _extreme_acc(b.dtype)
@@ -501,7 +510,7 @@ def _block_moments(
     lo = OPS["nanmin"].host_reduce(src, ext, (axis % b.ndim,))
     hi = OPS["nanmax"].host_reduce(src, ext, (axis % b.ndim,))
     with np.errstate(all="ignore"):
-        mean = (total if acc == np.float64 else np.add.reduce(f, axis=axis)) / n
+        mean = (total if acc == np.float64 else fsum(f)) / n
         mean = np.where(n > 0, mean, 0.0)
     # An infinite element less an infinite mean: NaN.
     with np.errstate(all="ignore"):
@@ -509,7 +518,7 @@ def _block_moments(
     with np.errstate(all="ignore"):
         if nanmask is not None:
             d[nanmask] = 0.0
-        residual = np.add.reduce(d, axis=axis) / np.where(n > 0, n, 1)
+        residual = fsum(d) / np.where(n > 0, n, 1)
         # The residual corrects the mean only where every deviation x - mean is exact: by
         # Sterbenz's lemma, where the elements lie within a factor of 2 of the mean (data far
         # from zero, whose float64 total rounds at the mean's scale). Elsewhere the
@@ -520,7 +529,7 @@ def _block_moments(
         exact = np.where(mean > 0, (low >= half) & (high / 2 <= mean), (high <= half) & (low / 2 >= mean) & (mean < 0))
         residual = np.where(exact & np.isfinite(residual), residual, 0.0)
         mean = np.where(n > 0, (mean - base) + residual, 0.0)
-        m2 = np.add.reduce(np.multiply(d, d, out=d), axis=axis)
+        m2 = fsum(np.multiply(d, d, out=d))
         # Deviations from the rounded mean: their squares exceed those from the exact mean
         # by n * residual**2 (float64 totals of int64 near 1e12 are off by about 1e-4).
         excess = n * (residual * residual)
@@ -560,7 +569,7 @@ def _work_buffers(size: int) -> tuple[np.ndarray, np.ndarray]:
     return np.empty(size, np.float64), np.empty(size, np.bool_)
 
 
-def _merged_blocks(blocks, work: tuple[np.ndarray, np.ndarray], axis: int = -1) -> Moments:
+def _merged_blocks(blocks, work: tuple[np.ndarray, np.ndarray], axis: int = -1, pairwise: bool = False) -> Moments:
     """The merged moments state of ``blocks`` (consecutive pieces along the reduced axis ``axis``).
 
     Every block's mean is taken less its slice's base (:func:`_shift_base`): the first
@@ -584,7 +593,7 @@ def _merged_blocks(blocks, work: tuple[np.ndarray, np.ndarray], axis: int = -1) 
                 state = replace(state, mean=moved)
                 base = np.where(found, later, base)
                 missing = none
-        block = _block_moments(b, work, axis, base)
+        block = _block_moments(b, work, axis, base, pairwise)
         state = block if state is None else merge(state, block, low_parts=False)
     return _from_base(state, base)
 
@@ -842,6 +851,55 @@ def warn_arithmetic(state: Moments, quiet_m2: bool, skips_nan: bool) -> None:
             np.add.reduce(np.array([np.finfo(np.float64).max] * 2))
 
 
+#: Rows of at most this many elements are reduced as their transpose (:func:`moments`).
+_SHORT_ROWS = 64
+
+
+def _pairwise_sum0(t: np.ndarray) -> np.ndarray:
+    """The float64 sums of ``t`` (shape ``(n, R)``, ``n`` at most 128) along axis 0, in NumPy's order along a row.
+
+    NumPy's add.reduce of a row of ``n <= 128`` contiguous elements starts from 0 and adds
+    the row's pairwise sum: below 8 elements one after another; else 8 accumulators take
+    elements ``j, j + 8, ...`` of the whole groups of 8, are added as ``((r0 + r1) + (r2 +
+    r3)) + ((r4 + r5) + (r6 + r7))``, and the rest follow one by one. Here each step adds
+    whole rows of ``t`` (the transposed elements), so the sums have the bits of
+    ``np.add.reduce(t.T, axis=-1)`` (:func:`_pairwise_order_holds` checks it once).
+    """
+    n = t.shape[0]
+    with np.errstate(all="ignore"):
+        if n < 8:
+            res = np.zeros(t.shape[1:])
+            for i in range(n):
+                res += t[i]
+            return res
+        r = t[:8].copy()
+        whole = n - n % 8
+        for i in range(8, whole, 8):
+            r += t[i : i + 8]
+        res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]))
+        for i in range(whole, n):
+            res += t[i]
+        return 0.0 + res
+
+
+@functools.cache
+def _pairwise_order_holds() -> bool:
+    """Whether :func:`_pairwise_sum0` has the bits of this NumPy's add.reduce along rows (checked once).
+
+    Rows of every length up to :data:`_SHORT_ROWS` with magnitudes over 16 binades (each sum
+    rounds at many places) and signed zeros. Another NumPy with another order: the short rows
+    go the usual way, with NumPy's own sums.
+    """
+    rng = np.random.default_rng(20261201)
+    for n in range(1, _SHORT_ROWS + 1):
+        rows = rng.standard_normal((16, n)) * 2.0 ** rng.integers(-8, 8, (16, n))
+        rows[0] = -0.0
+        want = np.add.reduce(rows, axis=-1)
+        if _pairwise_sum0(np.ascontiguousarray(rows.T)).tobytes() != want.tobytes():
+            return False
+    return True
+
+
 def moments(x: np.ndarray, axes: tuple[int, ...]) -> Moments:
     """The moments state of the NumPy array ``x`` over ``axes`` (normalized, non-negative).
 
@@ -881,10 +939,23 @@ def moments(x: np.ndarray, axes: tuple[int, ...]) -> Moments:
         return empty_moments(x.dtype, kshape)
     out = None if kept <= rows else empty_moments(x.dtype, (kept,))
     work = _work_buffers(min(rows, kept) * min(cols, reduced))  # the largest block
+    # Short rows are reduced as their transpose (one copy per tile): NumPy's reductions along
+    # a short axis pay per row (float64 var of 262144 x 8 over its rows: 49 ms, NumPy's 13),
+    # while along the transpose's leading axis each step is one pass over a whole tile; the
+    # sums keep NumPy's pairwise order along each row (_pairwise_sum0), so the bits too. (Only
+    # for contiguous rows: NumPy adds strided rows, whose kept axis is the inner one, in turn.)
+    short = 2 <= reduced <= _SHORT_ROWS and kept > 1 and y.flags.c_contiguous and x.dtype != np.float16
+    short = short and _pairwise_order_holds()
+    rows_t = np.empty((reduced, min(rows, kept)), y.dtype) if short else None
     for r0 in range(0, kept, rows):
         r1 = min(kept, r0 + rows)
-        blocks = (y[r0:r1, c0 : c0 + cols] for c0 in range(0, reduced, cols))
-        state = _merged_blocks(blocks, work)
+        if short:
+            t = rows_t[:, : r1 - r0]
+            np.copyto(t, y[r0:r1].T)
+            state = _merged_blocks(iter([t]), work, axis=0, pairwise=True)
+        else:
+            blocks = (y[r0:r1, c0 : c0 + cols] for c0 in range(0, reduced, cols))
+            state = _merged_blocks(blocks, work)
         if out is None:  # one tile holds every row
             return state.map(lambda a: np.asarray(a).reshape(kshape))
         for name in _MOMENTS_FIELDS:
