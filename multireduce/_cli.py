@@ -1315,14 +1315,29 @@ def _cmd_info(args, comm, mpi) -> int:
 # bench
 
 
+def _is_foreign_pipe(st: os.stat_result) -> bool:
+    """Whether ``st`` is a pipe (FIFO) or socket other than this process's standard output or error."""
+    if not (stat.S_ISFIFO(st.st_mode) or stat.S_ISSOCK(st.st_mode)):
+        return False
+    for fd in (1, 2):
+        try:
+            if os.path.samestat(st, os.fstat(fd)):
+                return False
+        except OSError:  # closed
+            continue
+    return True
+
+
 def _check_output(path: Path) -> None:
     """Fail now, not after the benchmark, if the JSON file ``path`` cannot be written.
 
     Makes the missing parent directories (as the final write does), opens the file for
     appending (which changes nothing in an existing file) and removes it again if it was new.
-    A pipe (FIFO) or socket is refused before it is opened: the open waits for a reader (every
-    rank waited with it), and with one, this check's close ended the reader's input before
-    the results were written (the final write then waited for ever).
+    A pipe (FIFO) or socket is refused before it is opened, unless it is this process's own
+    standard output or error (``/dev/stdout`` into a pipe, as under a launcher): the open of
+    another waits for a reader (every rank waited with it), and with one, this check's close
+    ended the reader's input before the results were written (the final write then waited
+    for ever).
 
     Raises
     ------
@@ -1333,7 +1348,7 @@ def _check_output(path: Path) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         existed = path.exists()
-        if existed and (stat.S_ISFIFO(path.stat().st_mode) or stat.S_ISSOCK(path.stat().st_mode)):
+        if existed and _is_foreign_pipe(path.stat()):
             raise OSError(errno.EINVAL, "a pipe (FIFO) or socket, not a file (write the JSON to a file)")
         with open(path, "a"):
             pass
@@ -1358,7 +1373,8 @@ def _cmd_bench(args, comm, mpi) -> int:
     sizes = args.sizes or (
         [2**10, 2**16, 2**20, 2**24, 2**27] if ctx.backend == "gpu" else [2**10, 2**14, 2**18, 2**21]
     )
-    empty = [name for name in args.ops if not get_op(name).empty_allowed] if args.ops and 0 in sizes else []
+    named = list(dict.fromkeys(args.ops or []))  # in order, once each
+    empty = [name for name in named if not get_op(name).empty_allowed] if 0 in sizes else []
     error = _no_elements_error(empty, args) if empty else None
     if ctx.rank == 0 and error is None:
         try:

@@ -15,8 +15,9 @@ sum (|error| <= half an ulp of the result), or +-inf when the exact sum rounds b
 dtype's largest finite value; that rounding raises NumPy's floating-point overflow as the
 ordinary sum's does (a ``RuntimeWarning``, under the caller's ``numpy.errstate``; see
 :func:`round_to_dtype`). Special values follow IEEE 754: any NaN, or +inf together with
--inf, gives NaN; otherwise an infinity gives that infinity, without a warning (NumPy warns
-for none of these), whatever the finite elements add up to.
+-inf, gives NaN; otherwise an infinity gives that infinity, whatever the finite elements
+add up to. Only +inf with -inf and no NaN warns, as NumPy's sum of them does ("invalid value
+encountered in reduce": :meth:`ExactSum.result`).
 
 Layout
 ------
@@ -173,7 +174,11 @@ class ExactSum:
         the mean is the exact sum over the count, rounded once, so it lies within the range
         of its finite elements and never overflows (10 float16 60000.0: the sum is inf with
         the warning, the mean 60000.0 without). A NaN or an infinity among the elements gives
-        NaN or that infinity without a warning.
+        NaN or that infinity without a warning; +inf with -inf (and no NaN) gives NaN with
+        NumPy's "invalid value encountered in reduce" (its sum adds them: inf - inf), under
+        the caller's ``numpy.errstate``. (NumPy's own sum warns there only where the two
+        infinities meet before a NaN in its order of additions; the rule here, the moments'
+        too, does not depend on the order.)
         """
         dt = np.dtype(dtype)
         if mean and self.count == 0:
@@ -181,6 +186,8 @@ class ExactSum:
             return dt.type(np.nan)
         divide_by = self.count if mean else 1
         nan, pos_inf, neg_inf = (int(f) for f in self.flags)
+        if pos_inf and neg_inf and not nan:
+            np.add.reduce(np.array([np.inf, -np.inf]))  # NumPy's invalid value, under the caller's errstate
         if nan or (pos_inf and neg_inf):
             return dt.type(np.nan)
         if pos_inf or neg_inf:

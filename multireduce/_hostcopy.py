@@ -76,7 +76,14 @@ def cache_dir() -> Path:
 
 
 def _compiler() -> list[str]:
-    return shlex.split(os.environ.get("CC") or "cc")
+    cc = os.environ.get("CC") or "cc"
+    try:
+        return shlex.split(cc)
+    except ValueError as exc:  # an unclosed quote
+        raise NativeUnavailable(
+            f"cannot build the native copy engine: CC={cc!r} is not a command line ({exc}); "
+            "fix CC, or set multireduce.stream.COPY_ENGINE = 'python'"
+        ) from exc
 
 
 def library_path() -> Path:
@@ -128,7 +135,7 @@ def _build(target: Path) -> None:
     command = [*_compiler(), *_CFLAGS, "-o", tmp, str(SOURCE)]
     try:
         try:
-            done = subprocess.run(command, capture_output=True, text=True, check=False)
+            done = subprocess.run(command, capture_output=True, text=True, errors="replace", check=False)
         except OSError as exc:
             raise NativeUnavailable(
                 f"cannot build the native copy engine: running {shlex.join(command)!r} failed ({exc}); "
@@ -140,6 +147,14 @@ def _build(target: Path) -> None:
                 f"{done.stderr.strip()}\n(fix the compiler or set CC, or set multireduce.stream.COPY_ENGINE = 'python')"
             )
         try:
+            # Readable by every user of a shared cache (mkstemp made it 0600; 0755, as an
+            # installed extension module), on disk before its name (a short file after a crash
+            # made the loader fault: SIGBUS), and its digest beside it, which _open checks.
+            os.chmod(tmp, 0o755)
+            with open(tmp, "rb") as built:
+                digest = hashlib.sha256(built.read()).hexdigest()
+                os.fsync(built.fileno())
+            _write_atomically(_digest_path(target), digest)
             os.replace(tmp, target)
         except OSError as exc:
             raise _cache_dir_error("renaming the built library to", target, exc) from exc
@@ -148,6 +163,41 @@ def _build(target: Path) -> None:
             os.unlink(tmp)
         except FileNotFoundError:
             pass  # renamed into place
+
+
+def _digest_path(target: Path) -> Path:
+    return target.with_name(target.name + ".sha256")
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=path.name + "-", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as out:
+            out.write(text)
+            out.flush()
+            os.fsync(out.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    finally:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass  # renamed into place
+
+
+def _intact(path: Path) -> bool:
+    """Whether the library at ``path`` has the digest written beside it when it was built.
+
+    A file cut short (a crash before it reached the disk, a partial copy of the cache) made
+    the dynamic loader map pages past its end, and the process died of SIGBUS before any
+    Python error; one without its digest (another version's, or a foreign file) is rebuilt too.
+    """
+    try:
+        want = _digest_path(path).read_text().strip()
+        got = hashlib.sha256(path.read_bytes()).hexdigest()
+    except (OSError, UnicodeDecodeError):
+        return False
+    return got == want
 
 
 _lock = threading.Lock()
@@ -159,7 +209,7 @@ _failures: dict[tuple, NativeUnavailable] = {}
 
 
 def _configuration() -> tuple:
-    return (tuple(_compiler()), str(cache_dir()))
+    return (os.environ.get("CC") or "cc", str(cache_dir()))
 
 
 def load() -> ctypes.CDLL:
@@ -199,7 +249,7 @@ def _open() -> tuple[ctypes.CDLL, Path]:
         present = path.exists()
     except OSError as exc:
         raise _cache_dir_error("looking up the library in the cache directory at", path, exc) from exc
-    if not present:
+    if not present or not _intact(path):
         _build(path)
     try:
         lib = ctypes.CDLL(str(path))

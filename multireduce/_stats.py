@@ -463,14 +463,17 @@ def _block_moments(
     # A float64 total is the sum of the float64 values: ``b`` itself for float64 input, else
     # its float64 copy ``f`` (float32 input: one pass fewer than summing through NumPy's
     # buffered cast, and pairwise over the whole block). ``f`` is laid out as ``b``
-    # (:func:`_like`), so NumPy adds in the same order. The total leaves NaN out (the count
-    # holds it); +inf with -inf: NaN; an overflow: inf. A slice holding a NaN has a NaN sum,
-    # so the NaN are looked for only where a sum is NaN (two passes fewer for every block
-    # without one), and the sums are then taken again without them.
+    # (:func:`_like`), so NumPy adds in the same order, except where ``b`` repeats elements
+    # (a stride of 0, a broadcast view: NumPy orders such an axis otherwise), which is
+    # copied. The total leaves NaN out (the count holds it); +inf with -inf: NaN; an
+    # overflow: inf. A slice holding a NaN has a NaN sum, so the NaN are looked for only where
+    # a sum is NaN (two passes fewer for every block without one), and the sums are then
+    # taken again without them, from the copy.
     nanmask = total = None
     copied = False  # whether ``f`` holds the float64 values of ``clean``
+    in_place = b.dtype == np.float64 and all(s != 0 for s, k in zip(b.strides, b.shape, strict=True) if k > 1)
     if acc == np.float64:
-        if b.dtype != np.float64:
+        if not in_place:
             np.copyto(f, b, casting="safe")
             copied = True
         with np.errstate(all="ignore"):
@@ -493,10 +496,10 @@ def _block_moments(
         nan = np.zeros(np.delete(b.shape, axis), np.int64)
         clean = b
     n = m - nan
-    if not copied and b.dtype != np.float64:
+    if not copied and not (in_place and nanmask is None):
         np.copyto(f, clean, casting="safe")  # the float64 values (clean.astype(np.float64))
         copied = True
-    values = f if copied else clean  # the float64 values; float64 input is not copied
+    values = f if copied else b  # the float64 values; a float64 block without NaN is not copied
     if total is None:
         with np.errstate(all="ignore"):
             if acc == np.float64:
@@ -1283,6 +1286,8 @@ class Stats:
         :func:`multireduce.std`'s value: the square root of the float64 variance, rounded
         once (not the square root of ``var``, which for float16 and float32 input is
         rounded already, and is infinite or zero where the variance leaves their range).
+        A field since 2026-12-01 (a property, ``sqrt(var)``, before); a ``Stats`` made with
+        seven fields takes ``sqrt(var)`` for it, as before.
 
     NaN propagates into sum, min, max, mean and var exactly as in the single ops; the counts
     say how many elements were NaN (``count - nan_count`` are numbers).
@@ -1295,7 +1300,11 @@ class Stats:
     max: Any
     mean: Any
     var: Any
-    std: Any
+    std: Any = None
+
+    def __post_init__(self) -> None:
+        if self.std is None:  # made with the seven fields of the earlier Stats
+            object.__setattr__(self, "std", np.sqrt(self.var))
 
 
 def empty_stats_error() -> ValueError:
@@ -1334,6 +1343,8 @@ def finalize_stats(state: Moments, dtype: np.dtype, correction: float = 0.0, val
     # NaN where N - correction <= 0, as var's, without its warning (only that one: a
     # warnings filter here hid the cast's overflow too, and in every thread).
     var = finalize_moments(state, OPS["var"], np.dtype(np.float64), correction, count_warnings=False)
+    with np.errstate(over="ignore"):  # std overflows its dtype only where var did, which warned
+        std = _as_result(np.sqrt(var), mean_dt)  # std's value: the float64 root, rounded once
     return Stats(
         count=_as_result(count, np.int64),
         nan_count=_as_result(state.nan, np.int64),
@@ -1342,7 +1353,7 @@ def finalize_stats(state: Moments, dtype: np.dtype, correction: float = 0.0, val
         max=_as_result(hi, dtype),
         mean=finalize_moments(state, OPS["mean"], mean_dt),
         var=_as_result(var, mean_dt),
-        std=_as_result(np.sqrt(var), mean_dt),  # std's value: the float64 root, rounded once
+        std=std,
     )
 
 
@@ -1362,6 +1373,8 @@ def _finalize_stats_scalar(state: Moments, dtype: np.dtype, correction: float, v
     mean_dt = OPS["mean"].result_dtype(dtype)
     dof = n - correction
     var = _divide_m2(_state_m2_scalar(state), dof) if dof > 0 and not nan else math.nan
+    with np.errstate(over="ignore"):  # std overflows its dtype only where var did, which warns below
+        std = mean_dt.type(math.sqrt(var) if var >= 0 else math.nan)
     return Stats(
         count=np.int64(n + nan),
         nan_count=np.int64(nan),
@@ -1370,7 +1383,7 @@ def _finalize_stats_scalar(state: Moments, dtype: np.dtype, correction: float, v
         max=np.asarray(hi).astype(dtype)[()],
         mean=mean_dt.type(_state_mean_scalar(state) if n > 0 and not nan else math.nan),
         var=mean_dt.type(var),
-        std=mean_dt.type(math.sqrt(var) if var >= 0 else math.nan),
+        std=std,
     )
 
 

@@ -19,7 +19,7 @@ import numpy as np
 from numpy.lib.array_utils import normalize_axis_index, normalize_axis_tuple
 
 from . import _stats
-from .ops import OPS, Op, check_dtype, get_op
+from .ops import OPS, Op, cast_result, check_dtype, get_op
 
 __all__ = [
     "all",
@@ -246,15 +246,15 @@ def _converted(arr, op: Op, result: np.dtype, acc: np.dtype, exact: bool):
     As the backends' reductions with ``dtype=`` convert: nansum and nanprod drop NaN (as
     their identity, 0 or 1) before an integer conversion; a NaN, an infinity or a value out
     of range converts to whatever the cast gives, with NumPy's RuntimeWarning on the CPU
-    ("overflow" or "invalid value encountered in cast"; NumPy's reduction warns likewise,
-    and ``np.errstate`` governs both).
+    ("overflow" or "invalid value encountered in reduce", as NumPy's reduction converts
+    inside the reduction: :func:`multireduce.ops.cast_result`; ``np.errstate`` governs it).
     """
     if not _converts(arr.dtype, result, acc, exact):
         return arr
     if op.skips_nan and arr.dtype.kind == "f" and result.kind in "iu":
         xp = sys.modules["cupy"] if _is_cupy_array(arr) else np
         arr = xp.where(xp.isnan(arr), op.identity(arr.dtype), arr)
-    return arr.astype(result)
+    return cast_result(arr, result)
 
 
 def _check_correction(op: Op, correction: Any) -> float:
@@ -409,8 +409,8 @@ def _reduce(x: Any, op: str | Op, axis: Any, keepdims: bool, dtype: Any, correct
     op, result, acc = _plan(arr, op, dtype)
     keepdims = _checked_keepdims(keepdims)
     reproducible = _checked_reproducible(reproducible)
-    # Checked unless it is the default (None, False or "" passed a truth test here and were
-    # taken for 0, where the MPI and Dask layers refuse them).
+    # Checked unless it is the default (None and "" passed a truth test here and were taken
+    # for 0, where the MPI and Dask layers refuse them).
     corr = _check_correction(op, correction) if correction is not _NO_CORRECTION or op.kind == "moments" else 0.0
     ndim = arr.ndim
     if op.kind == "arg":

@@ -21,7 +21,6 @@ them spells out an identity or an accumulator rule of its own.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -204,25 +203,29 @@ _F64_MAX = float(np.finfo(np.float64).max)
 
 
 def cast_result(value: Any, result: np.dtype) -> Any:
-    """An accumulator's ``value`` (a NumPy or CuPy array or scalar) converted to the result dtype ``result``.
+    """``value`` (a NumPy or CuPy array or scalar) converted to ``result``, warning as NumPy's reductions do.
 
-    float16 and float32 sums and products accumulate in a wider float: a result past the
-    narrow dtype's range overflows in this last conversion, where NumPy's own reduction (in
-    the narrow dtype) overflows in its additions and warns "overflow encountered in reduce".
-    That is the warning given here (under the caller's ``numpy.errstate``), not "in cast".
-    CuPy values are converted on their device, silently, as every GPU operation.
+    For an accumulator's value converted to the result dtype (float16 and float32 sums and
+    products accumulate in a wider float: past the narrow dtype's range the conversion
+    overflows, where NumPy's own reduction, in the narrow dtype, overflows in its
+    additions), and for the elements converted by ``dtype=`` (which NumPy converts inside
+    its reduction): NumPy says "overflow encountered in reduce" and "invalid value
+    encountered in reduce", not "... in cast". Those are the warnings given here, under the
+    caller's ``numpy.errstate`` (raise, ignore, call as NumPy's). CuPy values are converted
+    on their device, silently, as every GPU operation.
     """
-    narrows = result.kind == "f" and value.dtype.kind == "f" and value.dtype.itemsize > result.itemsize
-    if not narrows or type(value).__module__.startswith("cupy"):
+    if type(value).__module__.startswith("cupy"):
         return value.astype(result)
-    with np.errstate(over="ignore"):
+    flags: set[str] = set()
+    with np.errstate(all="call", call=lambda kind, flag: flags.add(kind)):
         out = value.astype(result)
-    if np.ndim(out) == 0:
-        overflowed = math.isinf(out) and not math.isinf(value)
-    else:
-        overflowed = bool(np.any(np.isinf(out) & np.isfinite(value)))
-    if overflowed:
-        np.add.reduce(np.array([_F64_MAX, _F64_MAX]))  # NumPy's warning of a sum that overflows
+    if flags:
+        # NumPy's callback names them "overflow" and "invalid value" (underflow: ignored, as
+        # by NumPy's default); its own warnings of a reduction, in its order:
+        if any(kind.startswith("overflow") for kind in flags):
+            np.add.reduce(np.array([_F64_MAX, _F64_MAX]))
+        if any(kind.startswith("invalid") for kind in flags):
+            np.add.reduce(np.array([np.inf, -np.inf]))
     return out
 
 

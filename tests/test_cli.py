@@ -1166,6 +1166,12 @@ def test_bench_output_that_is_a_pipe_is_refused_at_once(mpiexec, tmp_path):
     from multireduce._cli import _check_output
 
     _check_output(Path(os.devnull))  # a character device is written to as before
+    # This process's own standard output, a pipe here (the test's capture), as under a
+    # launcher: written to as before (/dev/stdout was refused by the first version).
+    done = run(
+        None, 1, [*CLI, "bench", "--cpu", "--sizes", "10", "--op", "sum", "--repeat", "1", "--output", "/dev/stdout"]
+    )
+    assert done.returncode == 0 and '"records"' in done.stdout, done.output
 
 
 @pytest.mark.mpi

@@ -7,6 +7,7 @@ The engine inside the pipeline is tested in test_stream.py; with the real driver
 from __future__ import annotations
 
 import functools
+import hashlib
 import multiprocessing
 import os
 import shutil
@@ -443,3 +444,47 @@ def test_a_missing_upload_function_is_named(lib, value, exc):
     with pytest.raises(exc, match="upload must be the address of an upload function"):
         _hostcopy.stage(table_for(src, staged, dev, [0, 100]), 1, value)
     assert lib.mr_test_calls() == 0 and not dev.any()
+
+
+def test_a_truncated_cached_library_is_rebuilt_not_loaded(tmp_path):
+    # A library cut short (a crash before it reached the disk, a partial copy of the cache):
+    # the loader mapped pages past its end and the process died of SIGBUS (exit 135). Each
+    # library has its digest beside it, checked before loading; a mismatch rebuilds it. In
+    # a child process: the old code's failure was a crash.
+    env = {**os.environ, "MULTIREDUCE_CACHE_DIR": str(tmp_path)}
+    env.pop("CC", None)
+    probe = [sys.executable, "-c", "import multireduce.stream as s; print(s.copy_engine()['engine'])"]
+    first = subprocess.run(probe, env=env, capture_output=True, text=True, timeout=120)
+    assert first.returncode == 0 and first.stdout.split() == ["native"], first.stderr
+    (lib,) = tmp_path.glob("hostcopy-*.so")
+    assert (lib.stat().st_mode & 0o777) == 0o755  # readable by every user of a shared cache
+    whole = lib.read_bytes()
+    assert (tmp_path / (lib.name + ".sha256")).read_text().strip() == hashlib.sha256(whole).hexdigest()
+    lib.write_bytes(whole[:4000])
+    again = subprocess.run(probe, env=env, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0 and again.stdout.split() == ["native"], (again.returncode, again.stderr)
+    assert lib.read_bytes() == whole  # rebuilt: the same compiler and source give the same file
+    (tmp_path / (lib.name + ".sha256")).unlink()  # another version's library, without its digest
+    assert not _hostcopy._intact(lib)
+
+
+@pytest.mark.parametrize(
+    ("cc", "match"),
+    [("cc '", "is not a command line"), ("BADCC", "exited with 1")],
+)
+def test_a_compiler_setting_that_cannot_run_falls_back(monkeypatch, tmp_path, fresh_engine, cc, match):
+    # An unclosed quote in CC (shlex's ValueError) and a compiler whose output is not UTF-8
+    # (UnicodeDecodeError) escaped copy_engine() instead of the warning and Python threads.
+    if cc == "BADCC":
+        script = tmp_path / "badcc"
+        script.write_text("#!/bin/sh\nprintf '\\377\\376 broken\\n' >&2\nexit 1\n")
+        script.chmod(0o755)
+        cc = str(script)
+    monkeypatch.setenv("MULTIREDUCE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("CC", cc)
+    with pytest.raises(_hostcopy.NativeUnavailable, match=match):
+        _hostcopy.load()
+    with pytest.warns(RuntimeWarning, match="copies with Python threads"):
+        assert stream._native_enabled() is False
+    engine = stream.copy_engine()
+    assert engine["engine"] == "python" and match.split()[0] in engine["reason"], engine

@@ -280,8 +280,9 @@ def test_overflow_follows_numpy_errstate(dtype):
 
 @pytest.mark.parametrize("dtype", FLOATS)
 def test_inf_and_nan_inputs_do_not_warn_whatever_the_finite_total(dtype):
-    # NumPy warns for no infinity or NaN in the input; the finite elements here alone overflow
-    # (and warn: the first line), but the special value decides the result, silently.
+    # NumPy warns for no single infinity or NaN in the input; the finite elements here alone
+    # overflow (and warn: the first line), but the special value decides the result,
+    # silently. (+inf with -inf: the next test.)
     dt = np.dtype(dtype)
     top = float(np.finfo(dt).max)
     with np.errstate(all="raise"):
@@ -292,15 +293,35 @@ def test_inf_and_nan_inputs_do_not_warn_whatever_the_finite_total(dtype):
             ([-top, -top, np.inf], np.inf),
             ([top, top, -np.inf], -np.inf),
             ([top, top, np.nan], np.nan),
-            ([top, top, np.inf, -np.inf], np.nan),
+            ([top, top, np.inf, -np.inf, np.nan], np.nan),
             ([np.inf, 1.0], np.inf),
-            ([np.inf, -np.inf], np.nan),
+            ([np.nan, np.inf, -np.inf], np.nan),
         ):
             x = np.array(values, dtype=dt)
             for op in ("sum", "mean"):
                 got, seen = recorded(lambda: multireduce.reduce(x, op, reproducible=True))  # noqa: B023
                 assert seen == [], (values, op, seen)
                 assert_bits(got, dt.type(want), (values, op))
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_plus_and_minus_infinity_warn_as_numpys_sum(dtype):
+    # +inf with -inf (and no NaN) gave NaN silently, where NumPy's sum (and the ordinary
+    # one) warns "invalid value encountered in reduce", or raises under errstate; on every
+    # path that rounds an exact sum (the core, merged partials, MPI's packed limbs).
+    dt = np.dtype(dtype)
+    x = np.array([np.inf, 1.0, -np.inf], dtype=dt)
+    with np.errstate(invalid="raise"):
+        with pytest.raises(FloatingPointError, match="invalid value encountered in reduce"):
+            np.sum(x)
+        for op in ("sum", "mean"):
+            with pytest.raises(FloatingPointError, match="invalid value encountered in reduce"):
+                multireduce.reduce(x, op, reproducible=True)
+        for call in overflow_calls(x).values():
+            with pytest.raises(FloatingPointError, match="invalid value encountered in reduce"):
+                call()
+    got, seen = recorded(lambda: multireduce.sum(x, reproducible=True))
+    assert np.isnan(got) and seen == [(RuntimeWarning, "invalid value encountered in reduce")], seen
 
 
 def _adds_up_to_the_largest(dt: np.dtype) -> list[float]:

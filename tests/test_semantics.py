@@ -2323,3 +2323,54 @@ def test_short_rows_reduced_as_their_transpose_have_the_rows_bits(monkeypatch, d
     block = np.ascontiguousarray(x.astype(np.float64).T)
     with np.errstate(invalid="ignore"):  # inf + -inf in row 8
         _bits_equal(_stats._pairwise_sum0(block), np.add.reduce(x.astype(np.float64), axis=-1))
+
+
+def test_broadcast_views_keep_their_sums_order():
+    # A float64 block is summed in place unless it repeats elements (a stride of 0): NumPy
+    # orders such an axis otherwise than the block's copy, and the in-place sums of a
+    # broadcast column changed stats().sum and mean() in the last bit (they equal NumPy's).
+    rng = np.random.default_rng(3)
+    col = rng.standard_normal((300, 1)) * 10 ** rng.uniform(-3, 3, (300, 1))
+    x = np.broadcast_to(col, (300, 4))
+    _bits_equal(multireduce.stats(x, axis=0).sum, np.sum(x, axis=0))
+    _bits_equal(multireduce.mean(x, axis=0), np.mean(x, axis=0))
+    _bits_equal(multireduce.var(x, axis=0), multireduce.var(np.ascontiguousarray(x), axis=0))
+
+
+@pytest.mark.parametrize(
+    ("name", "values", "dtype"),
+    [
+        ("sum", [1e5, 1.0], "float16"),
+        ("nansum", [1e5, np.nan], "float16"),
+        ("prod", [1e39, 1.0], "float32"),
+        ("sum", [np.nan, 1.0], "int32"),
+        ("sum", [70000, 1], "float16"),
+    ],
+)
+def test_dtype_conversions_warn_as_numpys_reduction(name, values, dtype):
+    # dtype= converts each element; NumPy converts inside its reduction and says "... in
+    # reduce" where the conversion overflows or is invalid: this said "... in cast".
+    x = np.array(values, dtype=np.int64 if isinstance(values[0], int) else np.float64)
+    found = []
+    for fn in (getattr(np, name), getattr(multireduce, name)):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            fn(x, dtype=dtype)
+        found.append([str(w.message) for w in caught])
+    assert found[0] == found[1] and found[0][0].endswith("encountered in reduce"), found
+
+
+def test_stats_warns_once_where_var_and_std_leave_float16():
+    # std's conversion overflows only where var's did: one warning, as var's or std's alone.
+    x = np.array([100, -100, 0], np.float16)
+    for axis, data in ((None, x), (1, x[None])):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            s = multireduce.stats(data, axis=axis, correction=3 - 1e-6)
+        assert [str(w.message) for w in caught] == ["overflow encountered in cast"], caught
+        assert np.all(np.isinf(s.var)) and np.all(np.isinf(s.std))
+
+
+def test_a_stats_of_seven_fields_still_takes_sqrt_var_for_std():
+    s = multireduce.Stats(np.int64(3), np.int64(0), 6.0, 1.0, 3.0, 2.0, 4.0)
+    assert s.std == 2.0 and dataclasses.astuple(s)[-1] == 2.0

@@ -28,10 +28,11 @@ def reduce(x: np.ndarray, op: Op, acc: np.dtype, result: np.dtype, axes: tuple[i
         # dtype= converts each element first (the Array API's rule, and NumPy's): the
         # accumulator must see the converted values, e.g. 1.7 -> 1 for dtype=int32, or
         # 1e5 -> inf for dtype=float16. nansum and nanprod drop NaN (as their identity)
-        # before converting. A value out of range warns, as in NumPy's reduction.
+        # before converting. A value out of range warns as in NumPy's reduction ("... in
+        # reduce": cast_result).
         if op.skips_nan and x.dtype.kind == "f":
             x = np.where(np.isnan(x), op.identity(x.dtype), x)
-        x = x.astype(result)
+        x = cast_result(x, result)
     out = cast_result(np.asarray(op.host_reduce(x, acc, axes)), result)
     return out[()] if out.ndim == 0 else out
 
