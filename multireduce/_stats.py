@@ -854,8 +854,12 @@ def warn_arithmetic(state: Moments, quiet_m2: bool, skips_nan: bool) -> None:
             np.add.reduce(np.array([np.finfo(np.float64).max] * 2))
 
 
-#: Rows of at most this many elements are reduced as their transpose (:func:`moments`).
-_SHORT_ROWS = 64
+#: Rows of at most this many elements are reduced as their transpose (:func:`moments`), where
+#: there are at least :data:`_SHORT_ROWS_KEPT` of them (fewer: the transposed path's fixed
+#: Python cost per tile, 15-35 µs, was more than it saves; near 64 elements its gain falls to
+#: 5-15%).
+_SHORT_ROWS = 48
+_SHORT_ROWS_KEPT = 256
 
 
 def _pairwise_sum0(t: np.ndarray) -> np.ndarray:
@@ -866,7 +870,9 @@ def _pairwise_sum0(t: np.ndarray) -> np.ndarray:
     elements ``j, j + 8, ...`` of the whole groups of 8, are added as ``((r0 + r1) + (r2 +
     r3)) + ((r4 + r5) + (r6 + r7))``, and the rest follow one by one. Here each step adds
     whole rows of ``t`` (the transposed elements), so the sums have the bits of
-    ``np.add.reduce(t.T, axis=-1)`` (:func:`_pairwise_order_holds` checks it once).
+    ``np.add.reduce(t.T, axis=-1)`` (:func:`_pairwise_order_holds` checks it once), up to
+    the payload of a NaN where two different NaN meet (NumPy's loop keeps the first; the
+    moments' sums never add an input NaN: its elements are zeroed first).
     """
     n = t.shape[0]
     with np.errstate(all="ignore"):
@@ -947,7 +953,7 @@ def moments(x: np.ndarray, axes: tuple[int, ...]) -> Moments:
     # while along the transpose's leading axis each step is one pass over a whole tile; the
     # sums keep NumPy's pairwise order along each row (_pairwise_sum0), so the bits too. (Only
     # for contiguous rows: NumPy adds strided rows, whose kept axis is the inner one, in turn.)
-    short = 2 <= reduced <= _SHORT_ROWS and kept > 1 and y.flags.c_contiguous and x.dtype != np.float16
+    short = 2 <= reduced <= _SHORT_ROWS and kept >= _SHORT_ROWS_KEPT and y.flags.c_contiguous and x.dtype != np.float16
     short = short and _pairwise_order_holds()
     rows_t = np.empty((reduced, min(rows, kept)), y.dtype) if short else None
     for r0 in range(0, kept, rows):
