@@ -18,6 +18,7 @@ per compiler and cache directory, so that a failing build is not run again on ev
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import os
@@ -159,10 +160,13 @@ def _build(target: Path) -> None:
         except OSError as exc:
             raise _cache_dir_error("renaming the built library to", target, exc) from exc
     finally:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass  # renamed into place
+        _discard(tmp)
+
+
+def _discard(tmp: str) -> None:
+    """Remove the temporary file ``tmp``, unless it was renamed into place."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)
 
 
 def _digest_path(target: Path) -> Path:
@@ -179,10 +183,7 @@ def _write_atomically(path: Path, text: str) -> None:
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     finally:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass  # renamed into place
+        _discard(tmp)
 
 
 def _intact(path: Path) -> bool:
