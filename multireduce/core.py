@@ -434,13 +434,13 @@ def _reduce(x: Any, op: str | Op, axis: Any, keepdims: bool, dtype: Any, correct
         else:
             value = backend.exact_sum(arr).result(result, mean=op.name == "mean")
             if backend is _cupy_backend:
-                value = backend.constant(value, result)
+                value = backend.constant(value, result, like=arr)
         return _keep(value, arr.shape, axes) if keepdims else value
     if reproducible and op.name == "mean" and arr.dtype.kind in "biu":
         _check_integer_mean(arr, axes)  # then the ordinary mean, which is exact there
     if op.kind == "fold":
         if full and arr.size == 0 and op.functor is not None:
-            value = backend.constant(op.identity(acc), result)
+            value = backend.constant(op.identity(acc), result, like=arr)
         else:
             value = backend.reduce(arr, op, acc, result, axes)
     elif op.kind == "moments":
@@ -464,13 +464,14 @@ def _reduce(x: Any, op: str | Op, axis: Any, keepdims: bool, dtype: Any, correct
             on_cpu = backend is not _cupy_backend  # the GPU kernels do not warn
             value = _stats.finalize_moments(backend.moments(arr, axes, op), op, result, corr, value_warnings=on_cpu)
             if not on_cpu:  # the state came to the host; the result lives on the device
-                value = backend.from_host(value, result)
+                value = backend.from_host(value, result, like=arr)
     else:
         arg_axis = None if full and (axis is None or ndim <= 1) else axes[0]
         if backend is _cupy_backend and op.skips_nan and arr.dtype.kind == "f":
             # nanargmax, nanargmin: an all-NaN slice raises (NumPy's ValueError), so the state
             # comes to the host to be checked; the indices go back to the device.
-            value = backend.from_host(_stats.arg_finalize(backend.arg(arr, arg_axis, op), op), np.dtype(np.int64))
+            indices = _stats.arg_finalize(backend.arg(arr, arg_axis, op), op)
+            value = backend.from_host(indices, np.dtype(np.int64), like=arr)
         else:
             # The reduced axis is not empty (checked above), so every index exists: a GPU
             # result stays on the device, with nothing to decide on the host.
@@ -612,7 +613,8 @@ def partial(
         # The MPI layer's per-call path: a GPU shard's partial into its pinned slot.
         fast = axis is None and keepdims is False and reproducible is False
         plan = _gpu_plans.get((op, x.dtype)) if fast else None
-        if plan is not None and x.size and out.shape == () and out.dtype == plan[1]:
+        same_device = out.data.device_id == x.data.device_id  # else _partial_into refuses it
+        if plan is not None and x.size and out.shape == () and out.dtype == plan[1] and same_device:
             return _cupy_backend.reduce_full(x, plan[0], plan[1], plan[1], out=out)
     backend, arr = _backend_and_array(x)
     op, result, acc = _plan(arr, op, dtype)
@@ -636,11 +638,11 @@ def partial(
     full = len(axes) == ndim
     if op.kind == "fold":
         if arr.size == 0 and full:
-            value = backend.constant(op.identity(acc), acc)
+            value = backend.constant(op.identity(acc), acc, like=arr)
         elif math.prod(arr.shape[a] for a in axes) == 0:
             # Empty along the reduced axes: the identity (max/min have one here too).
             kshape = tuple(n for i, n in enumerate(arr.shape) if i not in axes)
-            value = backend.constant(op.identity(acc), acc, kshape)
+            value = backend.constant(op.identity(acc), acc, kshape, like=arr)
         else:
             value = backend.reduce(arr, op, acc, acc, axes)
         return _keep(value, arr.shape, axes) if keepdims else value
@@ -672,10 +674,12 @@ def _partial_into(backend, arr, op: Op, acc: np.dtype, axis, keepdims: bool, rep
             f"(op {op.name!r} on {arr.dtype}), not {type(out).__name__} of shape "
             f"{getattr(out, 'shape', None)} and dtype {getattr(out, 'dtype', None)}"
         )
+    if backend is _cupy_backend and out.device != arr.device:
+        raise ValueError(f"out= must be on the input's device (GPU {arr.device.id}), not on GPU {out.device.id}")
     if arr.size and backend is _cupy_backend and op.functor is not None:
         return backend.reduce_full(arr, op, acc, acc, out=out)
     if arr.size == 0:
-        out[...] = backend.constant(op.identity(acc), acc)
+        out[...] = backend.constant(op.identity(acc), acc, like=arr)
     else:
         out[...] = backend.reduce(arr, op, acc, acc, _ALL_AXES[arr.ndim])
     return out

@@ -215,7 +215,8 @@ def cast_result(value: Any, result: np.dtype) -> Any:
     on their device, silently, as every GPU operation.
     """
     if type(value).__module__.startswith("cupy"):
-        return value.astype(result)
+        with value.device:
+            return value.astype(result)
     flags: set[str] = set()
     with np.errstate(all="call", call=lambda kind, flag: flags.add(kind)):
         out = value.astype(result)

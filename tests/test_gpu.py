@@ -358,3 +358,36 @@ def test_per_thread_default_streams_do_not_share_workspaces():
         [sys.executable, "-c", _PER_THREAD_STREAM_SCRIPT], env=env, capture_output=True, text=True, timeout=240
     )
     assert done.returncode == 0 and done.stdout.strip() == "OK", done.stdout + done.stderr
+
+
+_TWO_GPUS = pytest.mark.skipif(
+    cupy.cuda.runtime.getDeviceCount() < 2, reason="needs two GPUs (results must live on the input's device)"
+)
+
+
+@_TWO_GPUS
+def test_results_made_from_identities_or_host_values_live_on_the_inputs_device():
+    # The sum of an empty array, nanvar's host-finalized state, a reproducible mean and a
+    # partial over empty axes were made on the current device: a Dask chunk on GPU 1, empty
+    # after a mask, gave a partial on GPU 0, and the combine refused the mixed devices.
+    with cupy.cuda.Device(1):
+        empty = cupy.zeros(0, cupy.float32)
+        values = cupy.arange(10.0)
+        columns = cupy.zeros((0, 3), cupy.float32)
+    for got in (
+        multireduce.sum(empty),
+        multireduce.nanvar(values),
+        multireduce.mean(values, reproducible=True),
+        multireduce.nanargmax(values),
+        multireduce.partial(columns, "sum", axis=0),
+    ):
+        assert got.device.id == 1, got
+
+
+@_TWO_GPUS
+def test_an_out_on_another_device_is_refused():
+    with cupy.cuda.Device(1):
+        x = cupy.ones(10)
+    out = cupy.empty((), cupy.float64)  # on device 0
+    with pytest.raises(ValueError, match="out= must be on the input's device"):
+        multireduce.partial(x, "sum", out=out)

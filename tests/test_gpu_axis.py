@@ -188,3 +188,27 @@ def test_non_adjacent_axes_of_a_view_and_dtype_argument():
             got = multireduce.sum(d, axis=axes, dtype=np.int8)
             want = np.sum(h.astype(np.int8), axis=axes, dtype=np.int8)
             assert got.dtype == np.int8 and np.array_equal(got.get(), want)
+
+
+@pytest.mark.parametrize(
+    ("name", "dtype", "shape"),
+    [("argmax", "int8", (1 << 24, 4)), ("var", "float32", (1 << 22, 16)), ("sum", "float32", (1 << 24, 4))],
+)
+def test_one_block_per_row_allocates_no_block_partials(name, dtype, shape):
+    # With one block per row (many rows) the kernels never touch the block partials, but
+    # rows * per_row of them were allocated: argmax of a 4 GiB int8 (2**30, 4) took 16 GiB
+    # more than its results.
+    x = cupy.zeros(shape, dtype=dtype)
+    pool = cupy.get_default_memory_pool()
+    cupy.cuda.Device().synchronize()
+    pool.free_all_blocks()
+    before = pool.total_bytes()
+    result = getattr(multireduce, name)(x, axis=1)
+    cupy.cuda.Device().synchronize()
+    grown = pool.total_bytes() - before
+    # The results (argmax: int64 indices and the values; var: 64-byte states and the
+    # output), with room for the pool's rounding; the partials were 16 (arg) or 56-64 bytes
+    # (moments) or 4 bytes (sum) per row more.
+    per_row = {"argmax": 8 + 1, "var": 64 + 4, "sum": 4}[name]
+    assert grown <= shape[0] * per_row * 1.3 + (1 << 22), (name, grown, shape[0] * per_row)
+    del result

@@ -6,6 +6,7 @@ means and M2 within float64 rounding (float16 sums: float32). Arg states must ma
 
 from __future__ import annotations
 
+import itertools
 import math
 import warnings
 from fractions import Fraction
@@ -1173,3 +1174,37 @@ def test_merge_of_a_single_element_far_from_the_rest(n_each):
     assert got == want or (math.isinf(want) and math.isinf(got)), (got, want)
     if n_each == 1:
         assert float(multireduce.std(cupy.asarray(x))) == np.std(x)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int32"])
+def test_mean_of_fortran_order_arrays_over_any_axes(dtype):
+    # The fold of a Fortran-order array is Fortran-ordered (the transpose's), and
+    # mean_from_sum_kernel read it in memory order into a C-order result: a mean over an
+    # axis of 3 or more dimensions had its values scrambled.
+    host = np.arange(3 * 4 * 5 * 2, dtype=dtype).reshape(3, 4, 5, 2) * 3 % 17
+    dev = cupy.asfortranarray(cupy.asarray(host))
+    for r in range(1, host.ndim + 1):
+        for axes in itertools.combinations(range(host.ndim), r):
+            got = cupy.asnumpy(multireduce.mean(dev, axis=axes))
+            np.testing.assert_allclose(got, np.mean(host.astype(np.float64), axis=axes), rtol=1e-6, err_msg=str(axes))
+            assert bits_equal(got, cupy.asnumpy(multireduce.mean(cupy.ascontiguousarray(dev), axis=axes))), axes
+
+
+def test_full_variances_from_threads_on_one_stream_are_their_own():
+    # A full reduction's moments state went to the stream's one device record, which the
+    # finalize kernel read later: another thread's moments launch, queued between the two
+    # on the same (legacy default) stream, overwrote it, and var() returned another array's
+    # variance. Each call now has its own record.
+    import concurrent.futures
+
+    xs = [cupy.random.default_rng(k).standard_normal(1 << 16, dtype=cupy.float32) * (k + 1) for k in range(16)]
+    want = [float(multireduce.var(a)) for a in xs]
+    want_stats = [float(multireduce.stats(a).var) for a in xs]
+
+    def run(k: int) -> tuple[float, float]:
+        return float(multireduce.var(xs[k])), float(multireduce.stats(xs[k]).var)
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        for _ in range(30):
+            got = list(pool.map(run, range(16)))
+            assert [g[0] for g in got] == want and [g[1] for g in got] == want_stats

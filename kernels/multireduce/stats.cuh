@@ -96,8 +96,9 @@
  * LAUNCH CONSTRAINTS
  *   - Two blocks per SM (__launch_bounds__(BLOCK, 2): at most 64 registers at BLOCK 512).
  *   - blockDim.x == BLOCK, a multiple of 32, at most 1024, >= 16 (head/tail threads).
- *   - partials holds rows * gridDim.x states; counters[row] == 0 on entry for every row
- *     when gridDim.x > 1 (left 0 on exit); rows >= 1 and length >= 1.
+ *   - when gridDim.x > 1: partials holds rows * gridDim.x states and counters[row] == 0 on
+ *     entry for every row (left 0 on exit); with one block per row neither is read or
+ *     written. rows >= 1 and length >= 1.
  *   - in is aligned to sizeof(T).
  *
  * RESULT

@@ -184,7 +184,7 @@ def launch_moments(data: cupy.ndarray, rows: int, length: int) -> cupy.ndarray:
     per_row, grid_y = _grid(rows, length, data.itemsize, _kernels.MOMENTS_UNROLL, max_grid)
     sdt, lo, hi = _moments_constants(data.dtype)
     # The block partials (BlockPartial: a state and its base) have the rows' records' size (MomentRecord).
-    partials = cupy.empty(max(rows * per_row, 1) * sdt.itemsize, dtype=np.uint8)
+    partials = cupy.empty((rows * per_row if per_row > 1 else 1) * sdt.itemsize, dtype=np.uint8)  # see _launch_rows
     counters = _counters(device, rows if per_row > 1 else 1)
     out = cupy.empty(rows * sdt.itemsize, dtype=np.uint8)
     args = (data, np.int64(rows), np.int64(length), lo, hi, partials, counters, out)
@@ -283,9 +283,15 @@ def _finalized(x: cupy.ndarray, axes: tuple[int, ...], what: str, name: str, dty
     kshape = tuple(n for i, n in enumerate(x.shape) if i not in axes)
     with x.device:
         data, rows, length = _rows_view(x, axes, what, order_free=True)
-        # First: the host work below overlaps the kernel. A full reduction's state is the
-        # stream's device record, which the finalize reads in stream order.
-        states = _launch_moments_full(data, length)[1] if rows == 1 else launch_moments(data, rows, length)
+        # First: the host work below overlaps the kernel. A full reduction's state goes to a
+        # record of this call's own, which the finalize reads in stream order (the stream's
+        # shared record let another thread's moments launch, queued between the two on the
+        # same stream, overwrite it: var() returned another array's variance).
+        if rows == 1:
+            states = cupy.empty(_HostRecords.SIZE, dtype=np.uint8)
+            _launch_moments_full(data, length, states.data.ptr)
+        else:
+            states = launch_moments(data, rows, length)
         outs = tuple(cupy.empty(kshape, dtype=dt) for dt in dtypes)
         kernel, max_grid = _kernel(data.data.device_id, name, _FINALIZE_BLOCK)
         grid = min(max_grid, -(-rows // _FINALIZE_BLOCK))
@@ -326,6 +332,10 @@ def _mean(x: cupy.ndarray, axes: tuple[int, ...], result: np.dtype) -> cupy.ndar
             sums = _fold(x, _SUM, acc, acc, axes).astype(_F64)
         else:
             sums = _fold(x, _SUM, _F64, _F64, axes)
+        # The kernel reads the sums in memory order into a C-order result: the fold of a
+        # Fortran-order array is Fortran-ordered (the transpose's), and a mean over an axis of
+        # one of 3 or more dimensions had its values scrambled.
+        sums = cupy.ascontiguousarray(sums)
         out = cupy.empty(sums.shape, dtype=result)
         kernel, max_grid = _kernel(x.data.device_id, _kernels.mean_from_sum_kernel_name(result), _FINALIZE_BLOCK)
         grid = min(max_grid, -(-sums.size // _FINALIZE_BLOCK))  # x is not empty: sums.size >= 1
@@ -357,7 +367,7 @@ def _launch_arg_rows(data: cupy.ndarray, rows: int, length: int, name: str, acc:
     device = data.data.device_id
     kernel, max_grid = _kernel(device, name, _BLOCK)
     per_row, grid_y = _grid(rows, length, data.itemsize, _kernels.ARG_UNROLL, max_grid)
-    partials = cupy.empty(max(rows * per_row, 1) * _ARG_PARTIAL_BYTES, dtype=np.uint8)
+    partials = cupy.empty((rows * per_row if per_row > 1 else 1) * _ARG_PARTIAL_BYTES, dtype=np.uint8)
     counters = _counters(device, rows if per_row > 1 else 1)
     value = cupy.empty(rows, dtype=acc)
     kernel((per_row, grid_y), (_BLOCK,), (data, np.int64(rows), np.int64(length), partials, counters, value, index))

@@ -8,9 +8,11 @@ ordered, so they can share it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import struct
 import threading
+from typing import Any
 
 import cupy
 import numpy as np
@@ -306,27 +308,31 @@ def _default_launch(device: int, stream, op: Op, dtype: np.dtype, acc: np.dtype,
     return found
 
 
-def constant(value: np.generic, dtype: np.dtype, shape: tuple[int, ...] = ()) -> cupy.ndarray:
-    """A CuPy array of ``shape`` (0-d by default) holding ``value`` on the current device.
+def constant(value: np.generic, dtype: np.dtype, shape: tuple[int, ...] = (), like: Any = None) -> cupy.ndarray:
+    """A CuPy array of ``shape`` (0-d by default) holding ``value`` on ``like``'s device (else the current one).
 
     The value travels as its bits, so that a -0.0 stays -0.0: creating a CuPy array from a
-    zero scalar may take a memset path that writes +0.0.
+    zero scalar may take a memset path that writes +0.0. A result made from the input's
+    identity or host values lives where the input lives (it was made on the current device:
+    a Dask chunk on GPU 1, empty after a mask, gave a partial on GPU 0).
     """
     dt = np.dtype(dtype)
     host = np.asarray(value, dtype=dt).reshape(1)
-    if dt.kind == "f":
-        one = cupy.asarray(host.view(f"u{dt.itemsize}")).view(dt)
-    else:
-        one = cupy.asarray(host)
-    return cupy.broadcast_to(one.reshape(()), shape).copy() if shape else one.reshape(())
+    with like.device if like is not None else contextlib.nullcontext():
+        if dt.kind == "f":
+            one = cupy.asarray(host.view(f"u{dt.itemsize}")).view(dt)
+        else:
+            one = cupy.asarray(host)
+        return cupy.broadcast_to(one.reshape(()), shape).copy() if shape else one.reshape(())
 
 
-def from_host(value, dtype: np.dtype) -> cupy.ndarray:
-    """A NumPy scalar or array as a CuPy array of ``dtype`` on the current device, bit for bit."""
+def from_host(value, dtype: np.dtype, like: Any = None) -> cupy.ndarray:
+    """A NumPy scalar or array as a CuPy array of ``dtype`` on ``like``'s device (else the current one), bit for bit."""
     value = np.asarray(value, dtype=dtype)
     if value.ndim == 0:
-        return constant(value[()], dtype)
-    return cupy.asarray(np.ascontiguousarray(value))
+        return constant(value[()], dtype, like=like)
+    with like.device if like is not None else contextlib.nullcontext():
+        return cupy.asarray(np.ascontiguousarray(value))
 
 
 def _missing(what: str) -> NotImplementedError:
@@ -428,7 +434,9 @@ def _launch_rows(x, op: Op, acc: np.dtype, result: np.dtype, rows: int, length: 
     # Few long rows: several blocks share each row (last-block-done per row); many rows:
     # one block each (or, with waves, a few waves of blocks that loop over the rows).
     per_row = split or (1 if rows >= max_grid else max(1, min(-(-length // per_block), -(-max_grid // rows))))
-    partials = cupy.empty(rows * per_row, dtype=acc)
+    # Block partials only where blocks share a row (one block per row never touches them: a
+    # 4 GiB float32 sum over rows of 4 allocated 8 GiB of them), as _launch_cols's slabs.
+    partials = cupy.empty(rows * per_row if per_row > 1 else 1, dtype=acc)
     counters = _counters(x.data.device_id, rows if per_row > 1 else 1)
     grid_y = min(rows, _MAX_GRID_Y) if per_row > 1 or not waves else min(rows, _MAX_GRID_Y, waves * max_grid)
     grid = (per_row, grid_y)

@@ -6,6 +6,7 @@ It is the reference that GPU results are tested against, and the path CI and lap
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
@@ -158,8 +159,11 @@ def arg_result(x: np.ndarray, axis: int | None, op: Op):
     return _stats.arg_finalize(arg(x, axis, op), op)
 
 
-def constant(value: np.generic, dtype: np.dtype, shape: tuple[int, ...] = ()):
-    """``value`` as a NumPy scalar of ``dtype`` (an array of ``shape`` if one is given)."""
+def constant(value: np.generic, dtype: np.dtype, shape: tuple[int, ...] = (), like: Any = None):
+    """``value`` as a NumPy scalar of ``dtype`` (an array of ``shape`` if one is given).
+
+    ``like``: unused here (the GPU backend makes the value on ``like``'s device).
+    """
     if shape:
         return np.full(shape, value, dtype=dtype)
     return np.dtype(dtype).type(value)
