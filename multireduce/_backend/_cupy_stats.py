@@ -334,8 +334,10 @@ def _mean(x: cupy.ndarray, axes: tuple[int, ...], result: np.dtype) -> cupy.ndar
             sums = _fold(x, _SUM, _F64, _F64, axes)
         # The kernel reads the sums in memory order into a C-order result: the fold of a
         # Fortran-order array is Fortran-ordered (the transpose's), and a mean over an axis of
-        # one of 3 or more dimensions had its values scrambled.
-        sums = cupy.ascontiguousarray(sums)
+        # one of 3 or more dimensions had its values scrambled. (Not cupy.ascontiguousarray
+        # for every result: it makes a 0-d array 1-d.)
+        if not sums.flags.c_contiguous:
+            sums = cupy.ascontiguousarray(sums)
         out = cupy.empty(sums.shape, dtype=result)
         kernel, max_grid = _kernel(x.data.device_id, _kernels.mean_from_sum_kernel_name(result), _FINALIZE_BLOCK)
         grid = min(max_grid, -(-sums.size // _FINALIZE_BLOCK))  # x is not empty: sums.size >= 1
