@@ -217,6 +217,8 @@ def cast_result(value: Any, result: np.dtype) -> Any:
     if type(value).__module__.startswith("cupy"):
         with value.device:
             return value.astype(result)
+    if value.dtype == result or np.can_cast(value.dtype, result, "safe"):  # nothing can overflow
+        return value.astype(result)
     flags: set[str] = set()
     with np.errstate(all="call", call=lambda kind, flag: flags.add(kind)):
         out = value.astype(result)
