@@ -197,8 +197,9 @@ def merge(a: Moments, b: Moments, low_parts: bool = True) -> Moments:
     * finite means whose difference overflows (opposite signs near the float64 limit): the
       mean is the weighted mean ``mean_a * (na / n) + mean_b * (nb / n)``, which cannot
       overflow; M2 is inf (the ``d**2`` term overflows, and so do NumPy's squares);
-    * an infinite or NaN mean: the mean is ``(na * mean_a + nb * mean_b) / n`` (inf, or NaN
-      for inf and -inf, as NumPy's mean), and M2 is NaN where an element was infinite (the
+    * an infinite or NaN mean: the mean is the same weighted mean (inf, or NaN for inf and
+      -inf, as NumPy's mean; ``(na * mean_a + nb * mean_b) / n`` overflowed a finite side's
+      term near the float64 limit first and gave NaN), and M2 is NaN where an element was infinite (the
       merged ``lo`` or ``hi`` is), else inf: finite elements have such a mean only where a
       float64 sum of a block of them overflowed, and their variance is then inf, as
       NumPy's where its own sum overflows to +-inf (:func:`_overflowed_m2`).
@@ -230,8 +231,10 @@ def merge(a: Moments, b: Moments, low_parts: bool = True) -> Moments:
         ok = np.isfinite(mean)
         if not np.all(ok):  # the update overflowed, or computed inf - inf
             finite = np.isfinite(a.mean) & np.isfinite(b.mean)
-            weighted = np.where(finite, a.mean * (wa / nf) + b.mean * (wb / nf), (wa * a.mean + wb * b.mean) / nf)
-            mean = np.where(ok, mean, weighted)
+            # The weighted mean, which cannot overflow: also with an infinite or NaN mean (inf,
+            # or NaN for inf and -inf), where (na * mean_a + nb * mean_b) / n overflowed the
+            # finite side's term first (3 * (max / 3) is inf: max, 0, 0 with -inf gave NaN).
+            mean = np.where(ok, mean, a.mean * (wa / nf) + b.mean * (wb / nf))
             m2 = np.where(finite, m2, np.where(np.isfinite(lo) & np.isfinite(hi), np.inf, np.nan))
         if low_parts:
             mean_lo = np.where(ok & np.isfinite(mean_lo), mean_lo, 0.0)
@@ -326,7 +329,7 @@ def _merge_values(a: tuple, b: tuple, add: Callable[[Any, Any], Any]) -> tuple:
             else:  # delta overflowed: the weighted mean
                 mean = mean_a * (wa / nf) + mean_b * (wb / nf)
         else:
-            mean = (wa * mean_a + wb * mean_b) / nf
+            mean = mean_a * (wa / nf) + mean_b * (wb / nf)  # as merge's: no overflow of the finite side
             m2 = math.inf if math.isfinite(lo) and math.isfinite(hi) else math.nan
     return (na + nb, nan_a + nan_b, add(total_a, total_b), mean, m2, lo, hi, low)
 

@@ -2378,3 +2378,21 @@ def test_stats_warns_once_where_var_and_std_leave_float16():
 def test_a_stats_of_seven_fields_still_takes_sqrt_var_for_std():
     s = multireduce.Stats(np.int64(3), np.int64(0), 6.0, 1.0, 3.0, 2.0, 4.0)
     assert s.std == 2.0 and dataclasses.astuple(s)[-1] == 2.0
+
+
+def test_merging_an_infinite_mean_with_one_near_the_limit_is_that_infinity():
+    # (na * mean_a + nb * mean_b) / n: 3 * (max / 3) overflowed to inf, and inf + -inf gave a
+    # NaN mean where NumPy's mean of the whole, and every order of the parts, is -inf.
+    top = float(np.finfo(np.float64).max)
+    whole = np.array([top, 0.0, 0.0, -np.inf])
+    with np.errstate(all="ignore"):
+        want = np.mean(whole)
+    assert want == -np.inf
+    a, b = _stats.moments(whole[:3], (0,)), _stats.moments(whole[3:], (0,))
+    records = np.stack([_stats.to_structured(a), _stats.to_structured(b)])
+    for state in (_stats.merge(a, b), _stats.merge(b, a), _stats.merge_records(records)):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            assert _stats.finalize_moments(state, OPS["mean"], np.dtype(np.float64)) == want, state
+    a2, b2 = (s.map(lambda v: np.asarray(v).reshape(1)) for s in (a, b))  # the array merge
+    assert _stats.merge(a2, b2).mean[0] == -np.inf

@@ -259,9 +259,10 @@ __device__ __forceinline__ MomentState<S, E> merge_moments(const MomentState<S, 
             // which cannot overflow. M2 is inf already (delta**2).
             if (!is_finite_value(r.mean)) r.mean = a.mean * (wa * inv) + b.mean * (wb * inv);
         } else {
-            // inf - inf in the update: the weighted mean. No variance where an element was
-            // infinite; else a float64 sum of finite elements overflowed: M2 inf.
-            r.mean = (wa * a.mean + wb * b.mean) * inv;
+            // inf - inf in the update: the weighted mean (weights first: wa * a.mean of a finite
+            // mean near the float64 limit overflowed, and inf - inf gave NaN). No variance where
+            // an element was infinite; else a float64 sum of finite elements overflowed: M2 inf.
+            r.mean = a.mean * (wa * inv) + b.mean * (wb * inv);
             r.m2 = is_finite_value(r.lo) && is_finite_value(r.hi) ? __longlong_as_double(0x7ff0000000000000LL)
                                                                    : __longlong_as_double(0x7ff8000000000000LL);
         }
