@@ -589,7 +589,8 @@ class _FloatSum:
     """
 
     total: Fraction
-    magnitude: float  # sum of |finite elements| in float64 (inf past its range): the error bound's scale
+    magnitude: Fraction  # exact sum of |finite elements|: the error bound's scale (a float64 sum
+    # was inf past its range, and the bound with it: any finite result passed)
     max_abs: float  # largest |finite element|
     integral: bool  # every finite element is an integer
     nan: bool
@@ -609,8 +610,7 @@ def _float_sum_part(x: np.ndarray) -> _FloatSum:
     finite_mask = np.isfinite(x)
     finite = x if finite_mask.all() else x[finite_mask]
     max_abs = float(np.max(np.abs(finite))) if finite.size else 0.0
-    with np.errstate(over="ignore"):
-        magnitude = float(np.add.reduce(np.abs(finite), dtype=np.float64))
+    magnitude = _exact_float_sum(np.abs(finite))
     # Integers in a float dtype: needed (and checked) only where a sum of them can be exact.
     integral = finite.size * max_abs < 2.0**53 and bool(np.all(np.trunc(finite) == finite))
     return _FloatSum(
@@ -670,7 +670,7 @@ def _combine_references(op: str, parts: list) -> Any:
     if op == "sum" and any(isinstance(p, _FloatSum) for p in parts):
         return _FloatSum(
             total=sum((p.total for p in parts), Fraction(0)),
-            magnitude=sum(p.magnitude for p in parts),  # Python floats: past the range, inf
+            magnitude=sum((p.magnitude for p in parts), Fraction(0)),
             max_abs=max(p.max_abs for p in parts),
             integral=all(p.integral for p in parts),
             nan=any(p.nan for p in parts),
@@ -708,7 +708,7 @@ def _check_file_value(result: np.generic, reference, op: str, n: int, ranks: int
     res_dt = np.asarray(result).dtype
     res = float(result)
     acc = np.finfo(get_op("sum").accumulator_dtype(res_dt))
-    may_overflow = not reference.magnitude < float(acc.max)
+    may_overflow = not reference.magnitude < Fraction(float(acc.max))
     if math.isnan(reference.value):
         return math.isnan(res), "NaN"
     if reference.pos_inf or reference.neg_inf:  # an infinite element, not a sum past the range
@@ -719,7 +719,9 @@ def _check_file_value(result: np.generic, reference, op: str, n: int, ranks: int
         with np.errstate(over="ignore"):
             target = float(res_dt.type(reference.value))
         return _same_float(res, target), "exact"  # a zero sum is +0.0, as in NumPy
-    tol = float(acc.eps) * reference.magnitude * _cli_checks.bound_factor(n, ranks)
+    tol = _cli_checks.to_float(
+        Fraction(float(acc.eps)) * reference.magnitude * Fraction(_cli_checks.bound_factor(n, ranks))
+    )
     why = f"the sum of |x| is past the range of the {acc.dtype} accumulator, so partial sums may overflow"
     return _cli_checks.within(float(result), reference.total, tol, res_dt, may_overflow, why)
 

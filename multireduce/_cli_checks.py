@@ -24,7 +24,7 @@ ranks are combined in rank order (``combine(op, parts)``), and the result is com
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from typing import Any
 
@@ -211,6 +211,11 @@ class Moments:
     hi: Any = None
     positive: float = 0.0  # sums of the positive elements and of the negative ones' |x| (float64,
     negative: float = 0.0  # inf past its range): every partial sum, in any order, lies between
+    # The largest mean of |x| of one part (a rank's shard): merging the parts' float64 means
+    # (Chan's update, float64 input across ranks) errs on that scale, which an uneven split
+    # makes far larger than the whole's mean of |x| ([3.0] on one rank, 9,999 zeros on another).
+    # A bound's helper, not part of the reference: not compared (a closed form has the whole's).
+    part_scale: float = field(default=0.0, compare=False)
 
     @property
     def magnitude(self) -> float:
@@ -231,6 +236,7 @@ class Moments:
             max(his) if his else None,
             self.positive + other.positive,
             self.negative + other.negative,
+            max(self.part_scale, other.part_scale),
         )
 
     def sum_may_overflow(self, margin: float) -> tuple[bool, bool]:
@@ -247,11 +253,11 @@ class Moments:
         return Fraction(0) if self.lo is None else Fraction(self.hi) - Fraction(self.lo)
 
     def mean_scale(self) -> float:
-        """The mean's error scale: the mean of |x|, or the largest |x| where their sum passes float64's range."""
+        """The mean's error scale: the mean of |x| (or a part's, if larger); the largest |x| past float64's range."""
         if self.lo is None:
             return 0.0
         if math.isfinite(self.magnitude):
-            return self.magnitude / self.count
+            return max(self.magnitude / self.count, self.part_scale)
         return float(max(abs(Fraction(self.lo)), abs(Fraction(self.hi))))
 
     def denominator(self, correction: float) -> Fraction:
@@ -298,6 +304,7 @@ def _moments_part(x: np.ndarray, skips_nan: bool) -> Moments:
             hi,
             float(positive),
             float(negative),
+            (float(positive) + float(negative)) / x.size if x.size else 0.0,
         )
     nan = bool(np.isnan(x).any())
     counted = _not_nan(x) if skips_nan else x
@@ -316,6 +323,7 @@ def _moments_part(x: np.ndarray, skips_nan: bool) -> Moments:
         hi=float(finite.max()) if finite.size else None,
         positive=positive,
         negative=negative,
+        part_scale=(positive + negative) / finite.size if finite.size else 0.0,
     )
 
 
@@ -548,7 +556,8 @@ def synthetic(op_name: str, window: list[int], full: int, rest: int, kind: str):
         squares = Fraction(total(lambda v: v * v))
         lo, hi = (min(seen), max(seen)) if seen else (None, None)
         positive, negative = float(total(lambda v: max(v, 0))), float(total(lambda v: max(-v, 0)))
-        return Moments(n, Fraction(total(int)), squares, False, False, False, lo, hi, positive, negative)
+        scale = (positive + negative) / n if n else 0.0  # _moments_part's part_scale
+        return Moments(n, Fraction(total(int)), squares, False, False, False, lo, hi, positive, negative, scale)
     if op_name in ARG_OPS:
         if not seen:
             return Extreme(None, None, n)
@@ -598,7 +607,10 @@ def within(
     """
     value = to_float(exact)
     largest = float(np.finfo(res_dt).max)
-    near_top = abs(value) + tol >= largest
+    # Rounding to nearest overflows from half an ulp past the largest value (float16: 65520),
+    # not at it: 65504 + 15.5 rounds to 65504, never to inf.
+    top_ulp = Fraction(float(np.spacing(np.nextafter(res_dt.type(largest), res_dt.type(0)))))
+    near_top = not math.isfinite(tol) or abs(exact) + Fraction(tol) >= Fraction(largest) + top_ulp / 2
     # One ulp of the result: that of the top binade at most (np.spacing of the largest float is inf).
     top = np.nextafter(res_dt.type(largest), res_dt.type(0))
     bound = tol + float(np.spacing(min(res_dt.type(largest if near_top else abs(value)), top)))
@@ -611,7 +623,8 @@ def within(
     if math.isnan(res):
         return False, how
     if math.isinf(res):  # past or near the top of the range, rounding may overflow to infinity
-        return near_top and res == (math.inf if exact > 0 else -math.inf), how
+        # (either infinity where the exact value is 0 and the bound itself passes the range)
+        return near_top and (exact == 0 or res == (math.inf if exact > 0 else -math.inf)), how
     return to_float(abs(Fraction(res) - exact)) <= bound, how
 
 
@@ -619,6 +632,12 @@ def _check_moments(op, ref: Moments, res: float, res_dt: np.dtype, ranks: int, c
     statistic = op.statistic
     exact = ref.exact(statistic, correction)
     if not isinstance(exact, Fraction):
+        if statistic == "mean" and math.isinf(exact) and math.isnan(res):
+            # An infinity among finite elements whose float64 sum may overflow the other way
+            # first ([max, max, -inf]: NaN, as NumPy's mean).
+            up, down = ref.sum_may_overflow(float(np.finfo(np.float64).eps) * bound_factor(ref.count, ranks))
+            if down if exact > 0 else up:
+                return True, "the infinity, or NaN: the finite elements' sum may overflow the other way first"
         return same_float(res, exact), "NaN" if math.isnan(exact) else "same infinity"
     acc = np.finfo(op.accumulator_dtype(res_dt))
     factor = bound_factor(ref.count, ranks)
@@ -653,15 +672,18 @@ def _check_moments(op, ref: Moments, res: float, res_dt: np.dtype, ranks: int, c
     # elements' range (a block's mean, or one of its elements: the GPU's shifted sums), so a
     # summation's error is on the scale of M2 + N * spread**2; a mean's error e adds up to
     # N * (2 * spread * e + e**2) (the deviations from a rounded mean, and Chan's update).
-    n, spread = ref.count, to_float(ref.spread())
-    m2 = to_float(exact * ref.denominator(correction))
-    sums = m2 + n * spread * spread
-    tol = (eps * sums + n * (2 * spread * mean_error + mean_error * mean_error)) / to_float(
-        ref.denominator(correction)
-    ) + floor
+    # In rationals: n * spread**2 (and the mean error's square) pass float64's range where the
+    # bound itself does not ([1e153, -1e153] * 50: an infinite bound passed any finite value).
+    n, spread, e = ref.count, ref.spread(), Fraction(mean_error)
+    denominator = ref.denominator(correction)
+    sums = exact * denominator + n * spread * spread
+    # Each square of an element below the normal range errs by up to half a subnormal: N of
+    # them over N - correction (a correction near N made a flat floor too small).
+    floor_var = floor * max(1.0, to_float(n / denominator))
+    tol = to_float((Fraction(eps) * sums + n * (2 * spread * e + e * e)) / denominator) + floor_var
     # Squares past the accumulator's range, or a float64 sum of the elements (whose mean is
     # then infinite, and the variance with it, as NumPy's: docs/semantics.md).
-    may_overflow = not sums < float(acc.max) or total_may_overflow
+    may_overflow = not sums < Fraction(float(acc.max)) or total_may_overflow
     if math.isnan(res) or res == -math.inf:  # finite elements: NaN never (an overflow gives +inf)
         return False, "finite elements: a variance or standard deviation is never NaN or negative"
     if statistic == "var":

@@ -533,3 +533,65 @@ def test_mean_partials_do_not_warn_where_numpy_mean_does_not():
     for call in calls:
         with pytest.warns(RuntimeWarning, match="overflow encountered in reduce"):
             call()
+
+
+# -- the second review of --check's references (each case failed before) ---------------------
+
+
+def _checked(op: str, shards: list, result, correction: float = 0.0) -> bool:
+    shards = [np.asarray(s) for s in shards]
+    ref = checks.combine(op, [checks.part(s, op) for s in shards])
+    dt = get_op(op).result_dtype(shards[0].dtype)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return checks.check(op, ref, dt.type(result), dt, len(shards), correction)[0]
+
+
+def _file_checked(op: str, shards: list, result) -> bool:
+    from multireduce import _cli
+
+    shards = [np.asarray(s) for s in shards]
+    ref = _cli._combine_references(op, [_cli._file_reference(s, op) for s in shards])
+    dt = get_op(op).result_dtype(shards[0].dtype)
+    ref, _ = _cli._wrapped_reference(op, ref, dt)
+    return _cli._check_file_value(dt.type(result), ref, op, sum(s.size for s in shards), len(shards))[0]
+
+
+def test_a_bound_past_float64s_range_in_floats_is_finite_in_rationals():
+    # n * spread**2 (or sum|x|) passed float64's range, the bound became inf, and any finite
+    # result passed: var 42 for [1e153, -1e153] * 50 (var 1e306), a sum of -1e300 for 1.5.
+    x = np.array([1e153, -1e153] * 50)
+    with np.errstate(over="ignore"):
+        want_var, want_std = np.var(x), np.std(x)
+    for op, right in (("var", want_var), ("std", want_std)):
+        assert _checked(op, [x], right) and _checked(op, [x], np.inf) and not _checked(op, [x], 42.0), op
+        assert not _checked(op, [x], np.nan), op  # a variance of finite elements is never NaN
+    y = np.array([1.7e308, -1.7e308, 1.5])
+    assert _file_checked("sum", [y], 1.5) and _file_checked("sum", [y], np.inf)
+    assert not _file_checked("sum", [y], -1e300)
+
+
+def test_results_that_numpy_gives_pass_the_check():
+    # Correct results that failed the check (exit 3 from the CLI).
+    equal = np.full(3, 6.837243571439553e280)  # var inf where the means round apart (NumPy's too)
+    assert _checked("var", [equal], np.inf) and _checked("std", [equal], np.inf) and _checked("var", [equal], 0.0)
+    top = float(np.finfo(np.float64).max)
+    mixed = np.array([top, top, -np.inf])  # NumPy's mean: NaN (the finite part overflows first)
+    for op in ("mean", "nanmean"):
+        assert _checked(op, [mixed], np.nan) and _checked(op, [mixed], -np.inf) and not _checked(op, [mixed], np.inf)
+    assert not _checked("mean", [np.array([1.0, 2.0, -np.inf])], np.nan)  # no overflow possible: -inf only
+    # Uneven per-rank files: the float64 merge of the parts' means errs on [3.0]'s scale.
+    assert _checked("mean", [[3.0], np.zeros(9999)], 0.000300000000000189)
+    assert not _checked("mean", [[3.0], np.zeros(9999)], 0.0003001)
+    tiny = np.array([3e-162, -3e-162] * 500)  # squares below the normal range, over N - 999
+    for op, fn in (("var", np.var), ("std", np.std)):
+        assert _checked(op, [tiny], fn(tiny, ddof=999), correction=999), op
+
+
+def test_an_infinity_passes_only_past_the_rounding_threshold():
+    # Round to nearest overflows from half an ulp past the largest value: float16 65504 +
+    # 15.5 is 65504, and a mean of 65504s is 65504; inf passed for both.
+    assert not _file_checked("sum", [np.float16([65504, 15.5])], np.inf)
+    assert _file_checked("sum", [np.float16([65504, 15.5])], 65504)
+    assert not _checked("mean", [np.float16([65504] * 3)], np.inf)
+    assert _file_checked("sum", [np.float16([65504, 16.0])], np.inf)  # 65520: the tie rounds to inf
