@@ -436,13 +436,24 @@ class Product:
         """The integer product modulo 2**64 as the result dtype's value."""
         return int(np.array(self.wrapped, dtype=np.uint64).astype(res_dt))
 
+    def _log2_margin(self) -> float:
+        # The log2 sums' own error (float64 logs, fsum'd) and the products' roundings (about
+        # count * eps relative): far below 2**-30 for any count a file holds. A margin of a
+        # factor of 2 took products such as [1e308, 0.5] (5e307: no partial product past the
+        # range) for ones that may overflow, and passed any value of their sign.
+        return (self.count + 1) * 2.0**-36
+
     def may_overflow(self, acc: np.finfo) -> bool:
         """Whether some partial product of the elements can reach the accumulator's infinity."""
-        return self.log2 >= math.log2(float(acc.max)) - 1
+        return self.log2 >= math.log2(float(acc.max)) - self._log2_margin()
 
     def may_underflow(self, acc: np.finfo) -> bool:
         """Whether some partial product of the elements can fall below the accumulator's normal range."""
-        return self.log2_small <= math.log2(float(acc.tiny)) + 1
+        return self.log2_small <= math.log2(float(acc.tiny)) + self._log2_margin()
+
+    def may_flush_to_zero(self, acc: np.finfo) -> bool:
+        """Whether some partial product of the elements can round to 0 (below half the smallest subnormal)."""
+        return self.log2_small <= math.log2(float(acc.smallest_subnormal)) - 1 + self._log2_margin()
 
     def __add__(self, other: Product) -> Product:
         m, e = math.frexp(self.mantissa * other.mantissa)
@@ -711,7 +722,7 @@ def _check_product(op, ref: Product, res, res_dt: np.dtype, ranks: int) -> tuple
     if ref.nan or (ref.inf and ref.zero):
         return math.isnan(res), "NaN"
     if ref.inf:
-        if underflows:  # a partial product of the others may reach 0 first: inf * 0
+        if ref.may_flush_to_zero(acc):  # a partial product of the others may reach 0 first: inf * 0
             return math.isnan(res) or res == sign * math.inf, "the infinity of the product's sign, or NaN (inf * 0)"
         return res == sign * math.inf, "same infinity"
     if ref.zero:

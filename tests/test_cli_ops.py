@@ -595,3 +595,18 @@ def test_an_infinity_passes_only_past_the_rounding_threshold():
     assert _file_checked("sum", [np.float16([65504, 15.5])], 65504)
     assert not _checked("mean", [np.float16([65504] * 3)], np.inf)
     assert _file_checked("sum", [np.float16([65504, 16.0])], np.inf)  # 65520: the tie rounds to inf
+
+
+def test_products_near_the_range_ends_are_checked_to_their_bound():
+    # The overflow and underflow tests took a factor of 2 of margin: [1e308, 0.5] (5e307, no
+    # partial product past the range) passed any value of its sign, NaN too, and [2**-1021,
+    # 2.0] passed 123. An infinity times a product that cannot round to 0 is that infinity.
+    near_top, near_bottom = np.array([1e308, 0.5]), np.array([2.0**-1021, 2.0])
+    assert _checked("prod", [near_top], 5e307) and not _checked("prod", [near_top], 1.0)
+    assert not _checked("prod", [near_top], np.nan)
+    assert _checked("prod", [near_bottom], 2.0**-1020) and not _checked("prod", [near_bottom], 123.0)
+    assert _checked("prod", [[np.inf, 5e-324]], np.inf) and not _checked("prod", [[np.inf, 5e-324]], np.nan)
+    flush = [np.inf, 1e-300, 1e-300]  # 1e-600 rounds to 0 in some order: inf * 0
+    assert _checked("prod", [flush], np.nan) and _checked("prod", [flush], np.inf)
+    past = [1e300, 1e300, 1e-300]  # a partial product past the range in some order
+    assert _checked("prod", [past], np.inf) and _checked("prod", [past], 1e300)
