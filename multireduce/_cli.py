@@ -1016,31 +1016,39 @@ def _report_warnings(ctx: _Context, labelled: list[tuple[str, list[dict]]]) -> N
             print(f"multireduce: warning: {label}: {item['warning']}{where}", file=sys.stderr, flush=True)
 
 
-#: Elements tested at a time by :func:`_all_finite` (bounds its temporary's memory).
+#: Elements tested at a time by :func:`_every_element` (bounds its temporary's memory).
 _FINITE_CHUNK = 1 << 22
 
 
-def _all_finite(ctx: _Context, x, skip_nan: bool = False, only_nan: bool = False) -> bool:
-    """Whether every element of every rank's shard is finite (``skip_nan``: finite or NaN; ``only_nan``: NaN).
+def _every_element(ctx: _Context, x, test) -> bool:
+    """Whether ``test(xp, chunk)`` (elementwise bools) holds for every element of every rank's shard.
 
     Collective; failures agreed.
     """
     error = None
-    finite = True
+    holds = True
     try:
         flat = x.reshape(-1)
         for start in range(0, flat.size, _FINITE_CHUNK):
-            chunk = flat[start : start + _FINITE_CHUNK]
-            ok = ctx.xp.isnan(chunk) if only_nan else ctx.xp.isfinite(chunk)
-            if skip_nan:
-                ok |= ctx.xp.isnan(chunk)
-            if not bool(ok.all()):
-                finite = False
+            if not bool(test(ctx.xp, flat[start : start + _FINITE_CHUNK]).all()):
+                holds = False
                 break
     except Exception as exc:  # agreed below (out of device memory on one rank, say)
         error = exc
     ctx.mpi.agree(error, ctx.comm)
-    return bool(ctx.comm.allreduce(finite, op=ctx.mpi.MPI.LAND))
+    return bool(ctx.comm.allreduce(holds, op=ctx.mpi.MPI.LAND))
+
+
+def _finite(xp, chunk):
+    return xp.isfinite(chunk)
+
+
+def _nan(xp, chunk):
+    return xp.isnan(chunk)
+
+
+def _finite_or_nan(xp, chunk):
+    return xp.isfinite(chunk) | xp.isnan(chunk)
 
 
 #: The ops whose result can go past its dtype's range: sums and products (integers wrap
@@ -1081,10 +1089,11 @@ def _mark_overflows(ctx: _Context, x, rows: list[dict], dt: np.dtype, n: int) ->
                 row["overflow"] = False
             else:
                 if op.skips_nan not in finite:
-                    finite[op.skips_nan] = _all_finite(ctx, x, op.skips_nan)
+                    finite[op.skips_nan] = _every_element(ctx, x, _finite_or_nan if op.skips_nan else _finite)
                 row["overflow"] = finite[op.skips_nan]
                 if row["overflow"] and math.isnan(value) and op.statistic == "mean":
-                    row["overflow"] = n > 0 and (not op.skips_nan or not _all_finite(ctx, x, False, only_nan=True))
+                    nan_only = op.skips_nan and _every_element(ctx, x, _nan)  # (n is global: alike on every rank)
+                    row["overflow"] = n > 0 and not nan_only
         elif "overflow" not in row:  # _reference_row sets it where the check ran
             low, high = (0, 1) if dt.kind == "b" else (int(np.iinfo(dt).min), int(np.iinfo(dt).max))
             out = np.iinfo(result_dt)

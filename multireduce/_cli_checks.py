@@ -215,7 +215,12 @@ class Moments:
     # (Chan's update, float64 input across ranks) errs on that scale, which an uneven split
     # makes far larger than the whole's mean of |x| ([3.0] on one rank, 9,999 zeros on another).
     # A bound's helper, not part of the reference: not compared (a closed form has the whole's).
-    part_scale: float = field(default=0.0, compare=False)
+    # Unset: this part's own mean of |x|.
+    part_scale: float | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.part_scale is None:
+            object.__setattr__(self, "part_scale", self.magnitude / self.count if self.count else 0.0)
 
     @property
     def magnitude(self) -> float:
@@ -304,7 +309,6 @@ def _moments_part(x: np.ndarray, skips_nan: bool) -> Moments:
             hi,
             float(positive),
             float(negative),
-            (float(positive) + float(negative)) / x.size if x.size else 0.0,
         )
     nan = bool(np.isnan(x).any())
     counted = _not_nan(x) if skips_nan else x
@@ -323,7 +327,6 @@ def _moments_part(x: np.ndarray, skips_nan: bool) -> Moments:
         hi=float(finite.max()) if finite.size else None,
         positive=positive,
         negative=negative,
-        part_scale=(positive + negative) / finite.size if finite.size else 0.0,
     )
 
 
@@ -567,8 +570,7 @@ def synthetic(op_name: str, window: list[int], full: int, rest: int, kind: str):
         squares = Fraction(total(lambda v: v * v))
         lo, hi = (min(seen), max(seen)) if seen else (None, None)
         positive, negative = float(total(lambda v: max(v, 0))), float(total(lambda v: max(-v, 0)))
-        scale = (positive + negative) / n if n else 0.0  # _moments_part's part_scale
-        return Moments(n, Fraction(total(int)), squares, False, False, False, lo, hi, positive, negative, scale)
+        return Moments(n, Fraction(total(int)), squares, False, False, False, lo, hi, positive, negative)
     if op_name in ARG_OPS:
         if not seen:
             return Extreme(None, None, n)

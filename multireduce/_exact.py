@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import _stats
-from .ops import OPS
+from .ops import OPS, warn_as_reduction
 
 __all__ = ["LIMBS", "ExactSum", "exact_sum", "round_to_dtype"]
 
@@ -187,7 +187,7 @@ class ExactSum:
         divide_by = self.count if mean else 1
         nan, pos_inf, neg_inf = (int(f) for f in self.flags)
         if pos_inf and neg_inf and not nan:
-            np.add.reduce(np.array([np.inf, -np.inf]))  # NumPy's invalid value, under the caller's errstate
+            warn_as_reduction(invalid=True)  # NumPy's invalid value, under the caller's errstate
         if nan or (pos_inf and neg_inf):
             return dt.type(np.nan)
         if pos_inf or neg_inf:

@@ -48,7 +48,7 @@ import numpy as np
 
 from . import _axes
 from ._transport import encode_extreme, encode_extreme_scalar
-from .ops import OPS, Op, cast_result
+from .ops import OPS, Op, cast_result, warn_as_reduction
 
 __all__ = [
     "BLOCK_BYTES",
@@ -832,10 +832,7 @@ def warn_arithmetic(state: Moments, quiet_m2: bool, skips_nan: bool) -> None:
     # (all but the smallest arrays with the NaN first). An infinite element makes the total
     # infinite, or NaN with one of the other sign: no overflow of finite values is told then
     # (NumPy's inf + x raises no flag; its finite lanes' overflow is not in the state).
-    if np.any(overflowed & ~infinite):
-        np.add.reduce(np.array([np.finfo(np.float64).max] * 2))
-    if np.any(undefined & clean):
-        np.add.reduce(np.array([np.inf, -np.inf]))
+    warn_as_reduction(overflow=bool(np.any(overflowed & ~infinite)), invalid=bool(np.any(undefined & clean)))
     if quiet_m2:
         return
     if np.any(infinite & ~undefined & clean):
@@ -853,8 +850,7 @@ def warn_arithmetic(state: Moments, quiet_m2: bool, skips_nan: bool) -> None:
         big = np.array([1e200])
         if np.any(square):
             np.square(big) if _VAR_SQUARES_WITH_SQUARE and not skips_nan else np.multiply(big, big)
-        if np.any(squared & ~square):
-            np.add.reduce(np.array([np.finfo(np.float64).max] * 2))
+        warn_as_reduction(overflow=bool(np.any(squared & ~square)))
 
 
 #: Rows of at most this many elements are reduced as their transpose (:func:`moments`), where

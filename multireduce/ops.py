@@ -21,7 +21,8 @@ them spells out an identity or an accumulator rule of its own.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -219,17 +220,38 @@ def cast_result(value: Any, result: np.dtype) -> Any:
             return value.astype(result)
     if value.dtype == result or np.can_cast(value.dtype, result, "safe"):  # nothing can overflow
         return value.astype(result)
+    with as_reduction_warnings():
+        return value.astype(result)
+
+
+def warn_as_reduction(overflow: bool = False, invalid: bool = False) -> None:
+    """NumPy's own warnings of a reduction, under the caller's ``numpy.errstate``, in its order.
+
+    "overflow encountered in reduce" and "invalid value encountered in reduce", raised by
+    NumPy operations that make them (so ``errstate``'s raise, ignore, call and the warning
+    filters apply as to NumPy's), not imitated.
+    """
+    if overflow:
+        np.add.reduce(np.array([_F64_MAX, _F64_MAX]))
+    if invalid:
+        np.add.reduce(np.array([np.inf, -np.inf]))
+
+
+@contextlib.contextmanager
+def as_reduction_warnings() -> Iterator[None]:
+    """The block's floating-point errors, collected, then warned once as NumPy's one reduction warns them.
+
+    For work that stands for one NumPy reduction (a conversion NumPy makes inside its
+    reduction, a sum taken in blocks): NumPy's callback names the flags "overflow" and
+    "invalid value" (underflow is ignored, as by NumPy's default).
+    """
     flags: set[str] = set()
     with np.errstate(all="call", call=lambda kind, flag: flags.add(kind)):
-        out = value.astype(result)
-    if flags:
-        # NumPy's callback names them "overflow" and "invalid value" (underflow: ignored, as
-        # by NumPy's default); its own warnings of a reduction, in its order:
-        if any(kind.startswith("overflow") for kind in flags):
-            np.add.reduce(np.array([_F64_MAX, _F64_MAX]))
-        if any(kind.startswith("invalid") for kind in flags):
-            np.add.reduce(np.array([np.inf, -np.inf]))
-    return out
+        yield
+    warn_as_reduction(
+        overflow=any(kind.startswith("overflow") for kind in flags),
+        invalid=any(kind.startswith("invalid") for kind in flags),
+    )
 
 
 def _host_count_nonzero(x: np.ndarray, acc: np.dtype, axes: tuple[int, ...] | None = None) -> np.ndarray:

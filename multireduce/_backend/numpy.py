@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from .. import _axes, _exact, _stats
-from ..ops import OPS, Op, cast_result
+from ..ops import OPS, Op, as_reduction_warnings, cast_result
 
 
 def _as_result(value, result: np.dtype):
@@ -118,17 +118,11 @@ def _column_total(y: np.ndarray) -> np.ndarray:
     """
     outer, reduced, inner = y.shape
     rows = _stats.column_block_rows(reduced, inner)
-    flags: set[str] = set()
     total = None
-    with np.errstate(all="call", call=lambda kind, flag: flags.add(kind)):
+    with as_reduction_warnings():
         for r0 in range(0, reduced, rows):
             part = np.add.reduce(y[:, r0 : r0 + rows], axis=1, dtype=np.float64)
             total = part if total is None else np.add(total, part, out=total)
-    # NumPy's callback names them "overflow" and "invalid value"; its warnings, under errstate:
-    if any(kind.startswith("overflow") for kind in flags):
-        np.add.reduce(np.array([np.finfo(np.float64).max] * 2))
-    if any(kind.startswith("invalid") for kind in flags):
-        np.add.reduce(np.array([np.inf, -np.inf]))
     return total
 
 
