@@ -13,6 +13,10 @@ with exact integer values ``i % 1024`` so that the exact sum is known), threaded
 ``ours-4threads``   ``ours`` with ``compute(num_workers=4)`` (the threaded scheduler's pool is
                     the host's CPU count by default; a diagnostic of thread contention)
 ``ours-sync``       ``ours`` with ``scheduler="sync"`` (no thread hand-offs; a diagnostic)
+``ours-nofuse``     ``ours`` under ``dask.config.set({"optimization.fuse.active": False})``
+``dask-nofuse``     ``dask`` likewise (diagnostics: Dask's linear fusion joins each getter to its
+                    chunk task, and runs every fused task as a subgraph with its own
+                    ``dask.order`` call)
 
 With ``--cuda-cluster`` also, on ``dask_cuda.LocalCUDACluster`` (one worker per GPU) with the
 chunks persisted in the worker's GPU memory: ``cluster-ours`` and ``cluster-dask``.
@@ -64,6 +68,17 @@ def generator(cupy):
     return cupy.ElementwiseKernel("int64 start", "float32 y", "y = (float)((start + i) % 1024);", "mr_bench_pattern")
 
 
+def no_fusion(call):
+    """``call`` with Dask's low-level (linear) fusion switched off for its compute."""
+    import dask
+
+    def run():
+        with dask.config.set({"optimization.fuse.active": False}):
+            return call()
+
+    return run
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     import cupy
@@ -98,6 +113,8 @@ def main(argv=None) -> int:
             "dask-se16": lambda: d.sum(split_every=16).compute(),
             "ours-4threads": lambda: d.treereduce("sum").compute(num_workers=4),
             "ours-sync": lambda: d.treereduce("sum").compute(scheduler="sync"),
+            "ours-nofuse": no_fusion(lambda: d.treereduce("sum").compute()),
+            "dask-nofuse": no_fusion(lambda: d.sum().compute()),
         }
         samples = interleaved(cases, args.warmup, args.repeat, sync)
 

@@ -192,30 +192,29 @@ def launch_moments(data: cupy.ndarray, rows: int, length: int) -> cupy.ndarray:
     return out
 
 
-def _launch_moments_full(data: cupy.ndarray, length: int, out: int | None = None):
+def _launch_moments_full(data: cupy.ndarray, length: int, out: int) -> cupy.cuda.Stream:
     """Launch ``moments_rows_kernel`` over one row of ``length`` elements (a full reduction).
 
     One driver launch with a packed argument block (as the fold kernel's default launch), so
     that the kernel is queued a few microseconds sooner than through CuPy's kernel call; the
-    state record goes to the device address ``out``, or, without one, to the stream's device
-    record (:func:`_full_launch`). Returns ``(the current stream, that device record)``, with
-    no wait. ``data`` is C-contiguous and non-empty; call inside ``with data.device``.
+    state record goes to the device address ``out``, which belongs to the caller's call alone
+    (a record shared by the stream let another thread's launch, queued between this one and
+    the read, overwrite it). Returns the current stream, with no wait. ``data`` is
+    C-contiguous and non-empty; call inside ``with data.device``.
     """
     device = data.data.device_id
     stream = cupy.cuda.get_current_stream()
     sdt = _moments_constants(data.dtype)[0]
     name = _kernels.moments_kernel_name(data.dtype)
-    function, max_grid, per_block, partials, counter, _, _, record = _full_launch(
+    function, max_grid, per_block, partials, counter, _, _, _ = _full_launch(
         device, stream.ptr, name, data.dtype, _kernels.MOMENTS_UNROLL, sdt.itemsize
     )
-    if out is None:
-        out = record.data.ptr
     args = launch_args(device)
     lo, hi = _identity_bits(data.dtype)
     _pack_moments(args.values, 0, data.data.ptr, 1, length, lo, hi, partials, counter, out)
     grid = min(max_grid, -(-length // per_block))  # _grid's blocks for one row
     _launch_kernel(function, grid, 1, 1, _BLOCK, 1, 1, 0, stream.ptr, args.address, 0)
-    return stream, record
+    return stream
 
 
 def moments(x: cupy.ndarray, axes: tuple[int, ...], op: Op) -> _stats.Moments:
@@ -238,7 +237,7 @@ def moments(x: cupy.ndarray, axes: tuple[int, ...], op: Op) -> _stats.Moments:
         # possible; this runs on the host around the kernel, on every call.
         device = data.data.device_id
         record = _records.take(device)
-        _launch_moments_full(data, length, record[1])[0].synchronize()
+        _launch_moments_full(data, length, record[1]).synchronize()
         fields = record[0][: sdt.itemsize].view(sdt)[0]
         state = _stats.Moments(*(fields[name] for name in sdt.names))
         _records.give(device, record)
