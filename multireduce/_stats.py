@@ -847,10 +847,62 @@ def warn_arithmetic(state: Moments, quiet_m2: bool, skips_nan: bool) -> None:
             lo, hi = np.asarray(state.lo, np.float64), np.asarray(state.hi, np.float64)
             largest = np.maximum(hi - mean, mean - lo)
             square = squared & ~np.isfinite(largest * largest)
-        big = np.array([1e200])
+        if np.any(squared & ~np.isfinite(largest)):  # the deviation itself overflows first
+            _warn_overflow("subtract")
         if np.any(square):
-            np.square(big) if _VAR_SQUARES_WITH_SQUARE and not skips_nan else np.multiply(big, big)
+            _warn_overflow("square" if _VAR_SQUARES_WITH_SQUARE and not skips_nan else "multiply")
         warn_as_reduction(overflow=bool(np.any(squared & ~square)))
+
+
+def _warn_overflow(ufunc: str) -> None:
+    """NumPy's "overflow encountered in ``ufunc``" (subtract, square, multiply, divide, cast), raised by it."""
+    big = np.array([1e300])
+    if ufunc == "subtract":
+        np.subtract(big * 1e8, -big * 1e8)
+    elif ufunc == "square":
+        np.square(big)
+    elif ufunc == "multiply":
+        np.multiply(big, big)
+    elif ufunc == "divide":
+        np.divide(big, np.array([1e-300]))
+    else:  # cast
+        big.astype(np.float32)
+
+
+def _narrowed(value: Any, dtype: np.dtype, state: Moments, skips_nan: bool, warn: bool, scalar: bool = False) -> Any:
+    """The float64 var or std ``value`` as ``dtype``, with NumPy's warnings where only that narrowing overflows.
+
+    NumPy's var of float16 and float32 input computes in that dtype, so where the float64
+    value is finite but past the dtype's range, NumPy's own arithmetic overflowed: its
+    subtraction where a deviation is past the range, else its square (or multiply, as
+    :func:`warn_arithmetic` names them) where a squared deviation is, else its sum of the
+    squares ("in reduce"), else its division by N - correction ("in divide"; for a full
+    reduction, ``scalar``, NumPy divides in float64 and casts: "in cast"). ``warn``: the
+    state was reduced on the CPU (the GPU's warn nothing).
+    """
+    with np.errstate(over="ignore"):
+        out = np.asarray(value).astype(dtype)
+    if warn and dtype.kind == "f" and dtype.itemsize < 8:
+        with np.errstate(invalid="ignore"):
+            narrowed = np.isinf(out) & np.isfinite(value)
+        if np.any(narrowed):
+            top = float(np.finfo(dtype).max)
+            with np.errstate(all="ignore"):
+                mean = np.asarray(state_mean(state), np.float64)
+                lo, hi = np.asarray(state.lo, np.float64), np.asarray(state.hi, np.float64)
+                largest = np.maximum(hi - mean, mean - lo)
+                m2 = np.asarray(state.m2, np.float64)
+            deviation = narrowed & (largest > top)
+            square = narrowed & (largest > math.sqrt(top))
+            total = narrowed & ~square & (m2 > top)
+            if np.any(deviation):
+                _warn_overflow("subtract")
+            if np.any(square):
+                _warn_overflow("square" if _VAR_SQUARES_WITH_SQUARE and not skips_nan else "multiply")
+            warn_as_reduction(overflow=bool(np.any(total)))
+            if np.any(narrowed & ~square & ~total):
+                _warn_overflow("cast" if scalar else "divide")
+    return out[()] if out.ndim == 0 else out
 
 
 #: Rows of at most this many elements are reduced as their transpose (:func:`moments`), where
@@ -1218,7 +1270,7 @@ def finalize_moments(
     value = _nan_where(no_dof | (nan > 0) if not skipna else no_dof, value)
     if op.statistic == "std":
         value = np.sqrt(value)
-    return _as_result(value, result)
+    return _narrowed(value, result, state, skipna, value_warnings)
 
 
 def _warn_finalize(
@@ -1251,6 +1303,8 @@ def _finalize_moments_scalar(
     value = _divide_m2(_state_m2_scalar(state), dof) if dof > 0 and (nan == 0 or skipna) else math.nan
     if op.statistic == "std":
         value = math.sqrt(value) if value >= 0 else math.nan
+    if result.itemsize < 8:
+        return _narrowed(value, result, state, skipna, value_warnings, scalar=True)
     return result.type(value)
 
 
@@ -1348,8 +1402,9 @@ def finalize_stats(state: Moments, dtype: np.dtype, correction: float = 0.0, val
     # NaN where N - correction <= 0, as var's, without its warning (only that one: a
     # warnings filter here hid the cast's overflow too, and in every thread).
     var = finalize_moments(state, OPS["var"], np.dtype(np.float64), correction, count_warnings=False)
-    with np.errstate(over="ignore"):  # std overflows its dtype only where var did, which warned
-        std = _as_result(np.sqrt(var), mean_dt)  # std's value: the float64 root, rounded once
+    # std's value: the float64 root, rounded once; it overflows its dtype only where var
+    # does, whose narrowing warns.
+    std = _narrowed(np.sqrt(var), mean_dt, state, False, False)
     return Stats(
         count=_as_result(count, np.int64),
         nan_count=_as_result(state.nan, np.int64),
@@ -1357,7 +1412,7 @@ def finalize_stats(state: Moments, dtype: np.dtype, correction: float = 0.0, val
         min=_as_result(lo, dtype),
         max=_as_result(hi, dtype),
         mean=finalize_moments(state, OPS["mean"], mean_dt),
-        var=_as_result(var, mean_dt),
+        var=_narrowed(var, mean_dt, state, False, value_warnings),
         std=std,
     )
 
@@ -1378,8 +1433,8 @@ def _finalize_stats_scalar(state: Moments, dtype: np.dtype, correction: float, v
     mean_dt = OPS["mean"].result_dtype(dtype)
     dof = n - correction
     var = _divide_m2(_state_m2_scalar(state), dof) if dof > 0 and not nan else math.nan
-    with np.errstate(over="ignore"):  # std overflows its dtype only where var did, which warns below
-        std = mean_dt.type(math.sqrt(var) if var >= 0 else math.nan)
+    # std overflows its dtype only where var does, whose narrowing warns.
+    std = _narrowed(math.sqrt(var) if var >= 0 else math.nan, mean_dt, state, False, False)
     return Stats(
         count=np.int64(n + nan),
         nan_count=np.int64(nan),
@@ -1387,7 +1442,7 @@ def _finalize_stats_scalar(state: Moments, dtype: np.dtype, correction: float, v
         min=np.asarray(lo).astype(dtype)[()],
         max=np.asarray(hi).astype(dtype)[()],
         mean=mean_dt.type(_state_mean_scalar(state) if n > 0 and not nan else math.nan),
-        var=mean_dt.type(var),
+        var=_narrowed(var, mean_dt, state, False, value_warnings, scalar=True),
         std=std,
     )
 

@@ -2096,6 +2096,7 @@ def _reduce_dask(x, op: Op, dtype, device, budget, slot_bytes, threads, split_ev
     from . import dask as mdask
 
     op, result, acc = mdask._plan(x, op, dtype)
+    x = mdask._without_data_in_meta(x)  # as treereduce: a 0-d meta's NaN cast to int64 warned
     _check_streamable(op, x.dtype, result, acc)
     # Before the device, as every setting: the argument, or the dask.config key it falls back to.
     mdask._default_split_every(split_every, x, tuple(range(x.ndim)))

@@ -859,19 +859,24 @@ def test_no_underflow_of_the_moments_own_steps(name):
             np.testing.assert_allclose(ours(view, axis=axis), theirs(view, axis=axis), rtol=1e-15)
 
 
-def test_stats_keeps_the_cast_overflow_of_its_var():
+def test_stats_keeps_the_overflow_of_its_var():
     # stats over an axis silenced every RuntimeWarning of its var with a warnings filter (to
-    # drop "Degrees of freedom", which stats does not give), the cast's overflow too, which
-    # the full reduction and var warn; and the filter was process-wide, not this call's.
+    # drop "Degrees of freedom", which stats does not give), the overflow too, which the full
+    # reduction and var warn; and the filter was process-wide, not this call's.
     z = np.array([[3e38, -3e38]], np.float32)
     for axis in (1, None):
         found = []
-        for call in (lambda a=axis: multireduce.stats(z, axis=a).var, lambda a=axis: multireduce.var(z, axis=a)):
+        calls = (
+            lambda a=axis: multireduce.stats(z, axis=a).var,
+            lambda a=axis: multireduce.var(z, axis=a),
+            lambda a=axis: np.var(z, axis=a),
+        )
+        for call in calls:
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 value = call()
             found.append((np.isinf(value).tolist(), [str(w.message) for w in caught]))
-        assert found[0] == found[1] and found[0][1] == ["overflow encountered in cast"], (axis, found)
+        assert found[0] == found[1] == found[2] and len(found[0][1]) == 1, (axis, found)
     with warnings.catch_warnings():  # N - correction <= 0: NaN, silently, as before
         warnings.simplefilter("error")
         assert np.isnan(multireduce.stats(np.ones((2, 1)), axis=1, correction=1).var).all()
@@ -2195,7 +2200,7 @@ def test_gpu_stats_matches_the_cpu_on_every_axis_set():
             assert np.allclose(getattr(s, name).get(), getattr(ref, name), rtol=1e-6), (axis, name)
 
 
-@pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")  # var past float16/float32
+@pytest.mark.filterwarnings("ignore:overflow encountered in:RuntimeWarning")  # var past float16/float32
 @pytest.mark.parametrize("dtype", ["float16", "float32", "float64", "int32"])
 @pytest.mark.parametrize("axis", [None, 1])
 def test_stats_std_is_stds_value(dtype, axis):
@@ -2239,6 +2244,41 @@ def test_a_full_variance_that_overflows_in_the_division_warns_as_numpy(name):
                 call(axis)
         with np.errstate(over="ignore"):
             assert np.all(np.isinf(call(axis)))
+
+
+@pytest.mark.parametrize(
+    ("name", "values", "dtype", "correction"),
+    [
+        ("var", [3e38, -3e38], "float32", 0),  # the squares overflow
+        ("std", [3e38, -3e38], "float32", 1.99),
+        ("var", [5.9e4, -5.9e4], "float16", 0),
+        ("nanvar", [3e38, -3e38, np.nan], "float32", 0),  # "in multiply", as NumPy's nan functions
+        ("var", [3.4e38, -3.4e38, -3.4e38], "float32", 0),  # the deviation overflows first
+        ("var", [1e19, -1e19], "float32", 1.999999),  # only the division: "in cast" (full), "in divide"
+        ("var", [1.7e308, -1e308, -1e308], "float64", 0),  # float64: "in subtract", then "in square"
+        ("nanvar", [1.7e308, -1e308, -1e308, np.nan], "float64", 0),
+    ],
+)
+def test_a_variance_past_its_dtypes_range_warns_as_numpys(name, values, dtype, correction):
+    # A float16/float32 variance is computed in float64 and overflowed only in its last
+    # conversion, which warned "overflow encountered in cast" where NumPy's (in the narrow
+    # dtype) warns about its subtraction, square, or division; and no float64 variance
+    # warned NumPy's "overflow encountered in subtract" for a deviation past the range.
+    x = np.array(values, dtype=dtype)
+    for axis in (None, 1):
+        data = x if axis is None else x[None]
+        found = []
+        for fn in (getattr(np, name), getattr(multireduce, name)):
+            kw = {"ddof": correction} if fn is getattr(np, name) else {"correction": correction}
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                got = fn(data, axis=axis, **kw)
+            found.append((np.isinf(got).tolist(), [str(w.message) for w in caught]))
+        assert found[0] == found[1], (axis, found)
+        assert found[0][0] in (True, [True]), found
+        first = found[0][1][0].removeprefix("overflow encountered in ")
+        with np.errstate(over="raise"), pytest.raises(FloatingPointError, match=f"overflow encountered in {first}"):
+            getattr(multireduce, name)(data, axis=axis, correction=correction)
 
 
 @pytest.mark.parametrize("name", ["sum", "prod", "nansum", "nanprod"])
@@ -2365,13 +2405,19 @@ def test_dtype_conversions_warn_as_numpys_reduction(name, values, dtype):
 
 
 def test_stats_warns_once_where_var_and_std_leave_float16():
-    # std's conversion overflows only where var's did: one warning, as var's or std's alone.
+    # std's conversion overflows only where var's did: one warning, as var's or std's alone,
+    # and NumPy's var's (its division's: "in cast" for a full reduction, else "in divide").
     x = np.array([100, -100, 0], np.float16)
     for axis, data in ((None, x), (1, x[None])):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
+            np.var(data, axis=axis, ddof=3 - 1e-6)
+        want = [str(w.message) for w in caught]
+        assert want == ["overflow encountered in " + ("cast" if axis is None else "divide")], want
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
             s = multireduce.stats(data, axis=axis, correction=3 - 1e-6)
-        assert [str(w.message) for w in caught] == ["overflow encountered in cast"], caught
+        assert [str(w.message) for w in caught] == want, caught
         assert np.all(np.isinf(s.var)) and np.all(np.isinf(s.std))
 
 

@@ -12,6 +12,7 @@ import itertools
 import math
 import re
 import threading
+import warnings
 import zlib
 from concurrent.futures import Future
 
@@ -279,6 +280,23 @@ def test_dtype_argument_that_would_convert_each_element_is_refused(dtype, reques
     assert got.dtype == np.dtype(requested) and got == want
     if np.dtype(requested).kind == "f":  # small integers: every partial sum is exact
         assert float(got) == float(sum(int(v) for v in x.astype(requested)))
+
+
+@pytest.mark.parametrize(
+    ("value", "op", "dtype"),
+    [(np.nan, "count_nonzero", None), (np.inf, "count_nonzero", None), (np.nan, "nansum", "uint64")],
+)
+def test_zero_d_dask_array_of_nan_or_inf_streams_silently(value, op, dtype):
+    # A 0-d Dask array's meta is its data; Dask's reduction cast it to the int64 of
+    # count_nonzero or dtype= when the graph was built: "invalid value encountered in cast"
+    # (raised under errstate), where treereduce and multireduce.reduce are silent.
+    da = pytest.importorskip("dask.array")
+    x = np.array(value)
+    with warnings.catch_warnings(), np.errstate(invalid="raise"):
+        warnings.simplefilter("error")
+        want = core.reduce(x, op, dtype=dtype)
+        got = stream.reduce(da.from_array(x), op, dtype=dtype, _device=stream.SimulatedDevice())
+    assert got == want == (1 if op == "count_nonzero" else 0) and got.dtype == want.dtype
 
 
 def test_dense_views():
