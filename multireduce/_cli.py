@@ -62,6 +62,8 @@ DEFAULT_DTYPE = "float32"
 # any period used, so every window of `period` consecutive indices holds each value once:
 # sums, maxima and minima have closed forms in exact integers, independent of multireduce.
 _MULT = 7919
+#: Indices per block of synthetic data (:meth:`_Pattern.values`): 32 MiB of int64.
+_PATTERN_BLOCK = 1 << 22
 
 
 class UsageError(Exception):
@@ -511,20 +513,33 @@ class _Pattern:
         return _Pattern(2 * half + 1, -half)
 
     def values(self, start: int, stop: int, dt: np.dtype, xp):
-        # Past what an array's bytes can count, NumPy's arange raised "array is too big" (the
-        # tool's message was given only for arange(0, 2**63 - 1), which is empty, no error).
-        too_many = 16 * (stop - start) > np.iinfo(np.intp).max  # NumPy's own limit is below intp's
-        i = None if too_many else xp.arange(start, stop, dtype=np.int64)
-        if i is None or i.size != stop - start:
-            raise MemoryError(
-                f"cannot make {stop - start:,} elements of synthetic data on one rank (its int64 indices "
-                f"alone would take {8 * (stop - start):,} bytes); give a smaller length (--n, --per-rank, "
-                "--sizes) or more ranks"
-            )
-        i *= _MULT
-        i %= self.period
-        i += self.low
-        return i.astype(dt)
+        """x[start:stop] as ``dt`` on ``xp``'s device (NumPy or CuPy).
+
+        Made in blocks of :data:`_PATTERN_BLOCK` int64 indices: the whole range's indices
+        took 8 bytes per element beside the data (int8 data: 9 bytes per element, and the
+        kernel's OOM killer ended a rank of ``--n 3e9 --dtype int8`` without a message).
+        """
+        n = stop - start
+        dt = np.dtype(dt)
+        message = (
+            f"cannot make {n:,} elements of synthetic data on one rank ({dt.itemsize * n:,} bytes of "
+            f"{dt.name}); give a smaller length (--n, --per-rank, --sizes) or more ranks"
+        )
+        # Past what an array's bytes can count: NumPy's "array is too big" ValueError names
+        # neither the option nor the remedy.
+        if dt.itemsize * n > np.iinfo(np.intp).max:
+            raise MemoryError(message)
+        try:
+            out = xp.empty(n, dtype=dt)
+        except MemoryError as exc:  # NumPy's and CuPy's out-of-memory errors are MemoryErrors
+            raise MemoryError(f"{message}: {exc}") from exc
+        for b0 in range(0, n, _PATTERN_BLOCK):
+            i = xp.arange(start + b0, start + min(n, b0 + _PATTERN_BLOCK), dtype=np.int64)
+            i *= _MULT
+            i %= self.period
+            i += self.low
+            out[b0 : b0 + i.size] = i.astype(dt)
+        return out
 
     def _window(self, count: int) -> list[int]:
         return [(i * _MULT) % self.period + self.low for i in range(count)]
@@ -925,10 +940,12 @@ def _no_elements_error(ops: list[str], args) -> ValueError:
     """The error for ops that cannot reduce zero elements (max, min, the arg ops) when the input has none."""
     if getattr(args, "sizes", None) is not None:  # bench
         where = "--sizes 0"
-    elif args.input is not None:
-        where = "the input files hold no elements"
+    elif getattr(args, "n", None) == 0:  # with --input too: it reads that many elements
+        where = "--n 0"
+    elif getattr(args, "per_rank", None) == 0:
+        where = "--per-rank 0"
     else:
-        where = "--per-rank 0" if args.per_rank is not None else "--n 0"
+        where = "the input files hold no elements"
     takers = ", ".join(name for name in CLI_OPS if get_op(name).empty_allowed)
     named = ops[0] if len(ops) == 1 else f"{', '.join(ops[:-1])} and {ops[-1]}"
     return ValueError(
@@ -1358,13 +1375,16 @@ def _check_output(path: Path) -> None:
     """
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        existed = path.exists()
-        if existed and _is_foreign_pipe(path.stat()):
+        # The file the final write makes: a symbolic link's target (removing a new file by the
+        # link's name removed the link and left its target, empty, behind).
+        real = Path(os.path.realpath(path))
+        existed = real.exists()
+        if existed and _is_foreign_pipe(real.stat()):
             raise OSError(errno.EINVAL, "a pipe (FIFO) or socket, not a file (write the JSON to a file)")
-        with open(path, "a"):
+        with open(real, "a"):
             pass
         if not existed:
-            path.unlink()
+            real.unlink()
     except OSError as exc:
         kind, detail = type(exc), exc.strerror or str(exc)
         if isinstance(exc, FileExistsError):  # from mkdir: a file where a directory should be

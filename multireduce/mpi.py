@@ -519,7 +519,8 @@ def allreduce(
     NumPy's warnings come as NumPy gives them, on the ranks that meet them: a rank's local
     reduction that overflows warns on that rank, and the final cast of the combined value to
     the result dtype (a float16 sum past 65504: ``RuntimeWarning: overflow encountered in
-    cast``), which every rank makes alike on the same value, warns on every rank. Each rank
+    reduce``, NumPy's words for its own float16 sum), which every rank makes alike on the
+    same value, warns on every rank. Each rank
     follows its own ``numpy.errstate`` and warning filters there, so ``over="raise"`` raises
     ``FloatingPointError`` on every rank alike, after the collectives. MPI's addition of the
     partials cannot warn: a float64 sum whose partials only overflow there is inf without a

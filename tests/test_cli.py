@@ -13,6 +13,7 @@ import math
 import os
 import re
 import shlex
+import subprocess
 import sys
 import time
 from fractions import Fraction
@@ -335,6 +336,26 @@ def test_synthetic_length_too_large_for_one_rank(command, tmp_path):
         assert done.stderr.count(message) == 1 and "give a smaller length" in done.stderr, done.output
 
 
+def test_synthetic_data_takes_about_its_own_memory():
+    # The generator made the whole range's int64 indices before the cast: 9 bytes per int8
+    # element (a rank of --n 3e9 --dtype int8 was killed by the kernel, with no message).
+    # In a fresh process: its peak resident size for 2**28 int8 (256 MiB) stays well under
+    # the 2.25 GiB that took.
+    code = (
+        "import resource, numpy as np\n"
+        "from multireduce import _cli\n"
+        "p = _cli._Pattern.for_dtype(np.dtype('int8'))\n"
+        "x = p.values(0, 2**28, np.dtype('int8'), np)\n"
+        "i = np.arange(2**20, dtype=np.int64)\n"
+        "assert np.array_equal(x[:2**20], (i * _cli._MULT % p.period + p.low).astype(np.int8))\n"
+        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    peak_kib = int(done.stdout)
+    assert peak_kib < 700 * 1024, peak_kib
+
+
 @pytest.mark.mpi
 def test_per_rank_length_past_the_global_limit(mpiexec):
     # --per-rank 2**63 - 1 on 2 ranks: a global length of 2**64 - 2, past the documented limit,
@@ -422,6 +443,11 @@ def test_empty_input_file_names_the_files(tmp_path):
         run(None, 1, [*CLI, "--cpu", "--input", str(tmp_path / "empty.npy"), "--op", "sum", "--json"]).stdout
     )
     assert results(report) == {"sum": 0.0}
+    # --n 0 with a file that holds elements: the message blamed the file.
+    raw = tmp_path / "ten.bin"
+    np.arange(10, dtype=np.int32).tofile(raw)
+    done = run(None, 1, [*CLI, "--cpu", "--input", str(raw), "--dtype", "int32", "--n", "0"])
+    assert done.returncode == 1 and "there are none (--n 0)" in done.stderr, done.output
 
 
 @pytest.mark.mpi
@@ -1172,6 +1198,18 @@ def test_bench_output_that_is_a_pipe_is_refused_at_once(mpiexec, tmp_path):
         None, 1, [*CLI, "bench", "--cpu", "--sizes", "10", "--op", "sum", "--repeat", "1", "--output", "/dev/stdout"]
     )
     assert done.returncode == 0 and '"records"' in done.stdout, done.output
+
+
+def test_bench_output_through_a_dangling_symbolic_link_writes_its_target(tmp_path):
+    # The check opened the link's target (creating it), then removed the new file by the
+    # link's name: the link went, an empty target stayed, and the JSON became a file there.
+    link, target = tmp_path / "link.json", tmp_path / "target.json"
+    link.symlink_to(target)
+    args = [*CLI, "bench", "--cpu", "--sizes", "10", "--op", "sum", "--repeat", "1", "--output", str(link)]
+    done = run(None, 1, args)
+    assert done.returncode == 0, done.output
+    assert link.is_symlink() and os.readlink(link) == str(target), done.output
+    assert '"records"' in target.read_text()
 
 
 @pytest.mark.mpi
