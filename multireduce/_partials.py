@@ -20,8 +20,10 @@ chunks contribute the op's identity.
 
 from __future__ import annotations
 
+import itertools
 import sys
 import threading
+import weakref
 from collections.abc import Iterable
 from typing import Any
 
@@ -69,14 +71,84 @@ def mapped_scalar(cupy: Any, address: int, owner: Any, device: int, dtype: np.dt
     return cupy.ndarray((), dtype, memptr=cupy.cuda.MemoryPointer(memory, 0))
 
 
+#: The caches keyed by stream (each key holds a :func:`stream_id` and a device at known
+#: positions), registered by their modules (:func:`stream_cache`) so that the entries of a
+#: stream that has ended can be dropped (:func:`forget_streams`).
+_stream_caches: list[tuple[dict, int, int]] = []
+
+
+class _ThreadToken(threading.local):
+    """A number of the calling thread's own, never given to another thread.
+
+    ``threading.get_ident()`` is reused once a thread has ended: a new thread then shared the
+    ended one's per-stream caches (partials, last-block counter) while its own per-thread
+    default stream ran beside the old one's last kernels, and :func:`_gathered` took a
+    partial of the old stream for one of its own, without waiting for it.
+    """
+
+    def __init__(self) -> None:
+        self.value = next(_token_numbers)
+        _token_threads[self.value] = weakref.ref(threading.current_thread())
+        _forget_ended_threads()
+
+
+_token_numbers = itertools.count(1)
+_token_threads: dict[int, weakref.ref] = {}
+
+
+def stream_cache(cache: dict, stream_at: int = 1, device_at: int = 0) -> dict:
+    """Register ``cache``, whose keys hold a device at ``device_at`` and a :func:`stream_id` at ``stream_at``."""
+    _stream_caches.append((cache, stream_at, device_at))
+    return cache
+
+
+def forget_streams(ids: set) -> None:
+    """Drop every registered cache's entries for the streams ``ids`` (:func:`stream_id` values).
+
+    The caller has made sure that no work of those streams is still running (their buffers go
+    back to CuPy's pools).
+    """
+    for cache, at, _ in _stream_caches:
+        for key in [k for k in list(cache) if k[at] in ids]:
+            cache.pop(key, None)
+
+
+def _forget_ended_threads() -> None:
+    # The per-thread default streams of threads that have ended: their entries would stay for
+    # ever (a process that starts threads in turn grew by each one's partials and counters).
+    # Their last kernels may still be running, so each device concerned is synchronized first.
+    ended = {t for t, ref in list(_token_threads.items()) if (ref() is None or not ref().is_alive())}
+    if not ended:
+        return
+    ids = {(_PER_THREAD_STREAM, t) for t in ended}
+    devices = {k[dev] for cache, at, dev in _stream_caches for k in list(cache) if k[at] in ids}
+    if devices:
+        _synchronize_devices(sorted(devices))
+        forget_streams(ids)
+    for t in ended:
+        _token_threads.pop(t, None)
+
+
+def _synchronize_devices(devices: list[int]) -> None:
+    import cupy
+
+    for device in devices:
+        with cupy.cuda.Device(device):
+            cupy.cuda.runtime.deviceSynchronize()
+
+
 def stream_id(ptr: int) -> int | tuple[int, int]:
     """A stream handle as a cache key, equal for two threads' handles exactly when they name one stream.
 
     Under CuPy's per-thread default stream, every thread's current stream has the handle
     ``cudaStreamPerThread`` and yet each thread's is its own stream; per-stream caches (the
-    backend's workspaces) key those by thread as well.
+    backend's workspaces) key those by thread as well, by a number no other thread gets
+    (:class:`_ThreadToken`).
     """
-    return (ptr, threading.get_ident()) if ptr == _PER_THREAD_STREAM else ptr
+    return (ptr, _thread_token.value) if ptr == _PER_THREAD_STREAM else ptr
+
+
+_thread_token = _ThreadToken()
 
 
 def _stream_key(cupy, device: int, stream) -> tuple:

@@ -928,7 +928,7 @@ class _Staging:
     stream of each thread is its own).
     """
 
-    _slots: dict[tuple, _Slots] = {}
+    _slots: dict[tuple, _Slots] = _partials.stream_cache({})
 
     @classmethod
     def get(cls, device: int, stream: int) -> _Slots:
@@ -1211,7 +1211,7 @@ class _Fast:
 
 #: (op name, dtype) for NumPy shards, (op name, dtype, device, stream) for CuPy shards ->
 #: _Fast, or None where the per-call path does not apply.
-_fast: dict[tuple, _Fast | None] = {}
+_fast: dict[tuple, _Fast | None] = _partials.stream_cache({}, stream_at=3, device_at=2)
 
 
 def _fast_entry(x: Any, op: str) -> _Fast | None:

@@ -573,6 +573,9 @@ class _CupyDevice:
     def free_slot(self, slot: _Slot) -> None:
         # Pending copies and kernels must end before the buffers go back to CuPy's pools.
         slot.stream.synchronize()
+        # The kernels' per-stream caches (partials, counters) of this stream go with it: each
+        # new slot's stream added entries that stayed for ever.
+        _partials.forget_streams({_partials.stream_id(slot.stream.ptr)})
 
     def host_ready(self, slot: _Slot) -> None:
         slot.copied.synchronize()  # returns at once for an event never recorded

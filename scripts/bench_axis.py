@@ -47,7 +47,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--exact-variants",
         default="",
-        help="extra UNROLLxSUMS shapes of the exact-sum kernel to time on the uniform case, e.g. 2x4,4x2 "
+        help="extra UNROLLxSUMS shapes (SUMS 2 to 4) of the exact-sum kernel to time on the uniform case, e.g. 2x4,4x2 "
         "(each compared bit for bit with the CPU; the shipped one is multireduce._kernels.EXACT_UNROLL/EXACT_SUMS)",
     )
     p.add_argument(

@@ -603,3 +603,47 @@ def test_gpu_fast_path_dispatch_uses_the_cached_plan(monkeypatch):
     assert isinstance(multireduce.sum(FakeArray(), dtype=np.float64), General)
     assert isinstance(multireduce.sum(FakeArray(), keepdims=True), General)
     assert len(calls) == 2
+
+
+def test_per_thread_stream_keys_are_never_reused_and_ended_threads_are_forgotten(monkeypatch):
+    # Under CuPy's per-thread default stream, per-stream caches were keyed by
+    # threading.get_ident(), which a new thread gets again once another has ended: the new
+    # thread shared the ended one's partials and last-block counter while the old stream's
+    # last kernels ran, and those entries were never dropped. Keys now take a number of each
+    # thread's own; the entries of ended threads go once their devices are synchronized.
+    import threading
+
+    from multireduce import _partials
+
+    per_thread = _partials._PER_THREAD_STREAM
+    cache = _partials.stream_cache({})
+    synchronized: list[list[int]] = []
+    monkeypatch.setattr(_partials, "_synchronize_devices", synchronized.append)
+    try:
+        seen = []
+
+        def first():
+            sid = _partials.stream_id(per_thread)
+            seen.append((threading.get_ident(), sid))
+            cache[(3, sid)] = "partials of the first thread"
+            cache[(3, 12345)] = "another stream's"
+
+        t = threading.Thread(target=first)
+        t.start()
+        t.join()
+
+        def second():
+            seen.append((threading.get_ident(), _partials.stream_id(per_thread)))
+
+        for _ in range(20):  # idents are reused often; the keys never are
+            t = threading.Thread(target=second)
+            t.start()
+            t.join()
+        keys = [sid for _, sid in seen]
+        assert len(set(keys)) == len(keys) and all(k[0] == per_thread for k in keys), seen
+        assert _partials.stream_id(12345) == 12345  # other handles are their own keys
+        assert synchronized == [[3]] and cache == {(3, 12345): "another stream's"}, (synchronized, cache)
+        _partials.forget_streams({12345})
+        assert cache == {}
+    finally:
+        _partials._stream_caches[:] = [c for c in _partials._stream_caches if c[0] is not cache]

@@ -255,6 +255,50 @@ def test_float32_subnormals_as_documented():
         assert_same_bits(np.asarray(multireduce.sum(tiny)), np.asarray(exact))  # the CPU too
 
 
+@pytest.mark.parametrize("n", [1, 2, 33, 4099, 2**20 + 3])
+def test_float32_subnormals_are_nonzero_for_truth_values(n):
+    # Under -ftz=true, x != 0.0f counted a subnormal as zero: count_nonzero([1e-40]) was 0,
+    # any([1e-40]) False, all([1.0, 1e-40]) False (NumPy: 1, True, True). -0.0 stays zero and
+    # NaN nonzero. Full reductions, rows and columns.
+    sub = np.float32(1e-40)
+    host = np.zeros(n, np.float32)
+    host[n // 2] = sub
+    host[0] = -0.0 if n > 1 else sub
+    ones = np.ones(n, np.float32)
+    ones[n - 1] = -sub
+    for data in (host, ones, np.full(n, np.nan, np.float32), np.full(n, sub, np.float32)):
+        dev = cupy.asarray(data)
+        for op in ("count_nonzero", "any", "all"):
+            want = getattr(np, op)(data)
+            assert getattr(multireduce, op)(dev).get()[()] == want, (op, n, data[:3])
+            grid = np.stack([data, data[::-1]])
+            for axis in (0, 1):
+                got = getattr(multireduce, op)(cupy.asarray(grid), axis=axis).get()
+                assert np.array_equal(got, getattr(np, op)(grid, axis=axis)), (op, n, axis)
+
+
+@pytest.mark.parametrize("op", ["sum", "mean", "nansum", "nanmean"])
+def test_float32_result_that_is_subnormal_is_not_flushed(op):
+    # The float64 total of normal float32 elements, converted to float32 under -ftz=true
+    # (cvt.rn.ftz.f32.f64), was flushed to +-0.0 where it is subnormal: sum([1.5e-38,
+    # -1.4e-38]) was 0.0, not 1e-39. Now one correct rounding, as NumPy's float32 result.
+    rng = np.random.default_rng(3)
+    cases = [[1.5e-38, -1.4e-38], [-1.5e-38, 1.4e-38], [1.2e-38, -1.1754942e-38, 0.0]]
+    cases += [(rng.integers(-5, 6, 100) * np.float32(2**-120)).tolist()]  # its mean is subnormal
+    for values in cases:
+        x = np.array(values, np.float32)
+        if op.startswith("nan"):
+            x = np.append(x, np.float32(np.nan))
+        want = getattr(np, op)(x.astype(np.float64)).astype(np.float32)  # one rounding of the exact value
+        assert abs(want) < np.finfo(np.float32).tiny or values is cases[-1], values  # subnormal results
+        assert_same_bits(getattr(multireduce, op)(cupy.asarray(x)).get(), np.asarray(want))
+        grid = np.stack([x, x])
+        got = getattr(multireduce, op)(cupy.asarray(grid), axis=1).get()
+        assert_same_bits(got, np.array([want, want]))
+        got = getattr(multireduce, op)(cupy.asarray(np.ascontiguousarray(grid.T)), axis=0).get()
+        assert_same_bits(got, np.array([want, want]))
+
+
 def test_tiny_reductions_from_many_threads():
     """The default launch packs its arguments in a per-thread block: threads launching at
     the same time, each on its own stream and its own first call, get their own results."""

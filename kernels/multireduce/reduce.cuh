@@ -72,6 +72,20 @@ template <class To> struct Convert<To, __half> {
 template <class From> struct Convert<__half, From> {
     static __device__ __forceinline__ __half apply(From x) { return __double2half(static_cast<double>(x)); }
 };
+// double to float, one correct rounding, subnormal results included: CuPy compiles with
+// -ftz=true, under which static_cast<float>(double) is cvt.rn.ftz.f32.f64 and flushed a
+// result below 2**-126 to zero (a float32 sum of [1.5e-38, -1.4e-38] was 0.0, not 1e-39). A
+// subnormal's significand is |x| * 2**149 rounded to an integer (exact scaling, then rint in
+// the default mode, to nearest even); 2**23 there is 2**-126's bits, the smallest normal.
+template <> struct Convert<float, double> {
+    static __device__ __forceinline__ float apply(double x) {
+        if (fabs(x) < 0x1p-126) {  // false for NaN
+            const unsigned k = static_cast<unsigned>(rint(fabs(x) * 0x1p149));
+            return __uint_as_float(k | (sign_bit(x) ? 0x80000000u : 0u));
+        }
+        return static_cast<float>(x);
+    }
+};
 template <> struct Convert<__half, float> {
     static __device__ __forceinline__ __half apply(float x) { return __float2half_rn(x); }
 };
@@ -103,8 +117,11 @@ template <class T> __device__ __forceinline__ bool is_nan(T x) {
 }
 template <> __device__ __forceinline__ bool is_nan<__half>(__half x) { return __hisnan(x); }
 
-// x != 0 as NumPy means it for truth values: NaN is nonzero, -0.0 is zero.
+// x != 0 as NumPy means it for truth values: NaN is nonzero, -0.0 is zero. float from its
+// bits: under CuPy's -ftz=true, x != 0.0f is setp.neu.ftz.f32, which counted a subnormal as
+// zero (count_nonzero([1e-40]) was 0, any([1e-40]) False).
 template <class T> __device__ __forceinline__ bool nonzero(T x) { return x != T(0); }
+template <> __device__ __forceinline__ bool nonzero<float>(float x) { return (__float_as_uint(x) << 1) != 0u; }
 template <> __device__ __forceinline__ bool nonzero<__half>(__half x) { return __half2float(x) != 0.0f; }
 template <> __device__ __forceinline__ bool nonzero<bool>(bool x) { return x; }
 
@@ -728,7 +745,11 @@ __device__ __forceinline__ void exact_thread(const T* __restrict__ in, long long
         for (long long i = tid; i < n; i += nthreads) exact_add(slots, static_cast<double>(in[i]));
     } else {
         constexpr int VEC = 16 / sizeof(T);
-        static_assert(SUMS >= 1 && SUMS <= 4, "one to four window sums");
+        // At least two: the fold comes every EXACT_FOLD elements of the body, and the head and
+        // tail add one element each to sums SUMS - 1 and 0 besides; with one sum those two
+        // meet in it (EXACT_FOLD + 2 adds before a fold, past the count the window's
+        // exactness needs: an emulated case rounded by one unit).
+        static_assert(SUMS >= 2 && SUMS <= 4, "two to four window sums");
         ExactWindow w;
         const VectorSplit<T> split(in, n);
         const long long head = split.head, nvec = split.nvec, tail_start = split.tail_start;

@@ -141,7 +141,7 @@ class _HostRecords:
 _records = _HostRecords()
 
 #: The fast launch of a full reduction's moments or arg kernel, per (device, stream id, kernel).
-_full_launches: dict[tuple, tuple] = {}
+_full_launches: dict[tuple, tuple] = _partials.stream_cache({})
 _pack_moments = struct.Struct("<8Q").pack_into
 _pack_arg = struct.Struct("<7Q").pack_into
 

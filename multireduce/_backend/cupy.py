@@ -21,7 +21,7 @@ from cupy.cuda import runtime as _runtime
 
 from .. import _exact, _kernels
 from .._axes import axis_layout
-from .._partials import _PER_THREAD_STREAM, stream_id
+from .._partials import _PER_THREAD_STREAM, stream_cache, stream_id
 from ..ops import Op
 
 _log = logging.getLogger("multireduce")
@@ -45,10 +45,10 @@ def copy_to_c_order(x: cupy.ndarray, why: str, message: str) -> cupy.ndarray:
     return cupy.ascontiguousarray(x)
 
 
-_workspaces: dict[tuple[int, int], tuple] = {}
+_workspaces: dict[tuple[int, int], tuple] = stream_cache({})
 #: The default, grid-stride launch of one (device, stream, op, dtypes): everything ``_launch``
 #: would look up and compute again per call (see :func:`_default_launch`).
-_defaults: dict[tuple, tuple] = {}
+_defaults: dict[tuple, tuple] = stream_cache({})
 
 
 class _LaunchArgs(threading.local):
@@ -174,7 +174,7 @@ def _counters(device: int, count: int) -> cupy.ndarray:
     return found
 
 
-_counter_cache: dict[tuple, cupy.ndarray] = {}
+_counter_cache: dict[tuple, cupy.ndarray] = stream_cache({})
 
 
 def _dense_base(x: cupy.ndarray):
