@@ -379,6 +379,28 @@ for t in threads:
     t.join()
 if not errors and len({w for w, _ in owned}) + len({c for _, c in owned}) != 2 * THREADS:
     errors.append(f"threads share per-stream workspaces or counters: {owned}")
+
+# Threads that end with their last reduction still queued: a new thread (which may get an
+# ended one's ident) never takes over their workspaces, and their entries are dropped (after a
+# device synchronize) instead of staying for ever.
+from multireduce._backend import cupy as backend
+
+brief_results = []
+
+def brief(i):
+    brief_results.append((i, multireduce.sum(cupy.full(2**22 + 3, i, dtype=cupy.int32))))
+
+for i in range(60):
+    t = threading.Thread(target=brief, args=(i,))
+    t.start()
+    t.join()
+cupy.cuda.Device().synchronize()
+wrong = [(i, int(r)) for i, r in brief_results if int(r) != (2**22 + 3) * i]
+if wrong:
+    errors.append(f"sums of threads that ended in turn: {wrong[:5]}")
+kept = [k for k in backend._workspaces if isinstance(k[1], tuple)]
+if len(kept) > 2:  # the last brief thread's, and at most one other's
+    errors.append(f"{len(kept)} per-thread workspaces kept after 60 threads ended")
 print("\n".join(errors[:10]) or "OK")
 sys.exit(1 if errors else 0)
 """
