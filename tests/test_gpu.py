@@ -283,7 +283,8 @@ def test_float32_result_that_is_subnormal_is_not_flushed(op):
     # (cvt.rn.ftz.f32.f64), was flushed to +-0.0 where it is subnormal: sum([1.5e-38,
     # -1.4e-38]) was 0.0, not 1e-39. Now one correct rounding, as NumPy's float32 result.
     rng = np.random.default_rng(3)
-    cases = [[1.5e-38, -1.4e-38], [-1.5e-38, 1.4e-38], [1.2e-38, -1.1754942e-38, 0.0]]
+    tiny = float(np.finfo(np.float32).tiny)  # 2**-126: the smallest normal (every input is normal)
+    cases = [[1.5e-38, -1.4e-38], [-1.5e-38, 1.4e-38], [1.2e-38, -tiny, 0.0]]
     cases += [(rng.integers(-5, 6, 100) * np.float32(2**-120)).tolist()]  # its mean is subnormal
     for values in cases:
         x = np.array(values, np.float32)
