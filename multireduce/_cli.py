@@ -1698,12 +1698,8 @@ def main(argv: list[str] | None = None) -> int:
         return _usage_error(exc)
     try:
         mpi = _import_mpi(limit)
-    except ImportError as exc:
-        print(
-            f"multireduce: python -m multireduce needs mpi4py and an MPI library ({exc}); "
-            "install them with: pip install 'multireduce[mpi]'",
-            file=sys.stderr,
-        )
+    except ImportError as exc:  # mpi4py or its MPI library missing (multireduce.mpi names the extra)
+        print(f"multireduce: python -m multireduce: {exc}", file=sys.stderr)
         return EXIT_ERROR
     comm = mpi.MPI.COMM_WORLD
     return guarded(lambda: args.func(args, comm, mpi), comm, mpi)

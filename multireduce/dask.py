@@ -46,8 +46,13 @@ import numbers
 from collections.abc import Callable
 from typing import Any
 
-import dask
-import dask.array as da
+try:
+    import dask
+    import dask.array as da
+except ImportError as exc:
+    raise ImportError(
+        f"multireduce.dask needs dask[array] ({exc}); install it with: pip install 'multireduce[dask]'"
+    ) from exc
 import numpy as np
 from dask.base import tokenize
 from dask.tokenize import normalize_token

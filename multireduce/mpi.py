@@ -22,7 +22,17 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from mpi4py import MPI
+
+try:
+    from mpi4py import MPI
+except (ImportError, RuntimeError) as exc:
+    # mpi4py missing, or installed without an MPI library (mpi4py 4: "RuntimeError: cannot
+    # load MPI library"): the extra that brings both, named.
+    if isinstance(exc, RuntimeError) and "cannot load MPI library" not in str(exc):
+        raise
+    raise ImportError(
+        f"multireduce.mpi needs mpi4py and an MPI library ({exc}); install them with: pip install 'multireduce[mpi]'"
+    ) from exc
 
 from . import _devices, _exact, _partials, _settings, _stats, core
 from ._shards import FileLayout, inspect_file, shard_counts, shard_range

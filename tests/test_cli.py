@@ -336,6 +336,23 @@ def test_synthetic_length_too_large_for_one_rank(command, tmp_path):
         assert done.stderr.count(message) == 1 and "give a smaller length" in done.stderr, done.output
 
 
+def test_mpi4py_without_an_mpi_library_gets_the_install_hint(tmp_path):
+    # mpi4py 4 installed without an MPI library raises "RuntimeError: cannot load MPI library"
+    # at its import: the command printed a traceback, not the hint to install the mpi extra
+    # (which now brings MPICH on Linux).
+    fake = tmp_path / "mpi4py"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("")
+    (fake / "MPI.py").write_text("raise RuntimeError('cannot load MPI library')\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(Path(__file__).resolve().parent.parent)])}
+    done = subprocess.run(
+        [sys.executable, "-m", "multireduce", "--n", "10", "--cpu"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert "needs mpi4py and an MPI library (cannot load MPI library)" in done.stderr, done.stderr
+    assert "pip install 'multireduce[mpi]'" in done.stderr, done.stderr
+
+
 def test_synthetic_data_takes_about_its_own_memory():
     # The generator made the whole range's int64 indices before the cast: 9 bytes per int8
     # element (a rank of --n 3e9 --dtype int8 was killed by the kernel, with no message).

@@ -180,6 +180,7 @@ def test_treereduce_task_count_matches_dask():
     assert sm.dask_time(toy_inputs(), 4 * GiB, 1) == pytest.approx(20e-3 + 5 * 0.5e-3 + 931e-6)
 
 
+@pytest.mark.skipif(not (REPO / "bench" / "results").is_dir(), reason="bench/results is not in this tree (an sdist)")
 def test_model_loads_the_committed_measurements():
     inp = sm.load_inputs(REPO)
     assert math.isclose(sm.kernel_time(inp, 4 * GiB), 931.1e-6, rel_tol=0.01)
@@ -188,6 +189,7 @@ def test_model_loads_the_committed_measurements():
     assert "| 8 |" in sm.tables(inp)
 
 
+@pytest.mark.skipif(not (REPO / "bench" / "results").is_dir(), reason="bench/results is not in this tree (an sdist)")
 def test_model_loads_the_gpu_machine_scaling_run():
     run = REPO / "bench" / "results" / "scaling_h200x1_877b12b.json"
     inp = sm.load_inputs(REPO, gpu_scaling=run)
