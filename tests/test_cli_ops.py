@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import warnings
 from fractions import Fraction
 
@@ -481,7 +482,15 @@ def test_a_wrong_reference_fails_the_check():
         ref = checks.combine(name, [checks.part(x, name)])
         assert checks.check(name, ref, np.float64(wrong), f64, 1)[0] is False, name
         right = {"mean": 1.0, "var": 6.5, "std": math.sqrt(6.5), "prod": -24.0}[name]
-        assert checks.check(name, ref, np.float64(right), f64, 1)[0] is True, name
+        passed, how = checks.check(name, ref, np.float64(right), f64, 1)
+        assert passed is True, name
+        # The bound itself, not just far past it: half of it passes, twice it fails (a bound
+        # four times as loose passed the 1e-9 errors above only where they exceed it).
+        bound = float(re.fullmatch(r"\|err\| <= ([0-9.e+-]+)", how).group(1))
+        assert bound > 8 * np.spacing(abs(right)), (name, how)  # the steps below are representable
+        for factor, verdict in ((0.5, True), (-0.5, True), (2.0, False), (-2.0, False)):
+            near = np.float64(right + factor * bound)
+            assert checks.check(name, ref, near, f64, 1)[0] is verdict, (name, factor, how)
     ref = checks.combine("argmax", [checks.part(x, "argmax")])
     assert checks.check("argmax", ref, np.int64(2), f64, 1) == (True, "exact")
     assert checks.check("argmax", ref, np.int64(1), f64, 1)[0] is False

@@ -1110,10 +1110,12 @@ def test_a_huge_fan_in_in_a_dict_is_one_step_along_its_axis():
     x = np.arange(24.0).reshape(6, 4)
     d = da.from_array(x, chunks=2)
     for split_every in ({0: 10**8}, {0: 2**62}, {-2: 2**63}, {0: 10**30, 1: 10**30}):
-        start = time.perf_counter()
+        # What Dask is given: the block count along axis 0, not the huge fan-in (deterministic;
+        # this was a wall-clock limit, and speed is not a unit test's business).
+        given = mdask._default_split_every(split_every, d, (0,))
+        assert given[0] == d.numblocks[0] == 3 and all(v <= max(d.numblocks[a], 2) for a, v in given.items())
         lazy = d.treereduce("sum", axis=0, split_every=split_every)
         assert lazy.compute().tolist() == x.sum(axis=0).tolist(), split_every
-        assert time.perf_counter() - start < 5, split_every
         # The tree of the smallest such fan-in: one aggregate along axis 0.
         same = d.treereduce("sum", axis=0, split_every={0: 3})
         assert len(dict(lazy.__dask_graph__())) == len(dict(same.__dask_graph__()))

@@ -64,6 +64,37 @@ def test_mean_is_the_exact_sum_over_the_count(dtype):
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
+def test_mean_in_the_subnormal_range_is_rounded_once(dtype):
+    # A sum's exact total lies on the dtype's grid, so only a mean (the total over the count)
+    # is rounded below the smallest normal: there the grid is the smallest subnormal, and a
+    # wrong precision there rounded twice (mean([2**-149, 2**-149, 0]) as float32 was 0.0,
+    # not 2**-149); no test saw it.
+    info = np.finfo(dtype)
+    sub = info.smallest_subnormal
+    cases = [[sub, sub, 0], [sub, 0, 0], [sub] * 3 + [0], [3 * sub, 0, 0, 0], [info.tiny, sub, -sub, 0, 0, 0, 0]]
+    cases += [[info.tiny] + [0] * k for k in (2, 3, 5, 7, 1000)]
+    cases += [[-v for v in c] for c in cases]
+    for values in cases:
+        x = np.array(values, dtype=dtype)
+        expected = correctly_rounded(fraction_sum(x) / x.size, np.dtype(dtype).type)
+        assert_bits(multireduce.mean(x, reproducible=True), expected, values[:4])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_gpu_mean_in_the_subnormal_range_is_rounded_once(dtype):
+    # As above, through the device's exact sum and rounding (float32 subnormals go to the
+    # kernel's integer limbs; CuPy's -ftz=true flushes them in float arithmetic).
+    cupy = pytest.importorskip("cupy")
+    info = np.finfo(dtype)
+    sub = info.smallest_subnormal
+    for values in ([sub, sub, 0], [sub, 0, 0], [-3 * sub, 0, 0, 0], [info.tiny] + [0] * 7):
+        x = np.array(values, dtype=dtype)
+        expected = correctly_rounded(fraction_sum(x) / x.size, np.dtype(dtype).type)
+        assert_bits(multireduce.mean(cupy.asarray(x), reproducible=True).get(), expected, values[:4])
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
 def test_full_reductions_by_axis_tuple_keepdims_views_and_0d(dtype):
     # Every other test here reduces with axis=None and keepdims=False: the reproducible
     # path's own axis and keepdims handling was untested (dropping keepdims there passed).

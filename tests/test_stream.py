@@ -1177,6 +1177,12 @@ def test_the_cache_holds_at_most_the_largest_budget():
     # A smaller budget afterwards keeps the largest as the bound: its slots fit beside the others.
     assert stream.reduce(x, "sum", _device=dev, budget=64 * KIB, threads=2) == np.float32(x.size)
     assert dev.device_bytes <= largest and all(p.in_use == 0 for p in dev._pipelines.values())
+    # ... and does not shrink the cache to it: of the largest budget's four slots, only the
+    # one that made room for the small ones is made again by a call with that budget (a cache
+    # that kept the last budget instead of the largest freed all four).
+    allocated = dev.slots_allocated
+    assert stream.reduce(x, "max", _device=dev, budget=budget, threads=2) == 1.0
+    assert dev.slots_allocated - allocated <= 1, dev.slots_allocated - allocated
 
 
 @pytest.mark.parametrize("engine", ENGINES)
