@@ -1377,7 +1377,7 @@ def _check_output(path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         # The file the final write makes: a symbolic link's target (removing a new file by the
         # link's name removed the link and left its target, empty, behind).
-        real = Path(os.path.realpath(path))
+        real = Path(os.path.realpath(path)) if path.is_symlink() and not path.exists() else path
         existed = real.exists()
         if existed and _is_foreign_pipe(real.stat()):
             raise OSError(errno.EINVAL, "a pipe (FIFO) or socket, not a file (write the JSON to a file)")

@@ -130,8 +130,9 @@ def _forget_ended_threads() -> None:
 
 
 def _synchronize_devices(devices: list[int]) -> None:
-    import cupy
-
+    cupy = sys.modules.get("cupy")
+    if cupy is None:  # never imported: no GPU work can be in flight (CPU stand-ins' keys)
+        return
     for device in devices:
         with cupy.cuda.Device(device):
             cupy.cuda.runtime.deviceSynchronize()
